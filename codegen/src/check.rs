@@ -1,0 +1,453 @@
+//! Type and shape checks: every expression gets a set of tile dimensions and a dtype,
+//! and every statement is checked against the tensors it touches.
+//!
+//! Arithmetic on floats is done in f32 (16-bit values are widened when loaded and
+//! rounded when stored or cast), so float results are `f32`; integer arithmetic is
+//! 64-bit.
+
+use crate::dtype::DType;
+use crate::error::CodegenError;
+use crate::ir::*;
+use crate::spec::{ScalarKind, Spec};
+
+/// The type of a tile value: its dimensions (sorted, no repeats) and dtype.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ty {
+    pub dims: Vec<DimId>,
+    pub dtype: DType,
+}
+
+impl Ty {
+    fn scalar(dtype: DType) -> Ty {
+        Ty {
+            dims: Vec::new(),
+            dtype,
+        }
+    }
+}
+
+/// What checking learned, for the lowering.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// The type of each local variable.
+    pub vars: Vec<Ty>,
+}
+
+/// Checks `kernel` for the argument facts in `spec`.
+pub fn check(kernel: &Kernel, spec: &Spec) -> Result<Checked, CodegenError> {
+    let mut c = Checker {
+        k: kernel,
+        spec,
+        vars: vec![None; kernel.vars.len()],
+        scope: kernel.grid.clone(),
+    };
+    c.check_args()?;
+    c.stmts(&kernel.body)?;
+    let vars = c
+        .vars
+        .into_iter()
+        .map(|t| t.unwrap_or(Ty::scalar(DType::F32)))
+        .collect();
+    Ok(Checked { vars })
+}
+
+struct Checker<'a> {
+    k: &'a Kernel,
+    spec: &'a Spec,
+    vars: Vec<Option<Ty>>,
+    /// Tile dimensions of the enclosing loops.
+    scope: Vec<DimId>,
+}
+
+fn union(a: &[DimId], b: &[DimId]) -> Vec<DimId> {
+    let mut v: Vec<DimId> = a.iter().chain(b).copied().collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl Checker<'_> {
+    fn err(&self, at: &str, message: impl Into<String>) -> CodegenError {
+        CodegenError::Type {
+            kernel: self.k.name.clone(),
+            at: at.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn dim_names(&self, dims: &[DimId]) -> String {
+        let names: Vec<&str> = dims.iter().map(|&d| self.k.dims[d].name.as_str()).collect();
+        format!("[{}]", names.join(", "))
+    }
+
+    fn check_args(&self) -> Result<(), CodegenError> {
+        let k = self.k;
+        let arg_err = |arg: &str, message: String| CodegenError::Argument {
+            kernel: k.name.clone(),
+            arg: arg.to_string(),
+            message,
+        };
+        if self.spec.tensors.len() != k.tensors.len()
+            || self.spec.scalars.len() != k.scalars.len()
+            || self.spec.constexprs.len() != k.constexprs.len()
+        {
+            return Err(arg_err(
+                "(all)",
+                format!(
+                    "the launch passed {} tensors, {} scalars and {} constexprs; the kernel has {}, {} and {}",
+                    self.spec.tensors.len(),
+                    self.spec.scalars.len(),
+                    self.spec.constexprs.len(),
+                    k.tensors.len(),
+                    k.scalars.len(),
+                    k.constexprs.len()
+                ),
+            ));
+        }
+        for (p, s) in k.tensors.iter().zip(&self.spec.tensors) {
+            if s.rank != p.rank {
+                return Err(arg_err(
+                    &p.name,
+                    format!(
+                        "expected a {}-D tensor (the kernel indexes it with {} tile(s)), got a {}-D one",
+                        p.rank, p.rank, s.rank
+                    ),
+                ));
+            }
+            if let Some(d) = p.declared {
+                if d != s.dtype {
+                    return Err(arg_err(
+                        &p.name,
+                        format!(
+                            "declared as Tensor<{d}> but the launch passed Tensor<{}>",
+                            s.dtype
+                        ),
+                    ));
+                }
+            }
+        }
+        for (d, dim) in k.dims.iter().enumerate() {
+            if self.spec.scalars[dim.extent] != ScalarKind::Int {
+                return Err(arg_err(
+                    &k.scalars[dim.extent].name,
+                    format!(
+                        "is the extent of tile `{}` (dimension {d}) and must be an integer",
+                        dim.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn stmts(&mut self, stmts: &[Stmt]) -> Result<(), CodegenError> {
+        for s in stmts {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), CodegenError> {
+        match s {
+            Stmt::Let { var, value, at } => {
+                let t = self.expr(value, at)?;
+                self.vars[*var] = Some(t);
+            }
+            Stmt::Assign { var, value, at } => {
+                let v = &self.k.vars[*var];
+                if !v.mutable {
+                    return Err(self.err(
+                        at,
+                        format!("`{}` is assigned but not declared `let mut`", v.name),
+                    ));
+                }
+                let Some(old) = self.vars[*var].clone() else {
+                    return Err(self.err(
+                        at,
+                        format!("`{}` is assigned before it has a value", v.name),
+                    ));
+                };
+                let t = self.expr(value, at)?;
+                if t.dims != old.dims {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`{}` has tile dimensions {} but the new value has {}",
+                            v.name,
+                            self.dim_names(&old.dims),
+                            self.dim_names(&t.dims)
+                        ),
+                    ));
+                }
+            }
+            Stmt::Store {
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                self.index(*tensor, index, at)?;
+                let t = self.expr_for_store(value, at)?;
+                let idx = union(index, &[]);
+                if union(&t.dims, &idx) != idx {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "the stored value has tile dimensions {} but `{}` is indexed by {}; \
+                             every dimension of the value must index the tensor",
+                            self.dim_names(&t.dims),
+                            self.k.tensors[*tensor].name,
+                            self.dim_names(&idx)
+                        ),
+                    ));
+                }
+                let dst = self.spec.tensors[*tensor].dtype;
+                if dst.is_float() != t.dtype.is_float() {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "cannot store a {} value into `{}`, a Tensor<{dst}>; convert it with `.cast::<{dst}>()`",
+                            t.dtype, self.k.tensors[*tensor].name
+                        ),
+                    ));
+                }
+            }
+            Stmt::Wait {
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                let name = &self.k.tensors[*tensor].name;
+                let ts = &self.spec.tensors[*tensor];
+                if ts.rank != 1 || !matches!(ts.dtype, DType::U32 | DType::I32) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`wait` needs a 1-D Tensor<u32> (or i32) of flags; `{name}` is a {}-D Tensor<{}>",
+                            ts.rank, ts.dtype
+                        ),
+                    ));
+                }
+                for (what, e) in [("index", index), ("value", value)] {
+                    let t = self.expr(e, at)?;
+                    if !t.dims.is_empty() || t.dtype.is_float() {
+                        return Err(self.err(
+                            at,
+                            format!(
+                                "the {what} of `wait` must be an integer scalar (e.g. `tm.begin() / rows_per_chunk`), \
+                                 got a {} tile with dimensions {}",
+                                t.dtype,
+                                self.dim_names(&t.dims)
+                            ),
+                        ));
+                    }
+                }
+            }
+            Stmt::Loop { dim, body } => {
+                self.scope.push(*dim);
+                self.stmts(body)?;
+                self.scope.pop();
+            }
+        }
+        Ok(())
+    }
+
+    fn index(&self, tensor: TensorId, index: &[DimId], at: &str) -> Result<(), CodegenError> {
+        let p = &self.k.tensors[tensor];
+        if index.len() != p.rank {
+            return Err(self.err(
+                at,
+                format!(
+                    "`{}` is {}-D but is indexed with {} tiles",
+                    p.name,
+                    p.rank,
+                    index.len()
+                ),
+            ));
+        }
+        for (i, d) in index.iter().enumerate() {
+            if index[..i].contains(d) {
+                return Err(self.err(
+                    at,
+                    format!("tile `{}` indexes `{}` twice", self.k.dims[*d].name, p.name),
+                ));
+            }
+            if !self.scope.contains(d) {
+                return Err(self.err(
+                    at,
+                    format!(
+                        "tile `{}` is used outside the loop that defines it",
+                        self.k.dims[*d].name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A store accepts `.cast()` with no type (it takes the tensor's).
+    fn expr_for_store(&mut self, e: &Expr, at: &str) -> Result<Ty, CodegenError> {
+        match e {
+            Expr::Cast { arg, dtype: None } => {
+                let t = self.expr(arg, at)?;
+                Ok(Ty {
+                    dims: t.dims,
+                    dtype: DType::F32,
+                })
+            }
+            _ => self.expr(e, at),
+        }
+    }
+
+    fn expr(&mut self, e: &Expr, at: &str) -> Result<Ty, CodegenError> {
+        Ok(match e {
+            Expr::Var(v) => self.vars[*v].clone().ok_or_else(|| {
+                self.err(
+                    at,
+                    format!("`{}` is used before it has a value", self.k.vars[*v].name),
+                )
+            })?,
+            Expr::Load { tensor, index, at } => {
+                self.index(*tensor, index, at)?;
+                Ty {
+                    dims: union(index, &[]),
+                    dtype: self.spec.tensors[*tensor].dtype,
+                }
+            }
+            Expr::Full { dims, dtype, .. } => {
+                for d in dims {
+                    if !self.scope.contains(d) {
+                        return Err(self.err(
+                            at,
+                            format!(
+                                "tile `{}` is used outside the loop that defines it",
+                                self.k.dims[*d].name
+                            ),
+                        ));
+                    }
+                }
+                Ty {
+                    dims: union(dims, &[]),
+                    dtype: *dtype,
+                }
+            }
+            Expr::Addmm { acc, a, b, at } => self.addmm(acc, a, b, at)?,
+            Expr::Binary { op, lhs, rhs, at } => {
+                let l = self.expr(lhs, at)?;
+                let r = self.expr(rhs, at)?;
+                let dtype = if l.dtype.is_float() || r.dtype.is_float() {
+                    DType::F32
+                } else {
+                    DType::I64
+                };
+                if *op == BinOp::Rem && dtype.is_float() {
+                    return Err(self.err(at, "`%` is defined on integers only"));
+                }
+                Ty {
+                    dims: union(&l.dims, &r.dims),
+                    dtype,
+                }
+            }
+            Expr::Unary { op, arg } => {
+                let t = self.expr(arg, at)?;
+                let keeps_int = matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Relu);
+                Ty {
+                    dims: t.dims,
+                    dtype: if keeps_int && !t.dtype.is_float() {
+                        DType::I64
+                    } else {
+                        DType::F32
+                    },
+                }
+            }
+            Expr::Cast { arg, dtype } => {
+                let t = self.expr(arg, at)?;
+                let Some(dtype) = dtype else {
+                    return Err(self.err(
+                        at,
+                        "`.cast()` without a type is allowed only as the whole value of a store; \
+                         elsewhere write the type, e.g. `.cast::<bf16>()`",
+                    ));
+                };
+                Ty {
+                    dims: t.dims,
+                    dtype: *dtype,
+                }
+            }
+            Expr::Int(_)
+            | Expr::Const(_)
+            | Expr::TileBegin(_)
+            | Expr::TileEnd(_)
+            | Expr::TileSize(_) => {
+                if let Expr::TileBegin(d) | Expr::TileEnd(d) | Expr::TileSize(d) = e {
+                    if !self.scope.contains(d) {
+                        return Err(self.err(
+                            at,
+                            format!(
+                                "tile `{}` is used outside the loop that defines it",
+                                self.k.dims[*d].name
+                            ),
+                        ));
+                    }
+                }
+                Ty::scalar(DType::I64)
+            }
+            Expr::Float(_) => Ty::scalar(DType::F32),
+            Expr::Scalar(s) => Ty::scalar(match self.spec.scalars[*s] {
+                ScalarKind::Int => DType::I64,
+                ScalarKind::Float => DType::F32,
+            }),
+        })
+    }
+
+    fn addmm(&mut self, acc: &Expr, a: &Expr, b: &Expr, at: &str) -> Result<Ty, CodegenError> {
+        let acc_t = self.expr(acc, at)?;
+        let a_t = self.expr(a, at)?;
+        let b_t = self.expr(b, at)?;
+        let (Expr::Load { index: ai, .. }, Expr::Load { index: bi, .. }) = (a, b) else {
+            return Err(self.err(
+                at,
+                "the operands of `addmm` must be tile loads such as `a[(tm, tk)]` and `b[(tk, tn)]`",
+            ));
+        };
+        if ai.len() != 2 || bi.len() != 2 {
+            return Err(self.err(at, "the operands of `addmm` must be 2-D tiles"));
+        }
+        let (dm, dk) = (ai[0], ai[1]);
+        let (dk2, dn) = (bi[0], bi[1]);
+        if dk != dk2 {
+            return Err(self.err(
+                at,
+                format!(
+                    "`addmm` contracts over the second tile of its first operand (`{}`) and the first of its \
+                     second operand (`{}`); they must be the same tile",
+                    self.k.dims[dk].name, self.k.dims[dk2].name
+                ),
+            ));
+        }
+        if !a_t.dtype.is_half() || a_t.dtype != b_t.dtype {
+            return Err(self.err(
+                at,
+                format!(
+                    "`addmm` multiplies bf16 or f16 tiles of the same dtype on tensor cores; got {} and {}",
+                    a_t.dtype, b_t.dtype
+                ),
+            ));
+        }
+        if acc_t.dtype != DType::F32 || acc_t.dims != union(&[dm, dn], &[]) {
+            return Err(self.err(
+                at,
+                format!(
+                    "the accumulator of `addmm` must be an f32 tile over {} (e.g. `zeros::<f32>([{}, {}])`), got a {} tile over {}",
+                    self.dim_names(&[dm, dn]),
+                    self.k.dims[dm].name,
+                    self.k.dims[dn].name,
+                    acc_t.dtype,
+                    self.dim_names(&acc_t.dims)
+                ),
+            ));
+        }
+        Ok(acc_t)
+    }
+}

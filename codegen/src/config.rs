@@ -1,0 +1,97 @@
+//! Launch and lowering parameters: block sizes, warps, pipeline stages, tile order.
+
+use serde::{Deserialize, Serialize};
+
+/// How a kernel is lowered: one block size per tile dimension (in order of
+/// appearance in the source), warps per block, `cp.async` pipeline stages and the
+/// L2-friendly grouping of output tiles.
+///
+/// ```
+/// use tilefuse_codegen::Config;
+/// let c = Config::new(&[128, 256, 64]).num_warps(8).num_stages(3);
+/// assert_eq!(c.block_sizes, vec![128, 256, 64]);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Config {
+    pub block_sizes: Vec<usize>,
+    pub num_warps: usize,
+    pub num_stages: usize,
+    /// Output tiles are visited in groups of this many tile rows, so blocks that run
+    /// together share rows of A and columns of B in L2.
+    pub group_m: usize,
+}
+
+impl Config {
+    pub fn new(block_sizes: &[usize]) -> Config {
+        Config {
+            block_sizes: block_sizes.to_vec(),
+            num_warps: 4,
+            num_stages: 3,
+            group_m: 8,
+        }
+    }
+
+    pub fn num_warps(mut self, w: usize) -> Config {
+        self.num_warps = w;
+        self
+    }
+
+    pub fn num_stages(mut self, s: usize) -> Config {
+        self.num_stages = s;
+        self
+    }
+
+    pub fn group_m(mut self, g: usize) -> Config {
+        self.group_m = g;
+        self
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> usize {
+        self.num_warps * 32
+    }
+}
+
+impl std::fmt::Display for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "block_sizes={:?}, num_warps={}, num_stages={}, group_m={}",
+            self.block_sizes, self.num_warps, self.num_stages, self.group_m
+        )
+    }
+}
+
+/// A config that works for `kernel` without tuning.
+///
+/// Matmul kernels get 128x256x32 blocks, 8 warps and 4 stages (about 96 KB of
+/// shared memory, fine on sm_80 and sm_90); pointwise kernels give contiguous
+/// (last-index) dimensions 256 and the others 4 elements per block.
+pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
+    use crate::plan::{classify, Shape};
+    match classify(kernel) {
+        Ok(Shape::Gemm(g)) => {
+            let mut bs = vec![64; kernel.dims.len()];
+            bs[g.m] = 128;
+            bs[g.n] = 256;
+            bs[g.k] = 32;
+            Config::new(&bs).num_warps(8).num_stages(4)
+        }
+        _ => {
+            let mut last = vec![false; kernel.dims.len()];
+            kernel.walk_stmts(&mut |s| {
+                if let crate::ir::Stmt::Store { index, .. } = s {
+                    if let Some(&d) = index.last() {
+                        last[d] = true;
+                    }
+                }
+            });
+            let bs: Vec<usize> = if kernel.dims.len() == 1 {
+                vec![1024]
+            } else {
+                last.iter().map(|&l| if l { 256 } else { 4 }).collect()
+            };
+            Config::new(&bs).num_warps(4)
+        }
+    }
+}

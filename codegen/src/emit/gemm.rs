@@ -1,0 +1,516 @@
+//! The portable tensor-core GEMM: `mma.sync.m16n8k16` fed by `ldmatrix` from an
+//! XOR-swizzled shared-memory ring filled by a multi-stage `cp.async` pipeline,
+//! with the kernel's elementwise statements fused before the loop (accumulator
+//! init) and after it (epilogue), evaluated on the accumulator fragments in registers.
+//!
+//! Layouts: A is `[m][k]` with k contiguous, B is `[k][n]` with n contiguous. A tile
+//! row of 16-byte chunks is swizzled so that the eight rows an `ldmatrix` reads land
+//! in eight different bank groups.
+
+use super::expr::{narrow, tensor_mask, tensor_offset, CTy};
+use super::{config_err, Emitter, Lowered};
+use crate::dtype::DType;
+use crate::error::CodegenError;
+use crate::ir::*;
+use crate::plan::GemmShape;
+use std::fmt::Write;
+
+/// Block and warp geometry derived from the config.
+struct Geometry {
+    bm: usize,
+    bn: usize,
+    bk: usize,
+    wm: usize,
+    wn: usize,
+    mi: usize,
+    ni: usize,
+    threads: usize,
+    stages: usize,
+}
+
+fn geometry(e: &Emitter, g: &GemmShape) -> Result<Geometry, CodegenError> {
+    let c = e.cfg;
+    let (bm, bn, bk) = (c.block_sizes[g.m], c.block_sizes[g.n], c.block_sizes[g.k]);
+    let err = |m: String| config_err(e.k, c, m);
+    if !matches!(bk, 16 | 32 | 64 | 128) {
+        return Err(err(format!("the K block ({bk}) must be 16, 32, 64 or 128")));
+    }
+    if bn % 16 != 0 || (bn > 32 && bn % 64 != 0) {
+        return Err(err(format!(
+            "the N block ({bn}) must be 16, 32 or a multiple of 64"
+        )));
+    }
+    if bm % 16 != 0 {
+        return Err(err(format!("the M block ({bm}) must be a multiple of 16")));
+    }
+    if !(2..=8).contains(&c.num_stages) {
+        return Err(err(format!(
+            "num_stages ({}) must be 2..=8 for the cp.async pipeline",
+            c.num_stages
+        )));
+    }
+    // Split the warps into a grid whose warp tiles are as square as possible.
+    let w = c.num_warps;
+    let mut best: Option<(usize, usize, f64)> = None;
+    for wm in [1, 2, 4, 8, 16] {
+        if w % wm != 0 {
+            continue;
+        }
+        let wn = w / wm;
+        if bm % (16 * wm) != 0 || bn % (16 * wn) != 0 {
+            continue;
+        }
+        let skew = ((bm / wm) as f64 / (bn / wn) as f64).ln().abs();
+        if best.is_none_or(|b| skew < b.2) {
+            best = Some((wm, wn, skew));
+        }
+    }
+    let Some((wm, wn, _)) = best else {
+        return Err(err(format!(
+            "{w} warps cannot split a {bm}x{bn} block into warp tiles of at least 16x16"
+        )));
+    };
+    let (mi, ni) = (bm / wm / 16, bn / wn / 8);
+    if mi * ni * 4 > 128 {
+        return Err(err(format!(
+            "each thread would hold {} accumulators (at most 128 fit in registers); use more warps or smaller blocks",
+            mi * ni * 4
+        )));
+    }
+    Ok(Geometry {
+        bm,
+        bn,
+        bk,
+        wm,
+        wn,
+        mi,
+        ni,
+        threads: w * 32,
+        stages: c.num_stages,
+    })
+}
+
+/// The swizzle of 16-byte chunk `ch` in row `row` of a tile with `cpr` chunks a row.
+fn swizzle_fn(name: &str, cpr: usize) -> String {
+    let body = if cpr >= 8 {
+        "ch ^ (row & 7)".to_string()
+    } else {
+        let shift = (8 / cpr).trailing_zeros();
+        format!("ch ^ ((row >> {shift}) & {})", cpr - 1)
+    };
+    format!("__device__ __forceinline__ int {name}(int row, int ch) {{ return {body}; }}\n")
+}
+
+fn operand_check(e: &Emitter, t: TensorId, role: &str) -> Result<bool, CodegenError> {
+    let ts = &e.spec.tensors[t];
+    if !ts.last_contiguous {
+        return Err(CodegenError::Argument {
+            kernel: e.k.name.clone(),
+            arg: e.k.tensors[t].name.clone(),
+            message: format!(
+                "`addmm` reads its {role} operand with its last dimension contiguous (stride 1); \
+                 this tensor's last stride is not 1: make it contiguous first"
+            ),
+        });
+    }
+    Ok(ts.align >= 16)
+}
+
+pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenError> {
+    let geo = geometry(e, g)?;
+    let a_vec = operand_check(e, g.a, "first")?;
+    let b_vec = operand_check(e, g.b, "second")?;
+    let dtype = e.spec.tensors[g.a].dtype;
+    let mma = if dtype == DType::BF16 {
+        "tf_mma_bf16"
+    } else {
+        "tf_mma_f16"
+    };
+    let Geometry {
+        bm,
+        bn,
+        bk,
+        wm: _,
+        wn,
+        mi,
+        ni,
+        threads: nt,
+        stages,
+    } = geo;
+    let a_stage = bm * bk * 2;
+    let b_stage = bk * bn * 2;
+    let shared = stages * (a_stage + b_stage);
+
+    let (a, b) = (g.a, g.b);
+    let (ext_m, ext_n, ext_k) = (
+        e.k.dims[g.m].extent,
+        e.k.dims[g.n].extent,
+        e.k.dims[g.k].extent,
+    );
+    let (dm, dn) = (g.m, g.n);
+
+    let mut pre = String::new();
+    pre.push_str(&swizzle_fn("tf_swz_a", bk / 8));
+    pre.push_str(&swizzle_fn("tf_swz_b", bn / 8));
+    let params = e.begin(nt, 1, &pre);
+    let o = &mut e.out;
+    let gm = e.cfg.group_m.max(1);
+    let _ = write!(
+        o,
+        r#"  extern __shared__ __align__(128) unsigned char tf_smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const long long M = s{ext_m}, N = s{ext_n}, K = s{ext_k};
+  // Output tile of this program, visited in groups of {gm} tile rows for L2 reuse.
+  const long long tiles_m = (M + {bm} - 1) / {bm}, tiles_n = (N + {bn} - 1) / {bn};
+  const long long pid = blockIdx.x, group_width = {gm}ll * tiles_n;
+  const long long first_m = (pid / group_width) * {gm}ll;
+  const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
+  const long long tb{dm} = (first_m + (pid % group_width) % group_rows) * {bm};
+  const long long tb{dn} = ((pid % group_width) / group_rows) * {bn};
+  const int wm0 = (warp / {wn}) * {wtm}, wn0 = (warp % {wn}) * {wtn};
+  float acc[{mi}][{ni}][4];
+"#,
+        wtm = bm / geo.wm,
+        wtn = bn / wn,
+    );
+
+    // Statements before the K loop: block-level ones, the accumulator's init, tile lets.
+    let body = &e.k.body;
+    let mut acc_init = None;
+    for s in &body[..g.k_loop] {
+        if e.block_stmt(s, "  ")? {
+            continue;
+        }
+        match s {
+            Stmt::Let { var, value, .. } if *var == g.acc => acc_init = Some(value.clone()),
+            Stmt::Let { var, value, .. } => {
+                e.inline_vars.insert(*var, value.clone());
+            }
+            Stmt::Store { .. } => fragment_stores(e, std::slice::from_ref(s), &geo, g)?,
+            other => {
+                return Err(CodegenError::Unsupported {
+                    kernel: e.k.name.clone(),
+                    at: stmt_at(other),
+                    message: "this statement is not supported before the K loop of a matmul".into(),
+                })
+            }
+        }
+    }
+    let init = acc_init.unwrap_or(Expr::Float(0.0));
+    if let Expr::Full { value, .. } = init {
+        let _ = writeln!(
+            e.out,
+            "  #pragma unroll\n  for (int i = 0; i < {mi}; ++i)\n  #pragma unroll\n  for (int j = 0; j < {ni}; ++j)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) acc[i][j][r] = {value:?}f;"
+        );
+    } else {
+        // An init that reads tensors (e.g. `c[(tm, tn)].cast::<f32>()`), per fragment element.
+        let mut ctx_coords = Vec::new();
+        let _ = writeln!(e.out, "  #pragma unroll\n  for (int mi = 0; mi < {mi}; ++mi)\n  #pragma unroll\n  for (int ni = 0; ni < {ni}; ++ni)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) {{");
+        let _ = writeln!(
+            e.out,
+            "    const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + (r >> 1) * 8;\n    const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2 + (r & 1);"
+        );
+        ctx_coords.push((dm, "row".to_string()));
+        ctx_coords.push((dn, "col".to_string()));
+        let (c, ty) = e.ctx(&ctx_coords).emit(&init, "accumulator init")?;
+        let c = if ty == CTy::F32 {
+            c
+        } else {
+            format!("(float)({c})")
+        };
+        let _ = writeln!(e.out, "    acc[mi][ni][r] = {c};\n  }}");
+    }
+
+    // The mainloop.
+    let o = &mut e.out;
+    let cpr_a = bk / 8;
+    let cpr_b = bn / 8;
+    let a_chunks = bm * cpr_a;
+    let b_chunks = bk * cpr_b;
+    let _ = write!(
+        o,
+        r#"  const tf_u32 sA = tf_smem_u32(tf_smem), sB = sA + {a_all};
+  const int KT = (int)((K + {bk} - 1) / {bk});
+"#,
+        a_all = stages * a_stage,
+    );
+    // Loaders: per thread, fixed rows and chunks; only k0 moves.
+    if a_vec {
+        let it = a_chunks.div_ceil(nt);
+        let _ = write!(
+            o,
+            r#"  // A loader: {a_chunks} chunks of 16 B per stage, {it} per thread.
+  const tf_u16* a_src[{it}]; tf_u32 a_dst[{it}]; int a_col[{it}]; bool a_row_ok[{it}];
+  #pragma unroll
+  for (int i = 0; i < {it}; ++i) {{
+    const int c = tid + i * {nt};
+    const int row = c / {cpr_a}, ch = c % {cpr_a};
+    const long long grow = tb{dm} + row;
+    a_row_ok[i] = c < {a_chunks} && grow < M;
+    a_src[i] = (const tf_u16*)t{a} + (a_row_ok[i] ? grow * t{a}_s0 : 0) + ch * 8;
+    a_col[i] = ch * 8;
+    a_dst[i] = (tf_u32)((row * {bk} + tf_swz_a(row, ch) * 8) * 2);
+  }}
+"#
+        );
+    }
+    if b_vec {
+        let it = b_chunks.div_ceil(nt);
+        let _ = write!(
+            o,
+            r#"  // B loader: {b_chunks} chunks of 16 B per stage, {it} per thread.
+  const tf_u16* b_src[{it}]; tf_u32 b_dst[{it}]; int b_row[{it}]; long long b_rem[{it}];
+  #pragma unroll
+  for (int i = 0; i < {it}; ++i) {{
+    const int c = tid + i * {nt};
+    const int row = c / {cpr_b}, ch = c % {cpr_b};
+    b_row[i] = c < {b_chunks} ? row : (1 << 30);
+    b_rem[i] = N - (tb{dn} + ch * 8);
+    b_src[i] = (const tf_u16*)t{b} + (long long)row * t{b}_s0 + tb{dn} + ch * 8;
+    b_dst[i] = (tf_u32)((row * {bn} + tf_swz_b(row, ch) * 8) * 2);
+  }}
+"#
+        );
+    }
+    let _ = writeln!(o, "  auto load_stage = [&](int stage, int kt) {{\n    const long long k0 = (long long)kt * {bk};");
+    if a_vec {
+        let it = a_chunks.div_ceil(nt);
+        let _ = write!(
+            o,
+            r#"    #pragma unroll
+    for (int i = 0; i < {it}; ++i) {{
+      if ({guard}) {{
+        const long long rem = K - (k0 + a_col[i]);
+        const tf_u32 bytes = (a_row_ok[i] && rem > 0) ? (rem >= 8 ? 16u : (tf_u32)(rem * 2)) : 0u;
+        tf_cp_async16(sA + stage * {a_stage} + a_dst[i], bytes ? (const void*)(a_src[i] + k0) : (const void*)t{a}, bytes);
+      }}
+    }}
+"#,
+            guard = if a_chunks % nt == 0 {
+                "true".to_string()
+            } else {
+                format!("tid + i * {nt} < {a_chunks}")
+            },
+        );
+    } else {
+        let _ = write!(
+            o,
+            r#"    // A rows are not 16-byte aligned: element loads.
+    for (int e = tid; e < {n}; e += {nt}) {{
+      const int row = e / {bk}, col = e % {bk};
+      const long long gr = tb{dm} + row, gc = k0 + col;
+      const tf_u16 v = (gr < M && gc < K) ? ((const tf_u16*)t{a})[gr * t{a}_s0 + gc] : (tf_u16)0;
+      ((tf_u16*)(tf_smem + stage * {a_stage}))[row * {bk} + tf_swz_a(row, col >> 3) * 8 + (col & 7)] = v;
+    }}
+"#,
+            n = bm * bk,
+        );
+    }
+    if b_vec {
+        let it = b_chunks.div_ceil(nt);
+        let _ = write!(
+            o,
+            r#"    #pragma unroll
+    for (int i = 0; i < {it}; ++i) {{
+      const bool ok = k0 + b_row[i] < K && b_rem[i] > 0;
+      const tf_u32 bytes = ok ? (b_rem[i] >= 8 ? 16u : (tf_u32)(b_rem[i] * 2)) : 0u;
+      if (b_row[i] < (1 << 30))
+        tf_cp_async16(sB + stage * {b_stage} + b_dst[i], bytes ? (const void*)(b_src[i] + k0 * t{b}_s0) : (const void*)t{b}, bytes);
+    }}
+"#
+        );
+    } else {
+        let _ = write!(
+            o,
+            r#"    // B rows are not 16-byte aligned: element loads.
+    for (int e = tid; e < {n}; e += {nt}) {{
+      const int row = e / {bn}, col = e % {bn};
+      const long long gr = k0 + row, gc = tb{dn} + col;
+      const tf_u16 v = (gr < K && gc < N) ? ((const tf_u16*)t{b})[gr * t{b}_s0 + gc] : (tf_u16)0;
+      ((tf_u16*)(tf_smem + {a_all} + stage * {b_stage}))[row * {bn} + tf_swz_b(row, col >> 3) * 8 + (col & 7)] = v;
+    }}
+"#,
+            n = bk * bn,
+            a_all = stages * a_stage,
+        );
+    }
+    let _ = write!(
+        o,
+        r#"  }};
+  #pragma unroll
+  for (int i = 0; i < {pro}; ++i) {{ if (i < KT) load_stage(i, i); tf_cp_async_commit(); }}
+  #pragma unroll 1
+  for (int kt = 0; kt < KT; ++kt) {{
+    tf_cp_async_wait<{wait}>();
+    __syncthreads();
+    {{ const int nk = kt + {pro}; if (nk < KT) load_stage(nk % {stages}, nk); tf_cp_async_commit(); }}
+    const int stage = kt % {stages};
+    const tf_u32 a_st = sA + stage * {a_stage}, b_st = sB + stage * {b_stage};
+    #pragma unroll
+    for (int ki = 0; ki < {ki}; ++ki) {{
+      tf_u32 af[{mi}][4], bf[{ni}][2];
+      #pragma unroll
+      for (int i = 0; i < {mi}; ++i) {{
+        const int row = wm0 + i * 16 + (lane & 15), ch = ki * 2 + (lane >> 4);
+        tf_ldmatrix_x4(af[i], a_st + (row * {bk} + tf_swz_a(row, ch) * 8) * 2);
+      }}
+      #pragma unroll
+      for (int j = 0; j < {ni2}; ++j) {{
+        const int row = ki * 16 + (lane & 15), ch = (wn0 + j * 16) / 8 + (lane >> 4);
+        tf_u32 r[4];
+        tf_ldmatrix_x4_trans(r, b_st + (row * {bn} + tf_swz_b(row, ch) * 8) * 2);
+        bf[2 * j][0] = r[0]; bf[2 * j][1] = r[1]; bf[2 * j + 1][0] = r[2]; bf[2 * j + 1][1] = r[3];
+      }}
+      #pragma unroll
+      for (int i = 0; i < {mi}; ++i)
+        #pragma unroll
+        for (int j = 0; j < {ni}; ++j) {{
+          // Serpentine order: neighbouring MMAs share a B fragment.
+          const int jj = (i & 1) ? {ni} - 1 - j : j;
+          {mma}(acc[i][jj], af[i], bf[jj]);
+        }}
+    }}
+  }}
+  tf_cp_async_wait<0>();
+"#,
+        pro = stages - 1,
+        wait = stages - 2,
+        ki = bk / 16,
+        ni2 = ni / 2,
+    );
+
+    // After the loop: the epilogue.
+    let rest: Vec<Stmt> = e.k.body[g.k_loop + 1..].to_vec();
+    let mut pending: Vec<Stmt> = Vec::new();
+    for s in &rest {
+        if matches!(s, Stmt::Store { .. }) {
+            pending.push(s.clone());
+            continue;
+        }
+        if !pending.is_empty() {
+            fragment_stores(e, &pending, &geo, g)?;
+            pending.clear();
+        }
+        if e.block_stmt(s, "  ")? {
+            continue;
+        }
+        match s {
+            Stmt::Let { var, value, .. } => {
+                e.inline_vars.insert(*var, value.clone());
+            }
+            Stmt::Assign { var, value, at } if *var == g.acc => {
+                return Err(CodegenError::Unsupported {
+                    kernel: e.k.name.clone(),
+                    at: at.clone(),
+                    message: format!(
+                        "reassigning the accumulator after the K loop is not supported; bind the result with `let`, e.g. `let y = {};`",
+                        at.split_once('=').map(|x| x.1.trim()).unwrap_or("…")
+                    ),
+                })
+            }
+            other => {
+                return Err(CodegenError::Unsupported {
+                    kernel: e.k.name.clone(),
+                    at: stmt_at(other),
+                    message: "this statement is not supported after the K loop of a matmul".into(),
+                })
+            }
+        }
+    }
+    if !pending.is_empty() {
+        fragment_stores(e, &pending, &geo, g)?;
+    }
+    e.out.push_str("}\n");
+    Ok(e.finish(params, nt, shared, "gemm/mma.sync"))
+}
+
+fn stmt_at(s: &Stmt) -> String {
+    match s {
+        Stmt::Let { at, .. }
+        | Stmt::Assign { at, .. }
+        | Stmt::Store { at, .. }
+        | Stmt::Wait { at, .. } => at.clone(),
+        Stmt::Loop { .. } => "an inner tile loop".into(),
+    }
+}
+
+/// Stores evaluated on the accumulator fragments: each thread owns pairs of
+/// adjacent columns, stored as one 32-bit access where the layout allows.
+fn fragment_stores(
+    e: &mut Emitter,
+    stores: &[Stmt],
+    geo: &Geometry,
+    g: &GemmShape,
+) -> Result<(), CodegenError> {
+    let (mi, ni) = (geo.mi, geo.ni);
+    let (dm, dn) = (g.m, g.n);
+    let mut body = String::new();
+    for s in stores {
+        let Stmt::Store {
+            tensor,
+            index,
+            value,
+            at,
+        } = s
+        else {
+            continue;
+        };
+        let ts = &e.spec.tensors[*tensor];
+        let mut e2 = e.ctx(&[(dm, "row".into()), (dn, "col".into())]);
+        e2.named_vars.insert(g.acc, "acc[mi][ni][h * 2]".into());
+        let (v0, t0) = e2.emit(value, at)?;
+        e2.coords.insert(dn, "(col + 1)".into());
+        e2.named_vars.insert(g.acc, "acc[mi][ni][h * 2 + 1]".into());
+        let (v1, t1) = e2.emit(value, at)?;
+        let coords = |c: &str| -> Vec<String> {
+            index
+                .iter()
+                .map(|d| {
+                    if *d == dm {
+                        "row".to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect()
+        };
+        let (i0, i1) = (coords("col"), coords("(col + 1)"));
+        let (off0, off1) = (tensor_offset(*tensor, &i0), tensor_offset(*tensor, &i1));
+        let (m0, m1) = (tensor_mask(*tensor, &i0), tensor_mask(*tensor, &i1));
+        let (n0, n1) = (narrow(ts.dtype, "v0", t0), narrow(ts.dtype, "v1", t1));
+        let cty = |t: CTy| if t == CTy::F32 { "float" } else { "long long" };
+        let _ = write!(
+            body,
+            "      {{  // {at}\n        const {} v0 = {v0};\n        const {} v1 = {v1};\n",
+            cty(t0),
+            cty(t1)
+        );
+        let pairable =
+            index.last() == Some(&dn) && ts.last_contiguous && ts.dtype.is_half() && ts.align >= 4;
+        if pairable {
+            let _ = write!(
+                body,
+                "        if (({m1}) && (col & 1) == 0) {{\n          *(tf_u32*)(t{tensor} + {off0}) = (tf_u32){n0} | ((tf_u32){n1} << 16);\n        }} else {{\n          if ({m0}) t{tensor}[{off0}] = {n0};\n          if ({m1}) t{tensor}[{off1}] = {n1};\n        }}\n      }}\n"
+            );
+        } else {
+            let _ = write!(
+                body,
+                "        if ({m0}) t{tensor}[{off0}] = {n0};\n        if ({m1}) t{tensor}[{off1}] = {n1};\n      }}\n"
+            );
+        }
+    }
+    let _ = write!(
+        e.out,
+        r#"  #pragma unroll
+  for (int mi = 0; mi < {mi}; ++mi)
+  #pragma unroll
+  for (int ni = 0; ni < {ni}; ++ni)
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {{
+      const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + h * 8;
+      const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2;
+{body}  }}
+"#
+    );
+    Ok(())
+}

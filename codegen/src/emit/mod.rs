@@ -1,0 +1,274 @@
+//! Lowering of a checked kernel to self-contained CUDA C, for one specialization
+//! and one config.
+
+mod expr;
+mod gemm;
+mod pointwise;
+pub mod prelude;
+
+pub use expr::CTy;
+
+use crate::check::{check, Checked};
+use crate::config::Config;
+use crate::error::CodegenError;
+use crate::ir::*;
+use crate::plan::{classify, Shape};
+use crate::spec::{ScalarKind, Spec};
+use expr::ElemCtx;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// One kernel parameter, in the order the generated function takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// Device address of a tensor's first element.
+    TensorPtr(TensorId),
+    /// Size of a tensor along a dimension (`long long`).
+    TensorDim(TensorId, usize),
+    /// Stride of a tensor along a dimension, in elements (`long long`).
+    TensorStride(TensorId, usize),
+    /// A runtime scalar: `long long` or `float` per [`ScalarKind`].
+    Scalar(ScalarId),
+    /// Device address of the status block (see [`prelude::STATUS_WORDS`]).
+    Status,
+    /// How long a `wait` spins before giving up, in nanoseconds (`unsigned long long`).
+    WaitTimeoutNs,
+    /// Added to a `wait` site's index in the status block, so the host can tell which
+    /// kernel and site timed out (`unsigned long long`).
+    SiteBase,
+}
+
+/// The generated code and how to launch it.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    pub source: String,
+    /// The `extern "C"` name of the kernel function.
+    pub entry: String,
+    pub params: Vec<Param>,
+    pub threads: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+    /// The grid is `∏ ceil(extent / block)` over these (extent scalar, block size).
+    pub grid: Vec<(ScalarId, usize)>,
+    /// For each `wait` site (its index is recorded on timeout), the code as written.
+    pub wait_sites: Vec<String>,
+    /// Which lowering was taken, for logs.
+    pub path: &'static str,
+}
+
+/// Checks `kernel` and lowers it to CUDA C for `spec` and `config`.
+pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
+    let checked = check(kernel, spec)?;
+    if config.block_sizes.len() != kernel.dims.len() {
+        let names: Vec<&str> = kernel.dims.iter().map(|d| d.name.as_str()).collect();
+        return Err(config_err(
+            kernel,
+            config,
+            format!(
+                "it gives {} block sizes; the kernel has {} tile dimensions ({})",
+                config.block_sizes.len(),
+                kernel.dims.len(),
+                names.join(", ")
+            ),
+        ));
+    }
+    if !matches!(config.num_warps, 1 | 2 | 4 | 8 | 16) {
+        return Err(config_err(
+            kernel,
+            config,
+            "num_warps must be 1, 2, 4, 8 or 16",
+        ));
+    }
+    if let Some(b) = config.block_sizes.iter().find(|&&b| b == 0 || b > 4096) {
+        return Err(config_err(
+            kernel,
+            config,
+            format!("block size {b} is outside 1..=4096"),
+        ));
+    }
+    let mut e = Emitter::new(kernel, spec, &checked, config);
+    match classify(kernel)? {
+        Shape::Gemm(g) => gemm::emit(&mut e, &g),
+        Shape::Pointwise => pointwise::emit(&mut e),
+    }
+}
+
+pub(crate) fn config_err(k: &Kernel, c: &Config, message: impl Into<String>) -> CodegenError {
+    CodegenError::Config {
+        kernel: k.name.clone(),
+        config: c.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Shared state of the lowerings: the output text and what it has declared.
+pub(crate) struct Emitter<'a> {
+    pub k: &'a Kernel,
+    pub spec: &'a Spec,
+    pub checked: &'a Checked,
+    pub cfg: &'a Config,
+    pub out: String,
+    pub wait_sites: Vec<String>,
+    /// Scalar `let`s materialized as C locals.
+    pub named_vars: HashMap<VarId, String>,
+    /// Tile `let`s, inlined where used.
+    pub inline_vars: HashMap<VarId, Expr>,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(k: &'a Kernel, spec: &'a Spec, checked: &'a Checked, cfg: &'a Config) -> Self {
+        Emitter {
+            k,
+            spec,
+            checked,
+            cfg,
+            out: String::new(),
+            wait_sites: Vec::new(),
+            named_vars: HashMap::new(),
+            inline_vars: HashMap::new(),
+        }
+    }
+
+    pub fn entry(&self) -> String {
+        format!("tf_{}", self.k.name)
+    }
+
+    /// An element context with the given dimension coordinates bound.
+    pub fn ctx(&self, coords: &[(DimId, String)]) -> ElemCtx<'_> {
+        ElemCtx {
+            k: self.k,
+            spec: self.spec,
+            checked: self.checked,
+            coords: coords.iter().cloned().collect(),
+            named_vars: self.named_vars.clone(),
+            inline_vars: self.inline_vars.clone(),
+        }
+    }
+
+    /// The prelude, `helpers` (device functions of one lowering), block-size constants
+    /// and the kernel signature, up to the opening brace.
+    pub fn begin(&mut self, threads: usize, min_blocks: usize, helpers: &str) -> Vec<Param> {
+        let mut params = Vec::new();
+        let mut sig = Vec::new();
+        for (t, ts) in self.spec.tensors.iter().enumerate() {
+            params.push(Param::TensorPtr(t));
+            sig.push(format!("{}* t{t}", ts.dtype.c_storage()));
+            for i in 0..ts.rank {
+                params.push(Param::TensorDim(t, i));
+                sig.push(format!("long long t{t}_n{i}"));
+            }
+            for i in 0..ts.rank {
+                params.push(Param::TensorStride(t, i));
+                sig.push(format!("long long t{t}_s{i}"));
+            }
+        }
+        for (s, kind) in self.spec.scalars.iter().enumerate() {
+            params.push(Param::Scalar(s));
+            sig.push(match kind {
+                ScalarKind::Int => format!("long long s{s}"),
+                ScalarKind::Float => format!("float s{s}"),
+            });
+        }
+        params.push(Param::Status);
+        sig.push("tf_status* tf_st".into());
+        params.push(Param::WaitTimeoutNs);
+        sig.push("tf_u64 tf_timeout_ns".into());
+        params.push(Param::SiteBase);
+        sig.push("tf_u64 tf_site_base".into());
+
+        self.out.push_str(prelude::PRELUDE);
+        self.out.push_str(helpers);
+        let _ = writeln!(
+            self.out,
+            "\n// kernel `{}`, config: {}",
+            self.k.name, self.cfg
+        );
+        for (d, b) in self.cfg.block_sizes.iter().enumerate() {
+            let _ = writeln!(
+                self.out,
+                "#define B{d} {b}  // tile `{}`",
+                self.k.dims[d].name
+            );
+        }
+        let _ = writeln!(
+            self.out,
+            "\nextern \"C\" __global__ void __launch_bounds__({threads}, {min_blocks}) {}(\n    {}) {{",
+            self.entry(),
+            sig.join(",\n    ")
+        );
+        params
+    }
+
+    /// Emits a block-uniform statement (a scalar `let` or a `wait`); returns false
+    /// for statements that are not block-level.
+    pub fn block_stmt(&mut self, s: &Stmt, indent: &str) -> Result<bool, CodegenError> {
+        match s {
+            Stmt::Let { var, value, at } if self.checked.vars[*var].dims.is_empty() => {
+                let (c, ty) = self.ctx(&[]).emit(value, at)?;
+                let cty = if ty == CTy::F32 { "float" } else { "long long" };
+                let name = format!("v{var}");
+                let _ = writeln!(
+                    self.out,
+                    "{indent}const {cty} {name} = {c};  // {}",
+                    self.k.vars[*var].name
+                );
+                self.named_vars.insert(*var, name);
+                Ok(true)
+            }
+            Stmt::Wait {
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                if !self.spec.tensors[*tensor].last_contiguous {
+                    return Err(CodegenError::Argument {
+                        kernel: self.k.name.clone(),
+                        arg: self.k.tensors[*tensor].name.clone(),
+                        message: "flags passed to `wait` must be contiguous (stride 1)".into(),
+                    });
+                }
+                let site = self.wait_sites.len();
+                self.wait_sites.push(at.clone());
+                let (ic, _) = self.ctx(&[]).emit(index, at)?;
+                let (vc, _) = self.ctx(&[]).emit(value, at)?;
+                let _ = writeln!(
+                    self.out,
+                    "{indent}{{  // {at}\n\
+                     {indent}  __shared__ int tf_abort;\n\
+                     {indent}  if (threadIdx.x == 0) tf_abort = !tf_wait_flag((const tf_u32*)t{tensor}, t{tensor}_n0, {ic}, {vc}, tf_timeout_ns, tf_st, tf_site_base + {site}ull);\n\
+                     {indent}  __syncthreads();\n\
+                     {indent}  if (tf_abort) return;\n\
+                     {indent}}}"
+                );
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    pub fn finish(
+        &mut self,
+        params: Vec<Param>,
+        threads: usize,
+        shared_bytes: usize,
+        path: &'static str,
+    ) -> Lowered {
+        let grid = self
+            .k
+            .grid
+            .iter()
+            .map(|&d| (self.k.dims[d].extent, self.cfg.block_sizes[d]))
+            .collect();
+        Lowered {
+            entry: self.entry(),
+            source: std::mem::take(&mut self.out),
+            params,
+            threads: threads as u32,
+            shared_bytes: shared_bytes as u32,
+            grid,
+            wait_sites: std::mem::take(&mut self.wait_sites),
+            path,
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The tile IR: what a `#[fused_kernel]` body means, independent of any GPU.
+//!
+//! A kernel is a set of parameters and a body of statements that runs once per
+//! *program* (one tile of the outermost `tile()` loop, one CUDA block). Values are
+//! tiles: a tile has a set of named tile dimensions and a dtype; a scalar is a tile
+//! with no dimensions. Elementwise operations broadcast by dimension *name*, so
+//! `acc + bias[tn]` adds the bias along `tn` whatever the order of dimensions.
+
+use crate::dtype::DType;
+use serde::{Deserialize, Serialize};
+
+/// Index of a tensor parameter in [`Kernel::tensors`].
+pub type TensorId = usize;
+/// Index of a runtime scalar in [`Kernel::scalars`].
+pub type ScalarId = usize;
+/// Index of a compile-time constant in [`Kernel::constexprs`].
+pub type ConstId = usize;
+/// Index of a tile dimension in [`Kernel::dims`]; also the index of its block size.
+pub type DimId = usize;
+/// Index of a local variable in [`Kernel::vars`].
+pub type VarId = usize;
+
+/// A kernel: parameters, tile dimensions and the per-program body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Kernel {
+    pub name: String,
+    pub tensors: Vec<TensorParam>,
+    pub scalars: Vec<ScalarParam>,
+    pub constexprs: Vec<ConstParam>,
+    /// Tile dimensions in order of appearance; `Config::block_sizes[d]` is dimension `d`'s block.
+    pub dims: Vec<TileDim>,
+    /// Dimensions of the outermost `tile()` loop: the launch grid.
+    pub grid: Vec<DimId>,
+    pub vars: Vec<Var>,
+    pub body: Vec<Stmt>,
+}
+
+/// A tensor the kernel reads or writes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorParam {
+    pub name: String,
+    /// Number of dimensions, from how the kernel indexes it.
+    pub rank: usize,
+    /// The dtype written in the Rust source, when the macro could see it.
+    pub declared: Option<DType>,
+}
+
+/// A value computed on the host and passed to the kernel at launch (an extent, a
+/// captured `let`, a scalar argument).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScalarParam {
+    /// The host expression, as written (`m`, `a.size(0)`).
+    pub name: String,
+}
+
+/// A `#[constexpr]` argument: its value is baked into the generated source.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConstParam {
+    pub name: String,
+}
+
+/// One dimension of a `tile()` loop.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TileDim {
+    /// The loop variable (`tm`).
+    pub name: String,
+    /// The scalar holding the extent the loop covers.
+    pub extent: ScalarId,
+}
+
+/// A local variable bound with `let` inside the device code.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Var {
+    pub name: String,
+    pub mutable: bool,
+}
+
+/// Where something is in the kernel source, for messages: the code as written.
+pub type Src = String;
+
+/// A statement of the per-program body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Stmt {
+    /// `let [mut] var = value;`
+    Let { var: VarId, value: Expr, at: Src },
+    /// `var = value;`
+    Assign { var: VarId, value: Expr, at: Src },
+    /// `tensor[index] = value;`, masked on ragged edges.
+    Store {
+        tensor: TensorId,
+        index: Vec<DimId>,
+        value: Expr,
+        at: Src,
+    },
+    /// `wait(tensor, index, value)`: block until `tensor[index] >= value`, bounded in time.
+    Wait {
+        tensor: TensorId,
+        index: Expr,
+        value: Expr,
+        at: Src,
+    },
+    /// A nested `for d in tile(extent) { body }`, run sequentially inside the program.
+    Loop { dim: DimId, body: Vec<Stmt> },
+}
+
+/// Elementwise binary operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Min,
+    Max,
+}
+
+/// Elementwise unary operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Relu,
+    Gelu,
+    GeluTanh,
+    Silu,
+    Sigmoid,
+    Tanh,
+}
+
+impl UnOp {
+    /// The DSL name (`relu`), as a user writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnOp::Neg => "neg",
+            UnOp::Exp => "exp",
+            UnOp::Log => "log",
+            UnOp::Sqrt => "sqrt",
+            UnOp::Rsqrt => "rsqrt",
+            UnOp::Abs => "abs",
+            UnOp::Relu => "relu",
+            UnOp::Gelu => "gelu",
+            UnOp::GeluTanh => "gelu_tanh",
+            UnOp::Silu => "silu",
+            UnOp::Sigmoid => "sigmoid",
+            UnOp::Tanh => "tanh",
+        }
+    }
+
+    /// Every unary op the DSL knows, for parsing and for messages.
+    pub const ALL: [UnOp; 12] = [
+        UnOp::Neg,
+        UnOp::Exp,
+        UnOp::Log,
+        UnOp::Sqrt,
+        UnOp::Rsqrt,
+        UnOp::Abs,
+        UnOp::Relu,
+        UnOp::Gelu,
+        UnOp::GeluTanh,
+        UnOp::Silu,
+        UnOp::Sigmoid,
+        UnOp::Tanh,
+    ];
+
+    pub fn from_name(name: &str) -> Option<UnOp> {
+        UnOp::ALL.into_iter().find(|op| op.name() == name)
+    }
+}
+
+/// A tile-valued expression.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Expr {
+    Var(VarId),
+    /// `tensor[index]`: a tile load, zero-filled outside the tensor.
+    Load {
+        tensor: TensorId,
+        index: Vec<DimId>,
+        at: Src,
+    },
+    /// `zeros::<T>([dims])` (value 0) or `full::<T>([dims], value)`.
+    Full {
+        dims: Vec<DimId>,
+        dtype: DType,
+        value: f64,
+    },
+    /// `addmm(acc, a, b)`: `acc + a·b` on tensor cores, f32 accumulation.
+    Addmm {
+        acc: Box<Expr>,
+        a: Box<Expr>,
+        b: Box<Expr>,
+        at: Src,
+    },
+    Binary {
+        op: BinOp,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+        at: Src,
+    },
+    Unary {
+        op: UnOp,
+        arg: Box<Expr>,
+    },
+    /// `.cast::<T>()`; `dtype: None` is `.cast()`, taking the type of the tensor it is stored to.
+    Cast {
+        arg: Box<Expr>,
+        dtype: Option<DType>,
+    },
+    Int(i64),
+    Float(f64),
+    Scalar(ScalarId),
+    Const(ConstId),
+    /// `t.begin()`: first index the program's tile covers along `t`.
+    TileBegin(DimId),
+    /// `t.end()`: one past the last index, clipped to the extent.
+    TileEnd(DimId),
+    /// `t.size()`: `end - begin`.
+    TileSize(DimId),
+}
+
+impl Kernel {
+    /// A stable hash of the kernel's meaning, for cache keys.
+    pub fn fingerprint(&self) -> u64 {
+        crate::hash::fnv1a64(self.to_json().as_bytes())
+    }
+
+    /// The serialized form the macro embeds in the user's crate.
+    pub fn to_json(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads back what [`Kernel::to_json`] wrote.
+    pub fn from_json(text: &str) -> Result<Kernel, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Calls `f` on every statement, nested loops included, in source order.
+    pub fn walk_stmts<'a>(&'a self, f: &mut impl FnMut(&'a Stmt)) {
+        fn go<'a>(stmts: &'a [Stmt], f: &mut impl FnMut(&'a Stmt)) {
+            for s in stmts {
+                f(s);
+                if let Stmt::Loop { body, .. } = s {
+                    go(body, f);
+                }
+            }
+        }
+        go(&self.body, f);
+    }
+}
+
+impl Expr {
+    /// Calls `f` on this expression and every sub-expression.
+    pub fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
+        f(self);
+        match self {
+            Expr::Addmm { acc, a, b, .. } => {
+                acc.walk(f);
+                a.walk(f);
+                b.walk(f);
+            }
+            Expr::Binary { lhs, rhs, .. } => {
+                lhs.walk(f);
+                rhs.walk(f);
+            }
+            Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => arg.walk(f),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! tilefuse-codegen: the tile IR, its checks, and the lowering to self-contained
+//! CUDA C. Pure Rust: nothing here touches a GPU, a driver or NVRTC.
+//!
+//! The pipeline is [`Kernel`] (built by the `#[fused_kernel]` macro) →
+//! [`check`] for a [`Spec`] (the argument facts known at launch) → [`lower`] for a
+//! [`Config`] → [`Lowered`] (CUDA C source, parameter ABI, launch geometry).
+
+pub mod check;
+pub mod config;
+pub mod dtype;
+pub mod emit;
+pub mod error;
+pub mod hash;
+pub mod ir;
+pub mod plan;
+pub mod spec;
+
+pub use check::check;
+pub use config::{default_config, Config};
+pub use dtype::DType;
+pub use emit::{lower, Lowered, Param};
+pub use error::CodegenError;
+pub use ir::Kernel;
+pub use spec::{ScalarKind, Spec, TensorSpec};

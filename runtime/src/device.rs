@@ -1,0 +1,178 @@
+//! A GPU: its context, the stream tilefuse launches on, its properties, and the
+//! status block kernels report failed `wait`s into.
+
+use crate::error::{driver, Error, Result};
+use crate::libs;
+use crate::status;
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One GPU and the stream tilefuse work is ordered on.
+pub struct Device {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    ordinal: usize,
+    name: String,
+    cc: (i32, i32),
+    sm_count: usize,
+    max_shared_optin: usize,
+    /// Kernels record the first failed `wait` here (see `tilefuse_codegen::emit::prelude`).
+    pub(crate) status: CudaSlice<u64>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Device({}: {}, sm_{}{})",
+            self.ordinal, self.name, self.cc.0, self.cc.1
+        )
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The ordinal used when none was chosen: `TILEFUSE_DEVICE`, else `LOCAL_RANK` (so
+/// each rank under a launcher takes its own GPU), else 0.
+fn default_ordinal() -> usize {
+    ["TILEFUSE_DEVICE", "LOCAL_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Device {
+    /// The number of GPUs visible, or an error when there is no driver.
+    pub fn count() -> Result<usize> {
+        libs::require_driver()?;
+        let n = CudaContext::device_count().map_err(driver("counting GPUs"))?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// The device with this ordinal, opened once per process.
+    pub fn get(ordinal: usize) -> Result<Arc<Device>> {
+        static OPEN: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+        let map = OPEN.get_or_init(Default::default);
+        let mut open = map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = open.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let count = Device::count()?;
+        if ordinal >= count {
+            return Err(Error::Unavailable {
+                what: "the requested GPU",
+                hint: format!("device {ordinal} was asked for but {count} GPU(s) are visible"),
+            });
+        }
+        let d = Arc::new(Device::open(ordinal)?);
+        open.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    fn open(ordinal: usize) -> Result<Device> {
+        let ctx = CudaContext::new(ordinal).map_err(driver(format!("opening GPU {ordinal}")))?;
+        // SAFETY: called before this context allocates anything. tilefuse orders all of
+        // its work on one stream per device and joins other streams with explicit
+        // events, so cudarc's per-allocation events would only add overhead.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(driver("creating the launch stream"))?;
+        let attr =
+            |a: Attr, what: &str| ctx.attribute(a).map_err(driver(format!("reading {what}")));
+        let cc = ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))?;
+        let sm_count = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "the SM count",
+        )? as usize;
+        let max_shared_optin = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "the shared memory limit",
+        )? as usize;
+        let name = ctx.name().map_err(driver("reading the device name"))?;
+        let status = stream
+            .alloc_zeros::<u64>(tilefuse_codegen::emit::prelude::STATUS_WORDS)
+            .map_err(driver("allocating the status block"))?;
+        Ok(Device {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            cc,
+            sm_count,
+            max_shared_optin,
+            status,
+        })
+    }
+
+    /// The device this thread uses for new tensors: the last [`Device::set_current`],
+    /// else `TILEFUSE_DEVICE` / `LOCAL_RANK` / 0.
+    pub fn current() -> Result<Arc<Device>> {
+        let ord = CURRENT.with(|c| c.get()).unwrap_or_else(default_ordinal);
+        Device::get(ord)
+    }
+
+    /// Makes `ordinal` this thread's current device.
+    pub fn set_current(ordinal: usize) -> Result<Arc<Device>> {
+        let d = Device::get(ordinal)?;
+        CURRENT.with(|c| c.set(Some(ordinal)));
+        Ok(d)
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The product name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    /// The NVRTC target for this GPU: `sm_90a` on Hopper (wgmma, setmaxnreg), else `sm_XY`.
+    pub fn arch(&self) -> String {
+        match self.cc {
+            (9, 0) => "sm_90a".to_string(),
+            (maj, min) => format!("sm_{maj}{min}"),
+        }
+    }
+
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// The most dynamic shared memory one block may use, in bytes.
+    pub fn max_shared_per_block(&self) -> usize {
+        self.max_shared_optin
+    }
+
+    /// The stream tilefuse launches on (cuBLAS baselines use it too).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The underlying cudarc context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Waits for all work queued on the launch stream, then reports a `wait` that
+    /// timed out in any kernel since the last check.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver("synchronizing the launch stream"))?;
+        status::check(self)
+    }
+}

@@ -1,0 +1,86 @@
+//! The runtime's error type: what went wrong, with enough context to act on it.
+
+use thiserror::Error;
+use tilefuse_codegen::CodegenError;
+
+/// Everything a tilefuse call can fail with.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A CUDA library could not be loaded, or there is no GPU.
+    #[error("{what} is not available: {hint}")]
+    Unavailable { what: &'static str, hint: String },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error in {context}: {message}")]
+    Driver { context: String, message: String },
+    /// NVRTC rejected generated code (a tilefuse bug, or an unsupported GPU).
+    #[error("NVRTC could not compile kernel `{kernel}` for {arch}: {log}")]
+    Compile {
+        kernel: String,
+        arch: String,
+        log: String,
+    },
+    /// The kernel cannot be checked or lowered for these arguments and config.
+    #[error(transparent)]
+    Codegen(#[from] CodegenError),
+    /// An argument does not fit the kernel or the call.
+    #[error("{context}: argument `{arg}`: {message}")]
+    Argument {
+        context: String,
+        arg: String,
+        message: String,
+    },
+    /// A `wait` in a kernel gave up: the flag never reached the value.
+    #[error(
+        "kernel `{kernel}` stopped waiting at `{site}` after {timeout_ms} ms: flag index {index} holds {seen}, \
+         expected >= {expected}; the producer never set it (raise TILEFUSE_WAIT_TIMEOUT_MS if it is only slow)"
+    )]
+    WaitTimeout {
+        kernel: String,
+        site: String,
+        index: i64,
+        expected: i64,
+        seen: i64,
+        timeout_ms: u64,
+    },
+    /// A `wait` asked for a flag outside its flag tensor.
+    #[error("kernel `{kernel}` at `{site}`: flag index {index} is outside the flag tensor of length {len}")]
+    WaitIndex {
+        kernel: String,
+        site: String,
+        index: i64,
+        len: i64,
+    },
+    /// cuBLAS failed.
+    #[error("cuBLAS error in {context}: {message}")]
+    Cublas { context: String, message: String },
+    /// The kernel definition embedded by the macro could not be read.
+    #[error("kernel `{kernel}`: {message}")]
+    Definition { kernel: String, message: String },
+}
+
+/// `Result` with the tilefuse [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Wraps a driver error with what the runtime was doing.
+pub(crate) fn driver(
+    context: impl Into<String>,
+) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    let context = context.into();
+    // Formatting a DriverError asks libcuda for its text; we only get one when libcuda is loaded.
+    move |e| Error::Driver {
+        context,
+        message: e.to_string(),
+    }
+}
+
+pub(crate) fn argument(
+    context: impl Into<String>,
+    arg: impl Into<String>,
+    message: impl Into<String>,
+) -> Error {
+    Error::Argument {
+        context: context.into(),
+        arg: arg.into(),
+        message: message.into(),
+    }
+}

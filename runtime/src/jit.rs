@@ -1,0 +1,124 @@
+//! NVRTC: generated CUDA C → a cubin for a real GPU architecture.
+//!
+//! cudarc's safe NVRTC layer only returns PTX, so this goes through `nvrtc::result`
+//! and `nvrtc::sys` for the cubin. Works without a GPU: only libnvrtc is needed.
+
+use crate::error::{Error, Result};
+use crate::libs;
+use cudarc::nvrtc::{result as nv, sys as nvsys};
+use std::ffi::{c_char, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+
+/// How many NVRTC compiles this process has run.
+pub fn compile_count() -> u64 {
+    COMPILES.load(Ordering::Relaxed)
+}
+
+/// NVRTC's version (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    libs::require_nvrtc()?;
+    let (mut maj, mut min) = (0, 0);
+    // SAFETY: libnvrtc is loaded (checked above); both out-pointers are valid.
+    unsafe { nvsys::nvrtcVersion(&mut maj, &mut min) }
+        .result()
+        .map_err(|e| nvrtc_err("(version)", "-", format!("{e:?}")))?;
+    Ok((maj, min))
+}
+
+fn nvrtc_err(kernel: &str, arch: &str, log: String) -> Error {
+    Error::Compile {
+        kernel: kernel.to_string(),
+        arch: arch.to_string(),
+        log,
+    }
+}
+
+/// The options every compile uses, for `arch` (e.g. `sm_90a`).
+pub fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".into(),
+        "--fmad=true".into(),
+    ]
+}
+
+/// A compiled kernel image and the compiler's log.
+pub struct Cubin {
+    pub image: Vec<u8>,
+    pub log: String,
+}
+
+fn program_log(prog: nvsys::nvrtcProgram) -> String {
+    // SAFETY: `prog` is a live program created by `create_program`.
+    match unsafe { nv::get_program_log(prog) } {
+        Ok(raw) => {
+            let bytes: Vec<u8> = raw
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).trim().to_string()
+        }
+        Err(e) => format!("(no log: {e:?})"),
+    }
+}
+
+/// Compiles `source` to a cubin for `arch`. `kernel` names it in errors and dumps.
+pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
+    libs::require_nvrtc()?;
+    let src = CString::new(source)
+        .map_err(|_| nvrtc_err(kernel, arch, "source contains a NUL byte".into()))?;
+    let file = CString::new(format!("{kernel}.cu")).unwrap_or_else(|_| c"kernel.cu".to_owned());
+    let prog = nv::create_program(&src, Some(file.as_c_str()))
+        .map_err(|e| nvrtc_err(kernel, arch, format!("{e:?}")))?;
+    let mut opts = compile_options(arch);
+    if std::env::var_os("TILEFUSE_DUMP_DIR").is_some() {
+        // The dumped log then carries ptxas's resource report (registers, spills).
+        opts.push("--ptxas-options=-v".into());
+    }
+    COMPILES.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: `prog` is live; `src` and `file` outlive it; options are plain strings.
+    let compiled = unsafe { nv::compile_program(prog, &opts) };
+    let log = program_log(prog);
+    dump(kernel, arch, source, &log);
+    let result = compiled
+        .map_err(|e| nvrtc_err(kernel, arch, format!("{e:?}\n{log}")))
+        .and_then(|()| {
+            let mut size = 0usize;
+            // SAFETY: `prog` compiled successfully; `size` is a valid out-pointer.
+            unsafe { nvsys::nvrtcGetCUBINSize(prog, &mut size) }
+                .result()
+                .map_err(|e| nvrtc_err(kernel, arch, format!("getting the cubin size: {e:?}")))?;
+            let mut image = vec![0u8; size];
+            // SAFETY: `image` has exactly the size NVRTC reported.
+            unsafe { nvsys::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut c_char) }
+                .result()
+                .map_err(|e| nvrtc_err(kernel, arch, format!("getting the cubin: {e:?}")))?;
+            Ok(Cubin {
+                image,
+                log: log.clone(),
+            })
+        });
+    // SAFETY: destroys the program created above, exactly once.
+    let _ = unsafe { nv::destroy_program(prog) };
+    result
+}
+
+/// With `TILEFUSE_DUMP_DIR=dir`, writes each generated source and its compile log.
+fn dump(kernel: &str, arch: &str, source: &str, log: &str) {
+    let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let hash = tilefuse_codegen::hash::fnv1a64(source.as_bytes());
+    let stem = dir.join(format!("{kernel}-{arch}-{hash:016x}"));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(stem.with_extension("cu"), source))
+        .and_then(|()| std::fs::write(stem.with_extension("log"), log));
+    if let Err(e) = written {
+        tracing::warn!("TILEFUSE_DUMP_DIR: could not write {}: {e}", stem.display());
+    }
+}

@@ -1,0 +1,467 @@
+//! `KernelDef`: what a `#[fused_kernel]` expands to. It owns the kernel's IR, picks
+//! a config, compiles (once per specialization, config and device) and launches.
+
+use crate::args::{ScalarArg, TensorArg};
+use crate::device::Device;
+use crate::error::{argument, driver, Error, Result};
+use crate::jit;
+use crate::status;
+use cudarc::driver::sys::CUfunction_attribute as FnAttr;
+use cudarc::driver::CudaFunction;
+use cudarc::nvrtc::Ptx;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+use tilefuse_codegen::ir::{Expr, Kernel, Stmt};
+use tilefuse_codegen::{default_config, lower, Config, Lowered, Param, Spec, TensorSpec};
+
+/// A compiled kernel for one specialization, config and device.
+pub struct Variant {
+    pub lowered: Lowered,
+    function: CudaFunction,
+    site_base: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct VariantKey {
+    spec: Spec,
+    config: Config,
+    device: usize,
+}
+
+/// A kernel defined with `#[fused_kernel]`. The macro creates one `static` per
+/// kernel; users reach it as `my_kernel::kernel()`.
+pub struct KernelDef {
+    name: &'static str,
+    json: &'static str,
+    pinned: Option<&'static str>,
+    ir: OnceLock<std::result::Result<Kernel, String>>,
+    variants: OnceLock<Mutex<HashMap<VariantKey, Arc<Variant>>>>,
+}
+
+thread_local! {
+    /// Configs set by `KernelDef::with_config`, innermost last.
+    static OVERRIDES: RefCell<Vec<(&'static str, Config)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One constraint between a tensor's size and a tile extent: `tensors[t].shape[axis] == extent(dim)`.
+struct SizeRule {
+    tensor: usize,
+    axis: usize,
+    dim: usize,
+    at: String,
+}
+
+fn size_rules(k: &Kernel) -> Vec<SizeRule> {
+    let mut rules: Vec<SizeRule> = Vec::new();
+    let mut add = |tensor: usize, index: &[usize], at: &str| {
+        for (axis, &dim) in index.iter().enumerate() {
+            if !rules
+                .iter()
+                .any(|r| r.tensor == tensor && r.axis == axis && r.dim == dim)
+            {
+                rules.push(SizeRule {
+                    tensor,
+                    axis,
+                    dim,
+                    at: at.to_string(),
+                });
+            }
+        }
+    };
+    let visit_expr = |e: &Expr, add: &mut dyn FnMut(usize, &[usize], &str)| {
+        e.walk(&mut |x| {
+            if let Expr::Load { tensor, index, at } = x {
+                add(*tensor, index, at);
+            }
+        })
+    };
+    k.walk_stmts(&mut |s| match s {
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => visit_expr(value, &mut add),
+        Stmt::Store {
+            tensor,
+            index,
+            value,
+            at,
+        } => {
+            add(*tensor, index, at);
+            visit_expr(value, &mut add);
+        }
+        Stmt::Wait { index, value, .. } => {
+            visit_expr(index, &mut add);
+            visit_expr(value, &mut add);
+        }
+        Stmt::Loop { .. } => {}
+    });
+    rules
+}
+
+impl KernelDef {
+    /// Used by the macro: the kernel's name, its IR as JSON and an optional pinned config as JSON.
+    pub const fn new(
+        name: &'static str,
+        json: &'static str,
+        pinned: Option<&'static str>,
+    ) -> KernelDef {
+        KernelDef {
+            name,
+            json,
+            pinned,
+            ir: OnceLock::new(),
+            variants: OnceLock::new(),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The kernel's tile IR.
+    pub fn ir(&self) -> Result<&Kernel> {
+        self.ir
+            .get_or_init(|| Kernel::from_json(self.json).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| Error::Definition {
+                kernel: self.name.to_string(),
+                message: format!(
+                    "its IR could not be read ({e}); rebuild the crate that defines it"
+                ),
+            })
+    }
+
+    /// The config pinned on the attribute, if any.
+    pub fn pinned_config(&self) -> Result<Option<Config>> {
+        let Some(j) = self.pinned else {
+            return Ok(None);
+        };
+        parse_config(j).map(Some).map_err(|e| Error::Definition {
+            kernel: self.name.to_string(),
+            message: format!("its pinned config could not be read: {e}"),
+        })
+    }
+
+    /// The config a launch uses now: a [`KernelDef::with_config`] override, else the
+    /// pinned config, else the default.
+    pub fn config(&self) -> Result<Config> {
+        let over = OVERRIDES.with(|o| {
+            o.borrow()
+                .iter()
+                .rev()
+                .find(|(n, _)| std::ptr::eq(*n, self.name) || *n == self.name)
+                .map(|(_, c)| c.clone())
+        });
+        if let Some(c) = over {
+            return Ok(c);
+        }
+        if let Some(c) = self.pinned_config()? {
+            return Ok(c);
+        }
+        Ok(default_config(self.ir()?))
+    }
+
+    /// Runs `f` with this kernel launched under `config` (on this thread).
+    ///
+    /// ```ignore
+    /// let c = matmul::kernel().with_config(Config::new(&[128, 128, 32]), || matmul(&a, &b))?;
+    /// ```
+    pub fn with_config<R>(&self, config: Config, f: impl FnOnce() -> R) -> R {
+        OVERRIDES.with(|o| o.borrow_mut().push((self.name, config)));
+        struct Pop;
+        impl Drop for Pop {
+            fn drop(&mut self) {
+                OVERRIDES.with(|o| {
+                    o.borrow_mut().pop();
+                });
+            }
+        }
+        let _pop = Pop;
+        f()
+    }
+
+    /// A specialization from the dtypes written in the source: contiguous, aligned
+    /// tensors and integer scalars. Errors if a tensor's dtype was not written.
+    pub fn declared_spec(&self) -> Result<Spec> {
+        let k = self.ir()?;
+        let tensors = k
+            .tensors
+            .iter()
+            .map(|t| {
+                t.declared
+                    .map(|d| TensorSpec::contiguous(d, t.rank))
+                    .ok_or_else(|| {
+                        argument(
+                            format!("kernel `{}`", k.name),
+                            &t.name,
+                            "its dtype is not written in the source",
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Spec {
+            tensors,
+            scalars: vec![tilefuse_codegen::ScalarKind::Int; k.scalars.len()],
+            constexprs: vec![1; k.constexprs.len()],
+        })
+    }
+
+    /// Lowers the kernel to CUDA C for a specialization and config (no GPU needed).
+    pub fn lower(&self, spec: &Spec, config: &Config) -> Result<Lowered> {
+        Ok(lower(self.ir()?, spec, config)?)
+    }
+
+    /// Lowers and compiles the kernel with NVRTC for `arch` (no GPU needed).
+    pub fn compile(&self, spec: &Spec, config: &Config, arch: &str) -> Result<jit::Cubin> {
+        let l = self.lower(spec, config)?;
+        jit::compile_cubin(self.name, &l.source, arch)
+    }
+
+    fn spec_of(
+        &self,
+        k: &Kernel,
+        tensors: &[TensorArg],
+        scalars: &[ScalarArg],
+        consts: &[i64],
+    ) -> Result<Spec> {
+        let ctx = || format!("kernel `{}`", k.name);
+        if tensors.len() != k.tensors.len()
+            || scalars.len() != k.scalars.len()
+            || consts.len() != k.constexprs.len()
+        {
+            return Err(argument(
+                ctx(),
+                "(all)",
+                "the launch does not match the kernel's parameters; rebuild",
+            ));
+        }
+        let mut specs = Vec::with_capacity(tensors.len());
+        for (p, t) in k.tensors.iter().zip(tensors) {
+            if t.shape.len() != p.rank {
+                return Err(argument(
+                    ctx(),
+                    &p.name,
+                    format!(
+                        "expected a {}-D tensor (it is indexed with {} tile(s)), got shape {:?}",
+                        p.rank, p.rank, t.shape
+                    ),
+                ));
+            }
+            if let Some(d) = p.declared {
+                if d != t.dtype {
+                    return Err(argument(
+                        ctx(),
+                        &p.name,
+                        format!("expected Tensor<{d}>, got Tensor<{}>", t.dtype),
+                    ));
+                }
+            }
+            let strides: Vec<i64> = t.strides.iter().map(|&s| s as i64).collect();
+            specs.push(TensorSpec {
+                dtype: t.dtype,
+                rank: t.shape.len(),
+                last_contiguous: t.strides.last().is_none_or(|&s| s == 1)
+                    || t.shape.last() == Some(&1),
+                align: TensorSpec::alignment_of(t.ptr, &strides, t.dtype),
+            });
+        }
+        Ok(Spec {
+            tensors: specs,
+            scalars: scalars.iter().map(|s| s.kind()).collect(),
+            constexprs: consts.to_vec(),
+        })
+    }
+
+    fn check_sizes(&self, k: &Kernel, tensors: &[TensorArg], scalars: &[ScalarArg]) -> Result<()> {
+        let ctx = || format!("kernel `{}`", k.name);
+        for d in &k.dims {
+            if let ScalarArg::Int(v) = scalars[d.extent] {
+                if v < 0 {
+                    return Err(argument(
+                        ctx(),
+                        &k.scalars[d.extent].name,
+                        format!(
+                            "is the extent of tile `{}` and must not be negative, got {v}",
+                            d.name
+                        ),
+                    ));
+                }
+            }
+        }
+        for r in size_rules(k) {
+            let dim = &k.dims[r.dim];
+            let ScalarArg::Int(ext) = scalars[dim.extent] else {
+                continue;
+            };
+            let have = tensors[r.tensor].shape[r.axis] as i64;
+            if have != ext {
+                return Err(argument(
+                    ctx(),
+                    &k.tensors[r.tensor].name,
+                    format!(
+                        "dimension {} has size {have}, but `{}` indexes it with tile `{}`, which covers {} = {ext}",
+                        r.axis, r.at, dim.name, k.scalars[dim.extent].name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn variant(
+        &self,
+        dev: &Arc<Device>,
+        k: &Kernel,
+        spec: Spec,
+        config: Config,
+    ) -> Result<Arc<Variant>> {
+        let key = VariantKey {
+            spec,
+            config,
+            device: dev.ordinal(),
+        };
+        let map = self.variants.get_or_init(Default::default);
+        if let Some(v) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(v.clone());
+        }
+        let lowered = lower(k, &key.spec, &key.config)?;
+        if lowered.shared_bytes as usize > dev.max_shared_per_block() {
+            return Err(Error::Codegen(tilefuse_codegen::CodegenError::Config {
+                kernel: k.name.clone(),
+                config: key.config.to_string(),
+                message: format!(
+                    "it needs {} bytes of shared memory per block; {} allows {}",
+                    lowered.shared_bytes,
+                    dev.name(),
+                    dev.max_shared_per_block()
+                ),
+            }));
+        }
+        let arch = dev.arch();
+        let cubin = jit::compile_cubin(&k.name, &lowered.source, &arch)?;
+        tracing::debug!(kernel = %k.name, config = %key.config, path = lowered.path, "compiled for {arch}");
+        let module = dev
+            .ctx
+            .load_module(Ptx::from_binary(cubin.image))
+            .map_err(driver(format!("loading kernel `{}`", k.name)))?;
+        let function = module
+            .load_function(&lowered.entry)
+            .map_err(driver(format!("finding `{}` in its module", lowered.entry)))?;
+        if lowered.shared_bytes > 48 * 1024 {
+            function
+                .set_attribute(
+                    FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    lowered.shared_bytes as i32,
+                )
+                .map_err(driver(format!(
+                    "raising the shared memory limit of `{}`",
+                    k.name
+                )))?;
+        }
+        let site_base = status::register(&k.name, &lowered.wait_sites);
+        let v = Arc::new(Variant {
+            lowered,
+            function,
+            site_base,
+        });
+        map.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, v.clone());
+        Ok(v)
+    }
+
+    /// Launches the kernel on the device of its tensors (used by the generated glue).
+    pub fn launch(
+        &self,
+        tensors: &[TensorArg],
+        scalars: &[ScalarArg],
+        consts: &[i64],
+    ) -> Result<()> {
+        let k = self.ir()?;
+        let dev = match tensors.first() {
+            Some(t) => t.device.clone(),
+            None => Device::current()?,
+        };
+        for (p, t) in k.tensors.iter().zip(tensors) {
+            if t.device.ordinal() != dev.ordinal() {
+                return Err(argument(
+                    format!("kernel `{}`", k.name),
+                    &p.name,
+                    format!(
+                        "is on GPU {} but `{}` is on GPU {}",
+                        t.device.ordinal(),
+                        k.tensors[0].name,
+                        dev.ordinal()
+                    ),
+                ));
+            }
+        }
+        let spec = self.spec_of(k, tensors, scalars, consts)?;
+        self.check_sizes(k, tensors, scalars)?;
+        let config = self.config()?;
+        let v = self.variant(&dev, k, spec, config)?;
+        let mut blocks: u64 = 1;
+        for &(s, b) in &v.lowered.grid {
+            let ScalarArg::Int(ext) = scalars[s] else {
+                continue;
+            };
+            blocks = blocks.saturating_mul((ext.max(0) as u64).div_ceil(b as u64));
+        }
+        if blocks == 0 {
+            return Ok(());
+        }
+        if blocks > i32::MAX as u64 {
+            return Err(argument(
+                format!("kernel `{}`", k.name),
+                "(grid)",
+                format!("{blocks} programs exceed the launch limit; use larger blocks"),
+            ));
+        }
+        let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
+        drop(guard);
+        let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
+        let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
+        for p in &v.lowered.params {
+            values.push(match *p {
+                Param::TensorPtr(t) => tensors[t].ptr,
+                Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
+                Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
+                Param::Scalar(s) => match scalars[s] {
+                    ScalarArg::Int(x) => x as u64,
+                    ScalarArg::Float(f) => u64::from(f.to_bits()),
+                },
+                Param::Status => status_ptr,
+                Param::WaitTimeoutNs => timeout_ns,
+                Param::SiteBase => v.site_base,
+            });
+        }
+        let mut ptrs: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|x| x as *mut u64 as *mut c_void)
+            .collect();
+        dev.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
+        // SAFETY: `ptrs` holds one pointer per kernel parameter, in the order and with
+        // the C types `lower` declared (64-bit values; a float's bits in the low word,
+        // which is where a little-endian 4-byte read finds them). Tensor pointers come
+        // from live tensors on this device whose sizes were checked against the tile
+        // extents above; the kernel masks every access to those sizes.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                v.function.cu_function(),
+                (blocks as u32, 1, 1),
+                (v.lowered.threads, 1, 1),
+                v.lowered.shared_bytes,
+                dev.stream.cu_stream(),
+                &mut ptrs,
+            )
+        }
+        .map_err(driver(format!("launching kernel `{}`", k.name)))?;
+        Ok(())
+    }
+}
+
+/// Reads a config written by the macro as JSON.
+fn parse_config(j: &str) -> std::result::Result<Config, String> {
+    serde_json::from_str(j).map_err(|e| e.to_string())
+}

@@ -1,0 +1,27 @@
+//! tilefuse-runtime: devices, tensors, the NVRTC JIT, compiled-kernel caches and
+//! launches. Never parses Rust: kernels arrive as IR from `tilefuse-codegen`.
+//!
+//! Every entry point probes for the CUDA libraries first, so a machine with no GPU,
+//! no driver or no NVRTC gets an [`Error`], never a panic from the loader.
+
+pub mod args;
+pub mod cublas;
+pub mod device;
+pub mod element;
+pub mod error;
+pub mod jit;
+pub mod kernel;
+pub mod libs;
+pub mod side_stream;
+pub mod status;
+pub mod tensor;
+pub mod timing;
+pub mod verify;
+
+pub use device::Device;
+pub use element::Element;
+pub use error::{Error, Result};
+pub use kernel::KernelDef;
+pub use side_stream::SideStream;
+pub use tensor::Tensor;
+pub use timing::{time_gpu, Timing};

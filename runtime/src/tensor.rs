@@ -1,0 +1,315 @@
+//! `Tensor<T>`: a strided view of a device buffer.
+
+use crate::device::Device;
+use crate::element::Element;
+use crate::error::{argument, driver, Result};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use std::sync::Arc;
+use tilefuse_codegen::DType;
+
+/// An n-dimensional array on one GPU: a shared device buffer, an element offset,
+/// a shape and strides (in elements). Views (`t()`, `narrow`) share the buffer.
+///
+/// ```no_run
+/// use tilefuse_runtime::Tensor;
+/// use half::bf16;
+/// let a = Tensor::<bf16>::from_slice(&vec![bf16::ONE; 6], [2, 3])?;
+/// assert_eq!(a.shape(), [2, 3]);
+/// assert_eq!(a.t().shape(), [3, 2]);
+/// # Ok::<(), tilefuse_runtime::Error>(())
+/// ```
+pub struct Tensor<T: Element> {
+    buf: Arc<CudaSlice<T>>,
+    /// Device address of the buffer's first element.
+    base: u64,
+    offset: usize,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    device: Arc<Device>,
+}
+
+impl<T: Element> Clone for Tensor<T> {
+    /// A second handle to the same memory (not a copy of the data).
+    fn clone(&self) -> Self {
+        Tensor {
+            buf: self.buf.clone(),
+            base: self.base,
+            offset: self.offset,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            device: self.device.clone(),
+        }
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tensor<{}>(shape {:?}, strides {:?}, device {})",
+            T::DTYPE,
+            self.shape,
+            self.strides,
+            self.device.ordinal()
+        )
+    }
+}
+
+fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![1isize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1) as isize;
+    }
+    strides
+}
+
+impl<T: Element> Tensor<T> {
+    fn wrap(buf: CudaSlice<T>, shape: &[usize], device: Arc<Device>) -> Tensor<T> {
+        let (base, guard) = buf.device_ptr(&device.stream);
+        // Event tracking is off for tilefuse contexts, so the guard records nothing.
+        drop(guard);
+        Tensor {
+            buf: Arc::new(buf),
+            base,
+            offset: 0,
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            device,
+        }
+    }
+
+    /// An uninitialized contiguous tensor on the current device.
+    pub fn empty(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+        Tensor::empty_on(&Device::current()?, shape)
+    }
+
+    /// An uninitialized contiguous tensor on `device`.
+    pub fn empty_on(device: &Arc<Device>, shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+        let shape = shape.as_ref();
+        let n: usize = shape.iter().product();
+        // SAFETY: the memory is uninitialized device memory of `T`s that are plain data
+        // (`Element`); every read of it goes through kernels or copies that treat it as such.
+        let buf = unsafe { device.stream.alloc::<T>(n.max(1)) }.map_err(driver(format!(
+            "allocating a {shape:?} Tensor<{}>",
+            T::DTYPE
+        )))?;
+        Ok(Tensor::wrap(buf, shape, device.clone()))
+    }
+
+    /// A tensor of zeros on the current device.
+    pub fn zeros(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+        let device = Device::current()?;
+        let shape = shape.as_ref();
+        let n: usize = shape.iter().product();
+        let buf = device
+            .stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(driver(format!(
+                "allocating a {shape:?} Tensor<{}>",
+                T::DTYPE
+            )))?;
+        Ok(Tensor::wrap(buf, shape, device))
+    }
+
+    /// A tensor filled with `value`, on the current device.
+    pub fn full(shape: impl AsRef<[usize]>, value: T) -> Result<Tensor<T>> {
+        let shape = shape.as_ref();
+        let n: usize = shape.iter().product();
+        Tensor::from_slice(&vec![value; n], shape)
+    }
+
+    /// Copies row-major host data into a new tensor on the current device.
+    pub fn from_slice(data: &[T], shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+        Tensor::from_slice_on(&Device::current()?, data, shape)
+    }
+
+    /// Copies row-major host data into a new tensor on `device`.
+    pub fn from_slice_on(
+        device: &Arc<Device>,
+        data: &[T],
+        shape: impl AsRef<[usize]>,
+    ) -> Result<Tensor<T>> {
+        let shape = shape.as_ref();
+        let n: usize = shape.iter().product();
+        if data.len() != n {
+            return Err(argument(
+                "Tensor::from_slice",
+                "data",
+                format!("has {} elements but shape {shape:?} needs {n}", data.len()),
+            ));
+        }
+        let buf = if n == 0 {
+            device.stream.alloc_zeros::<T>(1)
+        } else {
+            device.stream.clone_htod(data)
+        }
+        .map_err(driver("copying host data to the GPU"))?;
+        Ok(Tensor::wrap(buf, shape, device.clone()))
+    }
+
+    /// Overwrites a contiguous tensor with row-major host data.
+    pub fn copy_from_slice(&mut self, data: &[T]) -> Result<()> {
+        if !self.is_contiguous() || data.len() != self.numel() {
+            return Err(argument(
+                "Tensor::copy_from_slice",
+                "data",
+                format!(
+                    "needs a contiguous destination and {} elements; got {} elements for {:?}",
+                    self.numel(),
+                    data.len(),
+                    self
+                ),
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the destination range [offset, offset + len) lies inside the buffer
+        // (a contiguous view of `numel` elements), and `data` outlives the call, which
+        // returns after the pageable source has been staged.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                self.base + (self.offset * std::mem::size_of::<T>()) as u64,
+                data,
+                self.device.stream.cu_stream(),
+            )
+        }
+        .map_err(driver("copying host data to the GPU"))
+    }
+
+    /// Copies the tensor to the host, row-major (views are gathered). Synchronizes
+    /// the device first, so a kernel's failed `wait` is reported here.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        self.device.synchronize()?;
+        let all = self
+            .device
+            .stream
+            .clone_dtoh(self.buf.as_ref())
+            .map_err(driver("copying a tensor to the host"))?;
+        if self.is_contiguous() {
+            return Ok(all[self.offset..self.offset + self.numel()].to_vec());
+        }
+        let mut out = Vec::with_capacity(self.numel());
+        let mut idx = vec![0usize; self.rank()];
+        for _ in 0..self.numel() {
+            let off: isize = idx
+                .iter()
+                .zip(&self.strides)
+                .map(|(&i, &s)| i as isize * s)
+                .sum();
+            out.push(all[(self.offset as isize + off) as usize]);
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The shape as an array, for destructuring: `let [m, k] = a.shape();`.
+    ///
+    /// # Panics
+    /// If the tensor does not have `N` dimensions. Kernel arguments are checked
+    /// before the kernel's host code runs, so inside a `#[fused_kernel]` this holds.
+    pub fn shape<const N: usize>(&self) -> [usize; N] {
+        match <[usize; N]>::try_from(self.shape.as_slice()) {
+            Ok(s) => s,
+            Err(_) => panic!("tensor has shape {:?}, not {N} dimensions", self.shape),
+        }
+    }
+
+    /// The shape as a slice.
+    pub fn dims(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The size along dimension `d`.
+    ///
+    /// # Panics
+    /// If `d >= rank`.
+    pub fn size(&self, d: usize) -> usize {
+        self.shape[d]
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Row-major with no gaps.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expect = 1isize;
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if n != 1 && s != expect {
+                return false;
+            }
+            expect *= n as isize;
+        }
+        true
+    }
+
+    /// Device address of the first element.
+    pub fn device_ptr(&self) -> u64 {
+        self.base + (self.offset * std::mem::size_of::<T>()) as u64
+    }
+
+    /// The underlying cudarc buffer (the whole allocation, ignoring this view's offset).
+    pub fn buffer(&self) -> &CudaSlice<T> {
+        &self.buf
+    }
+
+    /// The transpose of a 2-D tensor, as a view.
+    ///
+    /// # Panics
+    /// If the tensor is not 2-D.
+    pub fn t(&self) -> Tensor<T> {
+        assert_eq!(
+            self.rank(),
+            2,
+            "t() transposes 2-D tensors; this one has shape {:?}",
+            self.shape
+        );
+        let mut v = self.clone();
+        v.shape.swap(0, 1);
+        v.strides.swap(0, 1);
+        v
+    }
+
+    /// The view of `len` indices of dimension `dim` starting at `start`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor<T>> {
+        if dim >= self.rank() || start + len > self.shape[dim] {
+            return Err(argument(
+                "Tensor::narrow",
+                "dim/start/len",
+                format!(
+                    "[{start}, {}) along dimension {dim} is outside shape {:?}",
+                    start + len,
+                    self.shape
+                ),
+            ));
+        }
+        let mut v = self.clone();
+        v.offset = (self.offset as isize + start as isize * self.strides[dim]) as usize;
+        v.shape[dim] = len;
+        Ok(v)
+    }
+}

@@ -1,0 +1,104 @@
+//! Helpers for checking kernels: fresh random inputs, poisoned outputs, and the
+//! relative error ‖out − ref‖ / ‖ref‖ computed in f64.
+
+use crate::element::Element;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A SplitMix64 generator: small, fast, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// A generator seeded from the clock and a counter: fresh data on every call.
+    pub fn fresh() -> Rng {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Rng::new(t ^ N.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+}
+
+/// Host data with values uniform in [-scale, scale), rounded to `T`.
+pub fn random_vec<T: Element>(rng: &mut Rng, n: usize, scale: f64) -> Vec<T> {
+    (0..n).map(|_| T::from_f64(rng.uniform() * scale)).collect()
+}
+
+/// A tensor on the current device with fresh random values in [-scale, scale).
+pub fn random_tensor<T: Element>(shape: impl AsRef<[usize]>, scale: f64) -> Result<Tensor<T>> {
+    let shape = shape.as_ref();
+    let data = random_vec::<T>(&mut Rng::fresh(), shape.iter().product(), scale);
+    Tensor::from_slice(&data, shape)
+}
+
+/// A tensor filled with a value no correct kernel writes (NaN for floats), so that
+/// elements a kernel forgot to write show up in the error.
+pub fn poisoned<T: Element>(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+    Tensor::full(shape, T::from_f64(f64::NAN))
+}
+
+/// ‖out − ref‖₂ / ‖ref‖₂ in f64. NaN anywhere in `out` gives NaN (never passes a `<=` check).
+pub fn rel_error<A: Copy, B: Copy>(
+    out: &[A],
+    reference: &[B],
+    a: impl Fn(A) -> f64,
+    b: impl Fn(B) -> f64,
+) -> f64 {
+    if out.len() != reference.len() {
+        return f64::NAN;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&o, &r) in out.iter().zip(reference) {
+        let (o, r) = (a(o), b(r));
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// The relative error of a device tensor against a device reference.
+pub fn rel_error_tensors<T: Element, U: Element>(
+    out: &Tensor<T>,
+    reference: &Tensor<U>,
+) -> Result<f64> {
+    let (o, r) = (out.to_vec()?, reference.to_vec()?);
+    Ok(rel_error(&o, &r, T::to_f64, U::to_f64))
+}
+
+/// `A·B` in f64 on the host, row-major: the reference for small problems.
+pub fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[i * k + p];
+            for j in 0..n {
+                c[i * n + j] += x * b[p * n + j];
+            }
+        }
+    }
+    c
+}

@@ -1,0 +1,84 @@
+//! # tilefuse
+//!
+//! Fused GPU kernels written as Rust tile loops. `#[fused_kernel]` turns a function
+//! into tile IR at compile time; at run time NVRTC compiles the generated CUDA C for
+//! the GPU in hand and the kernel launches like a normal Rust call.
+//!
+//! ```ignore
+//! use tilefuse::prelude::*;
+//!
+//! #[fused_kernel]
+//! fn matmul_bias_gelu(a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>) -> Tensor<bf16> {
+//!     let [m, k] = a.shape();
+//!     let [_, n] = b.shape();
+//!     let mut out = Tensor::<bf16>::empty([m, n])?;
+//!     for (tm, tn) in tile([m, n]) {          // the launch grid: one program per output tile
+//!         let mut acc = zeros::<f32>([tm, tn]);
+//!         for tk in tile(k) {                  // sequential inside the program
+//!             acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+//!         }
+//!         out[(tm, tn)] = gelu(acc + bias[tn]).cast();
+//!     }
+//!     out
+//! }
+//! // matmul_bias_gelu(&a, &b, &bias)? -> Tensor<bf16>
+//! ```
+//!
+//! ## The DSL
+//!
+//! Host code (shapes, checks, allocation) surrounds one outermost
+//! `for … in tile([extents])` loop: its body is the device code, run once per tile.
+//! Inside it:
+//!
+//! - `for t in tile(extent) { … }`: a nested tile loop, run sequentially in the program;
+//! - `t.begin()`, `t.end()`, `t.size()`: the bounds of the program's tile along `t`;
+//! - `x[(tm, tk)]`, `bias[tn]`: tile loads; `out[(tm, tn)] = value;`: tile stores.
+//!   Ragged edges are masked, so any extent works. A tensor's size along each
+//!   dimension must equal the extent of the tile that indexes it (checked at launch);
+//! - `zeros::<f32>([tm, tn])`, `full::<f32>([tm, tn], v)`: accumulators;
+//! - `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`: `acc + a·b` on tensor cores (bf16 or
+//!   f16 operands, f32 accumulation);
+//! - elementwise `+ - * / %`, `min`, `max`, `exp`, `log`, `sqrt`, `rsqrt`, `abs`, `relu`,
+//!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh` (functions or methods),
+//!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
+//!   dimension name: `acc + bias[tn]` adds the bias to every row;
+//! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
+//!   parameters are baked into the generated code;
+//! - `wait(flags, index, value);`: one thread spins until `flags[index] >= value`
+//!   (acquire, system scope), then the block continues. The spin is bounded
+//!   (`TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s): a timeout is reported by the next
+//!   synchronize as an error naming the site and the flag.
+//!
+//! Float arithmetic runs in f32: 16-bit values are widened on load and rounded
+//! (to nearest even) on store or `.cast::<bf16>()`.
+//!
+//! The generated function returns `tilefuse::Result<…>` (unless it already returns a
+//! `Result`): bad arguments are errors naming the argument, never panics.
+//! Its config comes from `my_kernel::kernel()` (pinned on the attribute, e.g.
+//! `#[fused_kernel(block_sizes = [128, 256, 64], num_warps = 8, num_stages = 3)]`,
+//! or the default), and can be overridden with `KernelDef::with_config`.
+//!
+//! `TILEFUSE_DUMP_DIR=dir` writes every generated `.cu` and its NVRTC log to `dir`.
+
+pub use half::{bf16, f16};
+pub use tilefuse_codegen as codegen;
+pub use tilefuse_codegen::Config;
+pub use tilefuse_macros::fused_kernel;
+pub use tilefuse_runtime as runtime;
+pub use tilefuse_runtime::{
+    cublas, jit, time_gpu, verify, Device, Element, Error, KernelDef, Result, SideStream, Tensor,
+    Timing,
+};
+
+/// What a kernel file needs: `use tilefuse::prelude::*;`.
+pub mod prelude {
+    pub use crate::{bf16, f16, fused_kernel, Config, Device, Error, Result, Tensor};
+}
+
+/// Used by code the macro generates; not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use tilefuse_runtime::args::{
+        expect_rank, AsTensorArg, IntoConst, IntoScalar, ScalarArg, TensorArg,
+    };
+}

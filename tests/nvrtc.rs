@@ -1,0 +1,63 @@
+//! Every example kernel, lowered under several configs and specializations,
+//! compiles with NVRTC for sm_90a and sm_80. Needs libnvrtc only (no GPU): without
+//! it these tests skip and say so, unless TILEFUSE_REQUIRE_NVRTC=1.
+
+mod common;
+
+use common::examples::*;
+use tilefuse::codegen::spec::TensorSpec;
+use tilefuse::codegen::{Config, Spec};
+use tilefuse::KernelDef;
+
+const ARCHS: [&str; 2] = ["sm_90a", "sm_80"];
+
+fn compile_all(def: &KernelDef, specs: &[Spec], configs: &[Config]) {
+    if !common::nvrtc_or_skip() {
+        return;
+    }
+    for spec in specs {
+        for cfg in configs {
+            for arch in ARCHS {
+                let started = std::time::Instant::now();
+                if let Err(e) = def.compile(spec, cfg, arch) {
+                    panic!("{} with {cfg} for {arch} failed:\n{e}", def.name());
+                }
+                eprintln!(
+                    "{} {cfg} {arch}: {:.0} ms",
+                    def.name(),
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+            }
+        }
+    }
+}
+
+fn gemm_configs() -> Vec<Config> {
+    vec![
+        Config::new(&[128, 256, 32]).num_warps(8).num_stages(4),
+        Config::new(&[128, 256, 64]).num_warps(8).num_stages(3),
+        Config::new(&[128, 128, 32]).num_warps(4).num_stages(4),
+        Config::new(&[64, 64, 32]).num_warps(4).num_stages(2),
+        Config::new(&[256, 128, 64]).num_warps(8).num_stages(3),
+        Config::new(&[32, 32, 16]).num_warps(1).num_stages(3),
+    ]
+}
+
+/// The declared spec, and the same with rows that are not 16-byte aligned.
+fn aligned_and_not(def: &KernelDef) -> Vec<Spec> {
+    let spec = def.declared_spec().expect("declared dtypes");
+    let mut ragged = spec.clone();
+    for t in &mut ragged.tensors {
+        *t = TensorSpec {
+            align: 2,
+            ..t.clone()
+        };
+    }
+    vec![spec, ragged]
+}
+
+#[test]
+fn matmul_compiles() {
+    let def = matmul::matmul::kernel();
+    compile_all(def, &aligned_and_not(def), &gemm_configs());
+}
