@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor, rel_error_tensors};
+use tilefuse::verify::{exit_code, mnk_from_args, poisoned, random_tensor, rel_error_tensors};
 
 /// `a[M, K] · b[K, N]` with f32 accumulation, rounded to bf16.
 #[fused_kernel]
@@ -22,21 +22,6 @@ pub fn matmul(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Tensor<bf16> {
         out[(tm, tn)] = acc.cast();
     }
     out
-}
-
-fn parse_shape() -> Result<(usize, usize, usize), String> {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse()
-                .map_err(|_| format!("expected M N K as integers, got `{a}`"))
-        })
-        .collect::<Result<_, _>>()?;
-    match args.as_slice() {
-        [] => Ok((4096, 4096, 4096)),
-        [m, n, k] => Ok((*m, *n, *k)),
-        _ => Err("usage: matmul [M N K]".into()),
-    }
 }
 
 fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
@@ -77,19 +62,11 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
 }
 
 fn main() -> ExitCode {
-    let (m, n, k) = match parse_shape() {
-        Ok(s) => s,
+    match mnk_from_args([4096, 4096, 4096]) {
+        Ok([m, n, k]) => exit_code(run(m, n, k)),
         Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(m, n, k) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+            eprintln!("usage: matmul [M N K]: {e}");
+            ExitCode::from(2)
         }
     }
 }

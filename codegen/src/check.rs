@@ -187,7 +187,7 @@ impl Checker<'_> {
                 at,
             } => {
                 self.index(*tensor, index, at)?;
-                let t = self.expr_for_store(value, at)?;
+                let t = self.expr_for_store(value, self.spec.tensors[*tensor].dtype, at)?;
                 let idx = union(index, &[]);
                 if union(&t.dims, &idx) != idx {
                     return Err(self.err(
@@ -287,13 +287,13 @@ impl Checker<'_> {
     }
 
     /// A store accepts `.cast()` with no type (it takes the tensor's).
-    fn expr_for_store(&mut self, e: &Expr, at: &str) -> Result<Ty, CodegenError> {
+    fn expr_for_store(&mut self, e: &Expr, target: DType, at: &str) -> Result<Ty, CodegenError> {
         match e {
             Expr::Cast { arg, dtype: None } => {
                 let t = self.expr(arg, at)?;
                 Ok(Ty {
                     dims: t.dims,
-                    dtype: DType::F32,
+                    dtype: target,
                 })
             }
             _ => self.expr(e, at),

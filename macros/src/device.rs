@@ -663,20 +663,20 @@ impl Builder {
                     at: src(m),
                 }
             }
-            _ => {
-                match UnOp::from_name(&name) {
-                    Some(op) if args.is_empty() => Expr::Unary {
-                        op,
-                        arg: Box::new(recv),
-                    },
-                    _ => return Err(err(
+            _ => match UnOp::from_name(&name) {
+                Some(op) if args.is_empty() => Expr::Unary {
+                    op,
+                    arg: Box::new(recv),
+                },
+                _ => {
+                    return Err(err(
                         &m.method,
                         format!(
                             "unknown method `.{name}()` in device code; the DSL has {FUNCTIONS}"
                         ),
-                    )),
+                    ))
                 }
-            }
+            },
         })
     }
 }

@@ -235,7 +235,7 @@ pub fn expand(pinned: Pinned, mut func: ItemFn) -> syn::Result<TokenStream> {
     let mut new_stmts: Vec<Stmt> = Vec::new();
     // Rank checks first, so host code can destructure `a.shape()` safely.
     for t in &tensor_params {
-        if let Some(p) = kernel.tensors.iter().find(|p| p.name == t.to_string()) {
+        if let Some(p) = kernel.tensors.iter().find(|p| *t == p.name) {
             let (s, r) = (t.to_string(), p.rank);
             new_stmts.push(
                 syn::parse_quote!(::tilefuse::__private::expect_rank(&#t, #s, #r, #name_str)?;),

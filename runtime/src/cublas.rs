@@ -6,7 +6,7 @@ use crate::error::{argument, driver, Error, Result};
 use crate::libs;
 use crate::tensor::Tensor;
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 use tilefuse_codegen::DType;
@@ -18,17 +18,17 @@ fn with_handle<R>(dev: &Device, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Resul
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if !map.contains_key(&dev.ordinal()) {
-        let h = CudaBlas::new(dev.stream().clone()).map_err(|e| Error::Cublas {
-            context: "creating a handle".into(),
-            message: format!("{e:?}"),
-        })?;
-        map.insert(dev.ordinal(), h);
-    }
-    let h = map.get(&dev.ordinal()).ok_or_else(|| Error::Cublas {
-        context: "creating a handle".into(),
-        message: "handle missing".into(),
-    })?;
+    let h = match map.entry(dev.ordinal()) {
+        Entry::Occupied(o) => o.into_mut(),
+        Entry::Vacant(v) => {
+            v.insert(
+                CudaBlas::new(dev.stream().clone()).map_err(|e| Error::Cublas {
+                    context: "creating a handle".into(),
+                    message: format!("{e:?}"),
+                })?,
+            )
+        }
+    };
     f(h)
 }
 

@@ -19,9 +19,10 @@ pub enum Error {
         arch: String,
         log: String,
     },
-    /// The kernel cannot be checked or lowered for these arguments and config.
+    /// The kernel cannot be checked or lowered for this config or uses an
+    /// unsupported construct (argument problems come as [`Error::Argument`]).
     #[error(transparent)]
-    Codegen(#[from] CodegenError),
+    Codegen(CodegenError),
     /// An argument does not fit the kernel or the call.
     #[error("{context}: argument `{arg}`: {message}")]
     Argument {
@@ -56,6 +57,23 @@ pub enum Error {
     /// The kernel definition embedded by the macro could not be read.
     #[error("kernel `{kernel}`: {message}")]
     Definition { kernel: String, message: String },
+}
+
+impl From<CodegenError> for Error {
+    fn from(e: CodegenError) -> Error {
+        match e {
+            CodegenError::Argument {
+                kernel,
+                arg,
+                message,
+            } => Error::Argument {
+                context: format!("kernel `{kernel}`"),
+                arg,
+                message,
+            },
+            other => Error::Codegen(other),
+        }
+    }
 }
 
 /// `Result` with the tilefuse [`Error`].

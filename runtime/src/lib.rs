@@ -5,6 +5,7 @@
 //! no driver or no NVRTC gets an [`Error`], never a panic from the loader.
 
 pub mod args;
+pub mod buffer;
 pub mod cublas;
 pub mod device;
 pub mod element;
@@ -18,6 +19,7 @@ pub mod tensor;
 pub mod timing;
 pub mod verify;
 
+pub use buffer::Memory;
 pub use device::Device;
 pub use element::Element;
 pub use error::{Error, Result};

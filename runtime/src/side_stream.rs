@@ -1,55 +1,19 @@
 //! A second stream on a device, for producers that signal kernels through flags:
-//! it can delay, write a flag with `cuStreamWriteValue32`, and be joined back into
-//! the launch stream with an event.
+//! it writes flags with `cuStreamWriteValue32` (no SM needed, so it progresses even
+//! while a kernel that waits on it fills the GPU) and joins back into the launch
+//! stream with an event.
 
 use crate::device::Device;
 use crate::error::{argument, driver, Error, Result};
-use crate::jit;
 use crate::tensor::Tensor;
 use cudarc::driver::sys;
-use cudarc::driver::{CudaFunction, CudaStream};
-use cudarc::nvrtc::Ptx;
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
 
 /// A stream beside the device's launch stream.
 pub struct SideStream {
     dev: Arc<Device>,
     stream: Arc<CudaStream>,
-}
-
-const SLEEP_SRC: &str = r#"
-extern "C" __global__ void tf_sleep(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("nanosleep.u32 1000;");
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
-}
-"#;
-
-fn sleep_kernel(dev: &Device) -> Result<CudaFunction> {
-    static CACHE: OnceLock<Mutex<HashMap<usize, CudaFunction>>> = OnceLock::new();
-    let mut map = CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = map.get(&dev.ordinal()) {
-        return Ok(f.clone());
-    }
-    let cubin = jit::compile_cubin("tf_sleep", SLEEP_SRC, &dev.arch())?;
-    let module = dev
-        .context()
-        .load_module(Ptx::from_binary(cubin.image))
-        .map_err(driver("loading the sleep kernel"))?;
-    let f = module
-        .load_function("tf_sleep")
-        .map_err(driver("loading the sleep kernel"))?;
-    map.insert(dev.ordinal(), f.clone());
-    Ok(f)
 }
 
 impl SideStream {
@@ -73,29 +37,6 @@ impl SideStream {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    /// Queues a kernel that idles for `d` (one block, one thread).
-    pub fn sleep(&self, d: Duration) -> Result<()> {
-        let f = sleep_kernel(&self.dev)?;
-        let mut ns: u64 = d.as_nanos().min(u128::from(u64::MAX)) as u64;
-        let mut params = [&mut ns as *mut u64 as *mut c_void];
-        self.dev
-            .context()
-            .bind_to_thread()
-            .map_err(driver("binding the GPU context"))?;
-        // SAFETY: `tf_sleep` takes one `unsigned long long`, which `params` points to.
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                f.cu_function(),
-                (1, 1, 1),
-                (1, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(driver("launching the sleep kernel"))
     }
 
     /// Queues `flags[index] = value` (a 32-bit stream memory write, ordered after the
@@ -133,7 +74,17 @@ impl SideStream {
             )
         }
         .result()
-        .map_err(driver("cuStreamWriteValue32"))
+        .map_err(|e| {
+            let hint = if flags.memory() == crate::Memory::Pooled {
+                " (the flags are in pooled memory; allocate them with Tensor::flags)"
+            } else {
+                ""
+            };
+            Error::Driver {
+                context: format!("cuStreamWriteValue32{hint}"),
+                message: e.to_string(),
+            }
+        })
     }
 
     /// Makes the device's launch stream wait for everything queued here so far.

@@ -6,6 +6,7 @@
 
 use crate::device::Device;
 use crate::error::{driver, Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use tilefuse_codegen::emit::prelude::{STATUS_WAIT_INDEX, STATUS_WAIT_TIMEOUT, STATUS_WORDS};
 
@@ -29,8 +30,24 @@ pub(crate) fn register(kernel: &str, sites: &[String]) -> u64 {
     ((r.len() - 1) as u64) << 16
 }
 
-/// The wait timeout kernels are launched with: `TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s.
+static TIMEOUT_OVERRIDE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the wait timeout for kernels launched from now on, in this process
+/// (`None`: back to `TILEFUSE_WAIT_TIMEOUT_MS` or the default).
+pub fn set_wait_timeout_ms(ms: Option<u64>) {
+    TIMEOUT_OVERRIDE_MS.store(
+        ms.unwrap_or(0).max(u64::from(ms.is_some())),
+        Ordering::Relaxed,
+    );
+}
+
+/// The wait timeout kernels are launched with: [`set_wait_timeout_ms`], else
+/// `TILEFUSE_WAIT_TIMEOUT_MS`, else 10 s.
 pub fn wait_timeout_ms() -> u64 {
+    let o = TIMEOUT_OVERRIDE_MS.load(Ordering::Relaxed);
+    if o != 0 {
+        return o;
+    }
     std::env::var("TILEFUSE_WAIT_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.parse().ok())

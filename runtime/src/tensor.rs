@@ -1,9 +1,10 @@
 //! `Tensor<T>`: a strided view of a device buffer.
 
+use crate::buffer::{Buffer, Memory};
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{argument, driver, Result};
-use cudarc::driver::{CudaSlice, DevicePtr};
+use std::marker::PhantomData;
 use std::sync::Arc;
 use tilefuse_codegen::DType;
 
@@ -19,13 +20,11 @@ use tilefuse_codegen::DType;
 /// # Ok::<(), tilefuse_runtime::Error>(())
 /// ```
 pub struct Tensor<T: Element> {
-    buf: Arc<CudaSlice<T>>,
-    /// Device address of the buffer's first element.
-    base: u64,
+    buf: Arc<Buffer>,
     offset: usize,
     shape: Vec<usize>,
     strides: Vec<isize>,
-    device: Arc<Device>,
+    _t: PhantomData<T>,
 }
 
 impl<T: Element> Clone for Tensor<T> {
@@ -33,11 +32,10 @@ impl<T: Element> Clone for Tensor<T> {
     fn clone(&self) -> Self {
         Tensor {
             buf: self.buf.clone(),
-            base: self.base,
             offset: self.offset,
             shape: self.shape.clone(),
             strides: self.strides.clone(),
-            device: self.device.clone(),
+            _t: PhantomData,
         }
     }
 }
@@ -50,7 +48,7 @@ impl<T: Element> std::fmt::Debug for Tensor<T> {
             T::DTYPE,
             self.shape,
             self.strides,
-            self.device.ordinal()
+            self.buf.dev.ordinal()
         )
     }
 }
@@ -64,51 +62,45 @@ fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
 }
 
 impl<T: Element> Tensor<T> {
-    fn wrap(buf: CudaSlice<T>, shape: &[usize], device: Arc<Device>) -> Tensor<T> {
-        let (base, guard) = buf.device_ptr(&device.stream);
-        // Event tracking is off for tilefuse contexts, so the guard records nothing.
-        drop(guard);
-        Tensor {
-            buf: Arc::new(buf),
-            base,
+    /// An uninitialized contiguous tensor on `device`, in `memory`.
+    pub fn empty_in(
+        device: &Arc<Device>,
+        shape: impl AsRef<[usize]>,
+        memory: Memory,
+    ) -> Result<Tensor<T>> {
+        let shape = shape.as_ref();
+        let n: usize = shape.iter().product();
+        let bytes = n.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            argument(
+                "Tensor allocation",
+                "shape",
+                format!("{shape:?} overflows the address space"),
+            )
+        })?;
+        Ok(Tensor {
+            buf: Arc::new(Buffer::alloc(device, bytes, memory)?),
             offset: 0,
             strides: contiguous_strides(shape),
             shape: shape.to_vec(),
-            device,
-        }
+            _t: PhantomData,
+        })
     }
 
     /// An uninitialized contiguous tensor on the current device.
     pub fn empty(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
-        Tensor::empty_on(&Device::current()?, shape)
+        Tensor::empty_in(&Device::current()?, shape, Memory::Pooled)
     }
 
     /// An uninitialized contiguous tensor on `device`.
     pub fn empty_on(device: &Arc<Device>, shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
-        let shape = shape.as_ref();
-        let n: usize = shape.iter().product();
-        // SAFETY: the memory is uninitialized device memory of `T`s that are plain data
-        // (`Element`); every read of it goes through kernels or copies that treat it as such.
-        let buf = unsafe { device.stream.alloc::<T>(n.max(1)) }.map_err(driver(format!(
-            "allocating a {shape:?} Tensor<{}>",
-            T::DTYPE
-        )))?;
-        Ok(Tensor::wrap(buf, shape, device.clone()))
+        Tensor::empty_in(device, shape, Memory::Pooled)
     }
 
     /// A tensor of zeros on the current device.
     pub fn zeros(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
-        let device = Device::current()?;
-        let shape = shape.as_ref();
-        let n: usize = shape.iter().product();
-        let buf = device
-            .stream
-            .alloc_zeros::<T>(n.max(1))
-            .map_err(driver(format!(
-                "allocating a {shape:?} Tensor<{}>",
-                T::DTYPE
-            )))?;
-        Ok(Tensor::wrap(buf, shape, device))
+        let t = Tensor::empty(shape)?;
+        t.buf.fill_bytes(0)?;
+        Ok(t)
     }
 
     /// A tensor filled with `value`, on the current device.
@@ -138,13 +130,9 @@ impl<T: Element> Tensor<T> {
                 format!("has {} elements but shape {shape:?} needs {n}", data.len()),
             ));
         }
-        let buf = if n == 0 {
-            device.stream.alloc_zeros::<T>(1)
-        } else {
-            device.stream.clone_htod(data)
-        }
-        .map_err(driver("copying host data to the GPU"))?;
-        Ok(Tensor::wrap(buf, shape, device.clone()))
+        let mut t = Tensor::empty_on(device, shape)?;
+        t.copy_from_slice(data)?;
+        Ok(t)
     }
 
     /// Overwrites a contiguous tensor with row-major host data.
@@ -164,15 +152,21 @@ impl<T: Element> Tensor<T> {
         if data.is_empty() {
             return Ok(());
         }
+        self.buf
+            .dev
+            .context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
         // SAFETY: the destination range [offset, offset + len) lies inside the buffer
-        // (a contiguous view of `numel` elements), and `data` outlives the call, which
-        // returns after the pageable source has been staged.
+        // (a contiguous view of `numel` elements). The copy is synchronous, so `data`
+        // only needs to live for the call.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(
-                self.base + (self.offset * std::mem::size_of::<T>()) as u64,
+                self.device_ptr(),
                 data,
-                self.device.stream.cu_stream(),
+                self.buf.dev.stream().cu_stream(),
             )
+            .and_then(|()| self.buf.dev.stream().synchronize())
         }
         .map_err(driver("copying host data to the GPU"))
     }
@@ -180,14 +174,29 @@ impl<T: Element> Tensor<T> {
     /// Copies the tensor to the host, row-major (views are gathered). Synchronizes
     /// the device first, so a kernel's failed `wait` is reported here.
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        self.device.synchronize()?;
-        let all = self
-            .device
-            .stream
-            .clone_dtoh(self.buf.as_ref())
+        let dev = &self.buf.dev;
+        dev.synchronize()?;
+        // The span of buffer elements this view touches (strides are non-negative).
+        let span = 1 + self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(&n, &s)| n.saturating_sub(1) * s.unsigned_abs())
+            .sum::<usize>();
+        if self.numel() == 0 {
+            return Ok(Vec::new());
+        }
+        let mut all = vec![T::default(); span];
+        dev.context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
+        // SAFETY: `span` elements from this view's first element stay inside the
+        // buffer (the view was built inside it), and `all` holds exactly that many.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut all, self.device_ptr()) }
             .map_err(driver("copying a tensor to the host"))?;
         if self.is_contiguous() {
-            return Ok(all[self.offset..self.offset + self.numel()].to_vec());
+            all.truncate(self.numel());
+            return Ok(all);
         }
         let mut out = Vec::with_capacity(self.numel());
         let mut idx = vec![0usize; self.rank()];
@@ -197,7 +206,7 @@ impl<T: Element> Tensor<T> {
                 .zip(&self.strides)
                 .map(|(&i, &s)| i as isize * s)
                 .sum();
-            out.push(all[(self.offset as isize + off) as usize]);
+            out.push(all[off as usize]);
             for d in (0..idx.len()).rev() {
                 idx[d] += 1;
                 if idx[d] < self.shape[d] {
@@ -252,7 +261,12 @@ impl<T: Element> Tensor<T> {
     }
 
     pub fn device(&self) -> &Arc<Device> {
-        &self.device
+        &self.buf.dev
+    }
+
+    /// Where the tensor's memory comes from.
+    pub fn memory(&self) -> Memory {
+        self.buf.memory
     }
 
     /// Row-major with no gaps.
@@ -269,12 +283,7 @@ impl<T: Element> Tensor<T> {
 
     /// Device address of the first element.
     pub fn device_ptr(&self) -> u64 {
-        self.base + (self.offset * std::mem::size_of::<T>()) as u64
-    }
-
-    /// The underlying cudarc buffer (the whole allocation, ignoring this view's offset).
-    pub fn buffer(&self) -> &CudaSlice<T> {
-        &self.buf
+        self.buf.ptr + (self.offset * std::mem::size_of::<T>()) as u64
     }
 
     /// The transpose of a 2-D tensor, as a view.
@@ -311,5 +320,15 @@ impl<T: Element> Tensor<T> {
         v.offset = (self.offset as isize + start as isize * self.strides[dim]) as usize;
         v.shape[dim] = len;
         Ok(v)
+    }
+}
+
+impl Tensor<u32> {
+    /// `len` zeroed progress flags, in plain device memory so that stream memory
+    /// operations (`cuStreamWriteValue32`, [`crate::SideStream::write_flag`]) accept them.
+    pub fn flags(len: usize) -> Result<Tensor<u32>> {
+        let t = Tensor::empty_in(&Device::current()?, [len], Memory::Plain)?;
+        t.buf.fill_bytes(0)?;
+        Ok(t)
     }
 }

@@ -102,3 +102,36 @@ pub fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64
     }
     c
 }
+
+/// `M N K` from the command line (after the program name), or `default` when none
+/// are given: what the example programs take.
+pub fn mnk_from_args(default: [usize; 3]) -> std::result::Result<[usize; 3], String> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse()
+                .map_err(|_| format!("expected M N K as integers, got `{a}`"))
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    match args.as_slice() {
+        [] => Ok(default),
+        [m, n, k] => Ok([*m, *n, *k]),
+        _ => Err(format!("expected three sizes M N K, got {}", args.len())),
+    }
+}
+
+/// The exit code of a self-checking program: success only when it ran and its
+/// check passed; errors are printed.
+pub fn exit_code(outcome: Result<bool>) -> std::process::ExitCode {
+    match outcome {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("check FAILED");
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -20,3 +20,75 @@ pub fn nvrtc_or_skip() -> bool {
 /// The example programs' kernels, compiled into the tests.
 #[path = "examples.rs"]
 pub mod examples;
+
+/// A GPU held by a test. Tests share the GPU; a test that makes the device report
+/// an error on purpose (a `wait` timeout) holds it alone, so the error does not
+/// surface in another test's synchronize.
+pub struct Gpu {
+    dev: std::sync::Arc<tilefuse::Device>,
+    _shared: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    _alone: Option<std::sync::RwLockWriteGuard<'static, ()>>,
+}
+
+impl std::ops::Deref for Gpu {
+    type Target = std::sync::Arc<tilefuse::Device>;
+    fn deref(&self) -> &Self::Target {
+        &self.dev
+    }
+}
+
+fn gpu_lock() -> &'static std::sync::RwLock<()> {
+    static L: std::sync::RwLock<()> = std::sync::RwLock::new(());
+    &L
+}
+
+fn device_or_skip() -> Option<std::sync::Arc<tilefuse::Device>> {
+    match tilefuse::Device::current() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            if std::env::var("TILEFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("TILEFUSE_REQUIRE_GPU=1 but no GPU is usable: {e}");
+            }
+            eprintln!("SKIPPED (no GPU): {e}");
+            None
+        }
+    }
+}
+
+/// The current GPU, shared with other tests, or `None` with a printed reason.
+/// With `TILEFUSE_REQUIRE_GPU=1`, a missing GPU fails the test instead.
+pub fn gpu() -> Option<Gpu> {
+    let dev = device_or_skip()?;
+    let g = gpu_lock().read().unwrap_or_else(|p| p.into_inner());
+    Some(Gpu {
+        dev,
+        _shared: Some(g),
+        _alone: None,
+    })
+}
+
+/// Like [`gpu`], but no other test uses the GPU meanwhile.
+pub fn gpu_alone() -> Option<Gpu> {
+    let dev = device_or_skip()?;
+    let g = gpu_lock().write().unwrap_or_else(|p| p.into_inner());
+    Some(Gpu {
+        dev,
+        _shared: None,
+        _alone: Some(g),
+    })
+}
+
+/// Relative error of a bf16/f16/f32 tensor against an f64 host reference.
+pub fn err_vs<T: tilefuse::Element>(out: &tilefuse::Tensor<T>, reference: &[f64]) -> f64 {
+    let o = out.to_vec().expect("copy to host");
+    tilefuse::verify::rel_error(&o, reference, T::to_f64, |x| x)
+}
+
+/// A tensor's values as f64 on the host.
+pub fn host<T: tilefuse::Element>(t: &tilefuse::Tensor<T>) -> Vec<f64> {
+    t.to_vec()
+        .expect("copy to host")
+        .into_iter()
+        .map(T::to_f64)
+        .collect()
+}

@@ -77,7 +77,7 @@ pub fn narrow(dtype: DType, value: &str, ty: CTy) -> String {
     }
 }
 
-fn float_lit(v: f64) -> String {
+pub(crate) fn float_lit(v: f64) -> String {
     if v.is_nan() {
         "__int_as_float(0x7fc00000)".into()
     } else if v.is_infinite() {

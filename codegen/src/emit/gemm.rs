@@ -7,8 +7,8 @@
 //! row of 16-byte chunks is swizzled so that the eight rows an `ldmatrix` reads land
 //! in eight different bank groups.
 
-use super::expr::{narrow, tensor_mask, tensor_offset, CTy};
-use super::{config_err, Emitter, Lowered};
+use super::expr::{float_lit, narrow, tensor_mask, tensor_offset, CTy};
+use super::{config_err, reads_var, Emitter, Lowered};
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -174,17 +174,31 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         wtn = bn / wn,
     );
 
-    // Statements before the K loop: block-level ones, the accumulator's init, tile lets.
-    let body = &e.k.body;
-    let mut acc_init = None;
+    // Statements before the K loop, in order: block-level ones, the accumulator's
+    // init (at its `let`), tile lets, stores.
+    let body = e.k.body.clone();
+    let mut acc_ready = false;
     for s in &body[..g.k_loop] {
         if e.block_stmt(s, "  ")? {
             continue;
         }
         match s {
-            Stmt::Let { var, value, .. } if *var == g.acc => acc_init = Some(value.clone()),
-            Stmt::Let { var, value, .. } => {
-                e.inline_vars.insert(*var, value.clone());
+            Stmt::Let { var, value, .. } if *var == g.acc => {
+                init_accumulator(e, value, &geo, g)?;
+                acc_ready = true;
+            }
+            Stmt::Let { var, value, at } => {
+                if reads_var(value, g.acc) {
+                    return Err(CodegenError::Unsupported {
+                        kernel: e.k.name.clone(),
+                        at: at.clone(),
+                        message: format!(
+                            "`{}` reads the accumulator before the K loop; compute it after the loop, or from the tensors the accumulator starts from",
+                            e.k.vars[*var].name
+                        ),
+                    });
+                }
+                e.bind_inline(*var, value);
             }
             Stmt::Store { .. } => fragment_stores(e, std::slice::from_ref(s), &geo, g)?,
             other => {
@@ -196,29 +210,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             }
         }
     }
-    let init = acc_init.unwrap_or(Expr::Float(0.0));
-    if let Expr::Full { value, .. } = init {
-        let _ = writeln!(
-            e.out,
-            "  #pragma unroll\n  for (int i = 0; i < {mi}; ++i)\n  #pragma unroll\n  for (int j = 0; j < {ni}; ++j)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) acc[i][j][r] = {value:?}f;"
-        );
-    } else {
-        // An init that reads tensors (e.g. `c[(tm, tn)].cast::<f32>()`), per fragment element.
-        let mut ctx_coords = Vec::new();
-        let _ = writeln!(e.out, "  #pragma unroll\n  for (int mi = 0; mi < {mi}; ++mi)\n  #pragma unroll\n  for (int ni = 0; ni < {ni}; ++ni)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) {{");
-        let _ = writeln!(
-            e.out,
-            "    const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + (r >> 1) * 8;\n    const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2 + (r & 1);"
-        );
-        ctx_coords.push((dm, "row".to_string()));
-        ctx_coords.push((dn, "col".to_string()));
-        let (c, ty) = e.ctx(&ctx_coords).emit(&init, "accumulator init")?;
-        let c = if ty == CTy::F32 {
-            c
-        } else {
-            format!("(float)({c})")
-        };
-        let _ = writeln!(e.out, "    acc[mi][ni][r] = {c};\n  }}");
+    if !acc_ready {
+        init_accumulator(e, &Expr::Float(0.0), &geo, g)?;
     }
 
     // The mainloop.
@@ -395,9 +388,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             continue;
         }
         match s {
-            Stmt::Let { var, value, .. } => {
-                e.inline_vars.insert(*var, value.clone());
-            }
+            Stmt::Let { var, value, .. } => e.bind_inline(*var, value),
             Stmt::Assign { var, value, at } if *var == g.acc => {
                 return Err(CodegenError::Unsupported {
                     kernel: e.k.name.clone(),
@@ -422,6 +413,38 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     }
     e.out.push_str("}\n");
     Ok(e.finish(params, nt, shared, "gemm/mma.sync"))
+}
+
+/// Sets every accumulator element from `init` (a constant, or per element from tensors).
+fn init_accumulator(
+    e: &mut Emitter,
+    init: &Expr,
+    geo: &Geometry,
+    g: &GemmShape,
+) -> Result<(), CodegenError> {
+    let (mi, ni, dm, dn) = (geo.mi, geo.ni, g.m, g.n);
+    if let Expr::Full { value, .. } | Expr::Float(value) = init {
+        let v = float_lit(*value);
+        let _ = writeln!(
+            e.out,
+            "  #pragma unroll\n  for (int i = 0; i < {mi}; ++i)\n  #pragma unroll\n  for (int j = 0; j < {ni}; ++j)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) acc[i][j][r] = {v};"
+        );
+        return Ok(());
+    }
+    let _ = writeln!(
+        e.out,
+        "  #pragma unroll\n  for (int mi = 0; mi < {mi}; ++mi)\n  #pragma unroll\n  for (int ni = 0; ni < {ni}; ++ni)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) {{\n    const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + (r >> 1) * 8;\n    const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2 + (r & 1);"
+    );
+    let (c, ty) = e
+        .ctx(&[(dm, "row".to_string()), (dn, "col".to_string())])
+        .emit(init, "accumulator init")?;
+    let c = if ty == CTy::F32 {
+        c
+    } else {
+        format!("(float)({c})")
+    };
+    let _ = writeln!(e.out, "    acc[mi][ni][r] = {c};\n  }}");
+    Ok(())
 }
 
 fn stmt_at(s: &Stmt) -> String {

@@ -93,6 +93,42 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
     }
 }
 
+/// `e` with every variable in `vars` replaced by its expression.
+pub(crate) fn inline(e: &Expr, vars: &HashMap<VarId, Expr>) -> Expr {
+    let sub = |x: &Expr| Box::new(inline(x, vars));
+    match e {
+        Expr::Var(v) => vars.get(v).cloned().unwrap_or(Expr::Var(*v)),
+        Expr::Binary { op, lhs, rhs, at } => Expr::Binary {
+            op: *op,
+            lhs: sub(lhs),
+            rhs: sub(rhs),
+            at: at.clone(),
+        },
+        Expr::Unary { op, arg } => Expr::Unary {
+            op: *op,
+            arg: sub(arg),
+        },
+        Expr::Cast { arg, dtype } => Expr::Cast {
+            arg: sub(arg),
+            dtype: *dtype,
+        },
+        Expr::Addmm { acc, a, b, at } => Expr::Addmm {
+            acc: sub(acc),
+            a: sub(a),
+            b: sub(b),
+            at: at.clone(),
+        },
+        other => other.clone(),
+    }
+}
+
+/// Whether `e` reads variable `v`.
+pub(crate) fn reads_var(e: &Expr, v: VarId) -> bool {
+    let mut found = false;
+    e.walk(&mut |x| found |= matches!(x, Expr::Var(w) if *w == v));
+    found
+}
+
 pub(crate) fn config_err(k: &Kernel, c: &Config, message: impl Into<String>) -> CodegenError {
     CodegenError::Config {
         kernel: k.name.clone(),
@@ -245,6 +281,13 @@ impl<'a> Emitter<'a> {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Binds a tile `let`: its expression with the current values of the other
+    /// inlined variables substituted now, so later reassignments do not leak in.
+    pub fn bind_inline(&mut self, var: VarId, value: &Expr) {
+        let v = inline(value, &self.inline_vars);
+        self.inline_vars.insert(var, v);
     }
 
     pub fn finish(

@@ -36,28 +36,6 @@ fn indent(depth: usize) -> String {
     "  ".repeat(depth)
 }
 
-/// Replaces `Var(v)` in `e` by `old` (an assignment `v = f(v)` becomes `f(old)`).
-fn substitute(e: &Expr, v: VarId, old: &Expr) -> Expr {
-    match e {
-        Expr::Var(x) if *x == v => old.clone(),
-        Expr::Binary { op, lhs, rhs, at } => Expr::Binary {
-            op: *op,
-            lhs: Box::new(substitute(lhs, v, old)),
-            rhs: Box::new(substitute(rhs, v, old)),
-            at: at.clone(),
-        },
-        Expr::Unary { op, arg } => Expr::Unary {
-            op: *op,
-            arg: Box::new(substitute(arg, v, old)),
-        },
-        Expr::Cast { arg, dtype } => Expr::Cast {
-            arg: Box::new(substitute(arg, v, old)),
-            dtype: *dtype,
-        },
-        other => other.clone(),
-    }
-}
-
 fn stmts(
     e: &mut Emitter,
     body: &[Stmt],
@@ -93,9 +71,7 @@ fn stmts(
             continue;
         }
         match s {
-            Stmt::Let { var, value, .. } => {
-                e.inline_vars.insert(*var, value.clone());
-            }
+            Stmt::Let { var, value, .. } => e.bind_inline(*var, value),
             Stmt::Assign { var, value, at } => {
                 if depth_of.get(var) != Some(&depth) {
                     return Err(CodegenError::Unsupported {
@@ -117,8 +93,8 @@ fn stmts(
                                 .into(),
                     });
                 }
-                let old = e.inline_vars.get(var).cloned().unwrap_or(Expr::Var(*var));
-                e.inline_vars.insert(*var, substitute(value, *var, &old));
+                // `v = f(v)`: f with v's current value substituted.
+                e.bind_inline(*var, value);
             }
             Stmt::Loop { dim, body: inner } => {
                 let ext = e.k.dims[*dim].extent;

@@ -1,0 +1,1594 @@
+//! Checks, classification and lowering of hand-built tile IR: no GPU, no NVRTC.
+//!
+//! The kernels are built the way `#[fused_kernel]` builds them: tensors and scalars
+//! are numbered in order of appearance (a store's value before its target), tile
+//! dimensions in order of their `tile()` loops.
+
+use tilefuse_codegen::config::Config;
+use tilefuse_codegen::dtype::DType;
+use tilefuse_codegen::ir::*;
+use tilefuse_codegen::plan::{classify, GemmShape, Shape};
+use tilefuse_codegen::spec::{ScalarKind, Spec, TensorSpec};
+use tilefuse_codegen::{check, default_config, lower, CodegenError, Lowered};
+
+// ---------------------------------------------------------------- IR builders
+
+fn tensor(name: &str, rank: usize, declared: Option<DType>) -> TensorParam {
+    TensorParam {
+        name: name.into(),
+        rank,
+        declared,
+    }
+}
+
+fn scalar(name: &str) -> ScalarParam {
+    ScalarParam { name: name.into() }
+}
+
+fn dim(name: &str, extent: ScalarId) -> TileDim {
+    TileDim {
+        name: name.into(),
+        extent,
+    }
+}
+
+fn var(name: &str, mutable: bool) -> Var {
+    Var {
+        name: name.into(),
+        mutable,
+    }
+}
+
+fn load(tensor: TensorId, index: &[DimId], at: &str) -> Expr {
+    Expr::Load {
+        tensor,
+        index: index.to_vec(),
+        at: at.into(),
+    }
+}
+
+fn zeros(dims: &[DimId]) -> Expr {
+    Expr::Full {
+        dims: dims.to_vec(),
+        dtype: DType::F32,
+        value: 0.0,
+    }
+}
+
+fn bin(op: BinOp, lhs: Expr, rhs: Expr, at: &str) -> Expr {
+    Expr::Binary {
+        op,
+        lhs: Box::new(lhs),
+        rhs: Box::new(rhs),
+        at: at.into(),
+    }
+}
+
+fn un(op: UnOp, arg: Expr) -> Expr {
+    Expr::Unary {
+        op,
+        arg: Box::new(arg),
+    }
+}
+
+fn cast(arg: Expr, dtype: Option<DType>) -> Expr {
+    Expr::Cast {
+        arg: Box::new(arg),
+        dtype,
+    }
+}
+
+fn addmm(acc: Expr, a: Expr, b: Expr, at: &str) -> Expr {
+    Expr::Addmm {
+        acc: Box::new(acc),
+        a: Box::new(a),
+        b: Box::new(b),
+        at: at.into(),
+    }
+}
+
+fn let_(var: VarId, value: Expr, at: &str) -> Stmt {
+    Stmt::Let {
+        var,
+        value,
+        at: at.into(),
+    }
+}
+
+fn assign(var: VarId, value: Expr, at: &str) -> Stmt {
+    Stmt::Assign {
+        var,
+        value,
+        at: at.into(),
+    }
+}
+
+fn store(tensor: TensorId, index: &[DimId], value: Expr, at: &str) -> Stmt {
+    Stmt::Store {
+        tensor,
+        index: index.to_vec(),
+        value,
+        at: at.into(),
+    }
+}
+
+fn loop_(dim: DimId, body: Vec<Stmt>) -> Stmt {
+    Stmt::Loop { dim, body }
+}
+
+// Matmul: tensors a=0, b=1, out=2 (bias=3); scalars m=0, n=1, k=2; dims tm=0, tn=1, tk=2; var acc=0.
+const A: TensorId = 0;
+const B: TensorId = 1;
+const OUT: TensorId = 2;
+const BIAS: TensorId = 3;
+const TM: DimId = 0;
+const TN: DimId = 1;
+const TK: DimId = 2;
+const ACC: VarId = 0;
+
+const ADDMM_AT: &str = "acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])";
+
+/// The K loop `for tk in tile(k) { acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]); }`.
+fn k_loop() -> Stmt {
+    loop_(
+        TK,
+        vec![assign(
+            ACC,
+            addmm(
+                Expr::Var(ACC),
+                load(A, &[TM, TK], "a[(tm, tk)]"),
+                load(B, &[TK, TN], "b[(tk, tn)]"),
+                "addmm(acc, a[(tm, tk)], b[(tk, tn)])",
+            ),
+            ADDMM_AT,
+        )],
+    )
+}
+
+/// `out[(tm, tn)] = acc.cast()` after `acc += a·b` over K.
+fn matmul_with(dtype: DType) -> Kernel {
+    Kernel {
+        name: "matmul".into(),
+        tensors: vec![
+            tensor("a", 2, Some(dtype)),
+            tensor("b", 2, Some(dtype)),
+            tensor("out", 2, Some(dtype)),
+        ],
+        scalars: vec![scalar("m"), scalar("n"), scalar("k")],
+        constexprs: vec![],
+        dims: vec![dim("tm", 0), dim("tn", 1), dim("tk", 2)],
+        grid: vec![TM, TN],
+        vars: vec![var("acc", true)],
+        body: vec![
+            let_(
+                ACC,
+                zeros(&[TM, TN]),
+                "let mut acc = zeros::<f32>([tm, tn]);",
+            ),
+            k_loop(),
+            store(
+                OUT,
+                &[TM, TN],
+                cast(Expr::Var(ACC), None),
+                "out[(tm, tn)] = acc.cast()",
+            ),
+        ],
+    }
+}
+
+fn matmul() -> Kernel {
+    matmul_with(DType::BF16)
+}
+
+/// `out[(tm, tn)] = gelu(acc + bias[tn]).cast()`.
+fn matmul_bias_gelu() -> Kernel {
+    let mut k = matmul();
+    k.name = "matmul_bias_gelu".into();
+    k.tensors.push(tensor("bias", 1, Some(DType::BF16)));
+    let value = un(
+        UnOp::Gelu,
+        bin(
+            BinOp::Add,
+            Expr::Var(ACC),
+            load(BIAS, &[TN], "bias[tn]"),
+            "acc + bias[tn]",
+        ),
+    );
+    k.body[2] = store(
+        OUT,
+        &[TM, TN],
+        cast(value, None),
+        "out[(tm, tn)] = gelu(acc + bias[tn]).cast()",
+    );
+    k
+}
+
+fn spec_for(k: &Kernel, dtypes: &[DType]) -> Spec {
+    assert_eq!(k.tensors.len(), dtypes.len());
+    Spec {
+        tensors: k
+            .tensors
+            .iter()
+            .zip(dtypes)
+            .map(|(t, &d)| TensorSpec::contiguous(d, t.rank))
+            .collect(),
+        scalars: vec![ScalarKind::Int; k.scalars.len()],
+        constexprs: vec![0; k.constexprs.len()],
+    }
+}
+
+/// All tensors contiguous and 16-byte aligned, with their declared dtypes.
+fn declared_spec(k: &Kernel) -> Spec {
+    let d: Vec<DType> = k.tensors.iter().map(|t| t.declared.unwrap()).collect();
+    spec_for(k, &d)
+}
+
+fn gemm_config() -> Config {
+    Config::new(&[128, 256, 32]).num_warps(8).num_stages(4)
+}
+
+// Pointwise 2-D: x=0, y=1, out=2; scalars m=0, n=1, alpha=2 (float); dims tm=0, tn=1.
+/// `out[(tm, tn)] = relu(x[(tm, tn)] * alpha + y[(tm, tn)])`.
+fn pointwise_2d() -> Kernel {
+    let value = un(
+        UnOp::Relu,
+        bin(
+            BinOp::Add,
+            bin(
+                BinOp::Mul,
+                load(0, &[0, 1], "x[(tm, tn)]"),
+                Expr::Scalar(2),
+                "x[(tm, tn)] * alpha",
+            ),
+            load(1, &[0, 1], "y[(tm, tn)]"),
+            "x[(tm, tn)] * alpha + y[(tm, tn)]",
+        ),
+    );
+    Kernel {
+        name: "axpy_relu".into(),
+        tensors: vec![
+            tensor("x", 2, Some(DType::F32)),
+            tensor("y", 2, Some(DType::F32)),
+            tensor("out", 2, Some(DType::BF16)),
+        ],
+        scalars: vec![scalar("m"), scalar("n"), scalar("alpha")],
+        constexprs: vec![],
+        dims: vec![dim("tm", 0), dim("tn", 1)],
+        grid: vec![0, 1],
+        vars: vec![],
+        body: vec![store(
+            2,
+            &[0, 1],
+            value,
+            "out[(tm, tn)] = relu(x[(tm, tn)] * alpha + y[(tm, tn)])",
+        )],
+    }
+}
+
+fn pointwise_2d_spec() -> Spec {
+    let k = pointwise_2d();
+    let mut s = declared_spec(&k);
+    s.scalars[2] = ScalarKind::Float;
+    s
+}
+
+// Pointwise 1-D: x=0, out=1; scalar n=0; dim ti=0; var len=0.
+/// `let len = ti.end() - ti.begin(); out[ti] = x[ti] * len;`
+fn pointwise_1d() -> Kernel {
+    Kernel {
+        name: "scale_by_len".into(),
+        tensors: vec![
+            tensor("x", 1, Some(DType::F32)),
+            tensor("out", 1, Some(DType::F32)),
+        ],
+        scalars: vec![scalar("n")],
+        constexprs: vec![],
+        dims: vec![dim("ti", 0)],
+        grid: vec![0],
+        vars: vec![var("len", false)],
+        body: vec![
+            let_(
+                0,
+                bin(
+                    BinOp::Sub,
+                    Expr::TileEnd(0),
+                    Expr::TileBegin(0),
+                    "ti.end() - ti.begin()",
+                ),
+                "let len = ti.end() - ti.begin();",
+            ),
+            store(
+                1,
+                &[0],
+                bin(
+                    BinOp::Mul,
+                    load(0, &[0], "x[ti]"),
+                    Expr::Var(0),
+                    "x[ti] * len",
+                ),
+                "out[ti] = x[ti] * len",
+            ),
+        ],
+    }
+}
+
+// Row loop: x=0, out=1; scalars rows=0, cols=1; dims tr=0 (grid), tc=1 (inner).
+/// `for tr in tile(rows) { for tc in tile(cols) { out[(tr, tc)] = x[(tr, tc)] + 1.0; } }`
+fn rows_inner_loop() -> Kernel {
+    Kernel {
+        name: "rows".into(),
+        tensors: vec![
+            tensor("x", 2, Some(DType::F32)),
+            tensor("out", 2, Some(DType::F32)),
+        ],
+        scalars: vec![scalar("rows"), scalar("cols")],
+        constexprs: vec![],
+        dims: vec![dim("tr", 0), dim("tc", 1)],
+        grid: vec![0],
+        vars: vec![],
+        body: vec![loop_(
+            1,
+            vec![store(
+                1,
+                &[0, 1],
+                bin(
+                    BinOp::Add,
+                    load(0, &[0, 1], "x[(tr, tc)]"),
+                    Expr::Float(1.0),
+                    "x[(tr, tc)] + 1.0",
+                ),
+                "out[(tr, tc)] = x[(tr, tc)] + 1.0",
+            )],
+        )],
+    }
+}
+
+fn lowered(k: &Kernel, spec: &Spec, cfg: &Config) -> Lowered {
+    match lower(k, spec, cfg) {
+        Ok(l) => l,
+        Err(e) => panic!("lowering `{}` with {cfg} failed: {e}", k.name),
+    }
+}
+
+// ---------------------------------------------------------------- assertion helpers
+
+/// Asserts a `Type` error whose message mentions every one of `names`; returns the message.
+#[track_caller]
+fn expect_type_err(r: Result<impl std::fmt::Debug, CodegenError>, names: &[&str]) -> String {
+    match r {
+        Err(CodegenError::Type {
+            kernel, message, ..
+        }) => {
+            assert!(!kernel.is_empty());
+            for n in names {
+                assert!(message.contains(n), "message should mention {n}: {message}");
+            }
+            message
+        }
+        other => panic!("expected CodegenError::Type, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn expect_unsupported(r: Result<impl std::fmt::Debug, CodegenError>) -> (String, String) {
+    match r {
+        Err(CodegenError::Unsupported { at, message, .. }) => (at, message),
+        other => panic!("expected CodegenError::Unsupported, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn expect_config_err(r: Result<Lowered, CodegenError>, needle: &str) -> String {
+    match r {
+        Err(CodegenError::Config {
+            kernel,
+            config,
+            message,
+        }) => {
+            assert!(!kernel.is_empty() && !config.is_empty());
+            assert!(
+                message.contains(needle),
+                "config message should mention {needle}: {message}"
+            );
+            message
+        }
+        Err(other) => panic!("expected CodegenError::Config, got {other:?}"),
+        Ok(l) => panic!(
+            "expected CodegenError::Config, lowering succeeded ({})",
+            l.path
+        ),
+    }
+}
+
+/// The part of the source after the shared prelude: what this kernel generated.
+fn kernel_part(l: &Lowered) -> &str {
+    let start = l
+        .source
+        .find("// kernel `")
+        .expect("source has a kernel header");
+    &l.source[start..]
+}
+
+// ---------------------------------------------------------------- check()
+
+#[test]
+fn check_accepts_matmul_and_bias_epilogue() {
+    let k = matmul();
+    let c = check(&k, &declared_spec(&k)).expect("matmul checks");
+    assert_eq!(c.vars.len(), 1);
+    assert_eq!(c.vars[ACC].dims, vec![TM, TN]);
+    assert_eq!(c.vars[ACC].dtype, DType::F32);
+
+    let k = matmul_bias_gelu();
+    check(&k, &declared_spec(&k)).expect("matmul + bias + gelu checks");
+}
+
+#[test]
+fn check_rejects_mismatched_contraction_tile() {
+    let mut k = matmul();
+    // b[(tn, tk)]: contracts over tk on the left and tn on the right.
+    let Stmt::Loop { body, .. } = &mut k.body[1] else {
+        unreachable!()
+    };
+    let Stmt::Assign { value, .. } = &mut body[0] else {
+        unreachable!()
+    };
+    let Expr::Addmm { b, .. } = value else {
+        unreachable!()
+    };
+    **b = load(B, &[TN, TK], "b[(tn, tk)]");
+    let msg = expect_type_err(check(&k, &declared_spec(&k)), &["`tk`", "`tn`"]);
+    assert!(msg.contains("same tile"), "{msg}");
+}
+
+#[test]
+fn check_rejects_f32_addmm_operands() {
+    let k = matmul();
+    let spec = spec_for(&k, &[DType::F32, DType::F32, DType::F32]);
+    let mut k = k;
+    for t in &mut k.tensors {
+        t.declared = Some(DType::F32);
+    }
+    let err = check(&k, &spec).unwrap_err();
+    let CodegenError::Type { at, message, .. } = &err else {
+        panic!("expected a type error, got {err:?}")
+    };
+    assert!(at.contains("addmm"), "at: {at}");
+    assert!(message.contains("bf16 or f16"), "{message}");
+    assert!(message.contains("got f32 and f32"), "{message}");
+    assert!(err.to_string().contains("`matmul`"), "{err}");
+}
+
+#[test]
+fn check_rejects_mixed_half_addmm_operands() {
+    let k = matmul();
+    let spec = spec_for(&k, &[DType::BF16, DType::F16, DType::BF16]);
+    let mut k = k;
+    k.tensors[B].declared = None;
+    expect_type_err(check(&k, &spec), &["bf16", "f16"]);
+}
+
+#[test]
+fn check_rejects_accumulator_with_wrong_dims() {
+    let mut k = matmul();
+    k.body[0] = let_(ACC, zeros(&[TM]), "let mut acc = zeros::<f32>([tm]);");
+    let msg = expect_type_err(check(&k, &declared_spec(&k)), &["[tm, tn]", "over [tm]"]);
+    assert!(msg.contains("accumulator"), "{msg}");
+}
+
+#[test]
+fn check_rejects_bf16_accumulator() {
+    let mut k = matmul();
+    k.body[0] = let_(
+        ACC,
+        Expr::Full {
+            dims: vec![TM, TN],
+            dtype: DType::BF16,
+            value: 0.0,
+        },
+        "let mut acc = zeros::<bf16>([tm, tn]);",
+    );
+    expect_type_err(check(&k, &declared_spec(&k)), &["f32 tile", "got a bf16"]);
+}
+
+#[test]
+fn check_rejects_store_of_value_with_extra_dims() {
+    // out[tm] = x[(tm, tn)]
+    let mut k = pointwise_2d();
+    k.tensors[2].rank = 1;
+    k.body = vec![store(
+        2,
+        &[0],
+        load(0, &[0, 1], "x[(tm, tn)]"),
+        "out[tm] = x[(tm, tn)]",
+    )];
+    let mut spec = pointwise_2d_spec();
+    spec.tensors[2].rank = 1;
+    let msg = expect_type_err(check(&k, &spec), &["`out`", "[tm, tn]", "[tm]"]);
+    assert!(msg.contains("every dimension of the value"), "{msg}");
+}
+
+#[test]
+fn check_accepts_broadcast_store() {
+    // out[(tm, tn)] = x[tn] * 2.0: fewer dimensions than the index is fine.
+    let mut k = pointwise_2d();
+    k.tensors[0].rank = 1;
+    k.body = vec![store(
+        2,
+        &[0, 1],
+        bin(
+            BinOp::Mul,
+            load(0, &[1], "x[tn]"),
+            Expr::Float(2.0),
+            "x[tn] * 2.0",
+        ),
+        "out[(tm, tn)] = x[tn] * 2.0",
+    )];
+    let mut spec = pointwise_2d_spec();
+    spec.tensors[0].rank = 1;
+    check(&k, &spec).expect("broadcast along tm");
+}
+
+#[test]
+fn check_rejects_wrong_number_of_index_tiles() {
+    // `x` is 2-D but loaded as x[tm].
+    let mut k = pointwise_2d();
+    k.body = vec![store(
+        2,
+        &[0, 1],
+        load(0, &[0], "x[tm]"),
+        "out[(tm, tn)] = x[tm]",
+    )];
+    let msg = expect_type_err(check(&k, &pointwise_2d_spec()), &["`x`", "2-D", "1 tiles"]);
+    assert!(msg.contains("indexed"), "{msg}");
+}
+
+#[test]
+fn check_rejects_tile_indexing_a_tensor_twice() {
+    let mut k = pointwise_2d();
+    k.body = vec![store(2, &[0, 0], Expr::Float(1.0), "out[(tm, tm)] = 1.0")];
+    expect_type_err(check(&k, &pointwise_2d_spec()), &["`tm`", "`out`", "twice"]);
+}
+
+#[test]
+fn check_rejects_tile_outside_its_loop() {
+    // After the K loop: out[(tm, tn)] = acc.cast() + a[(tm, tk)] uses `tk` out of scope.
+    let mut k = matmul();
+    k.body[2] = store(
+        OUT,
+        &[TM, TN],
+        bin(
+            BinOp::Add,
+            Expr::Var(ACC),
+            load(A, &[TM, TK], "a[(tm, tk)]"),
+            "acc + a[(tm, tk)]",
+        ),
+        "out[(tm, tn)] = acc + a[(tm, tk)]",
+    );
+    let err = check(&k, &declared_spec(&k)).unwrap_err();
+    let CodegenError::Type { at, message, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(message.contains("tile `tk`"), "{message}");
+    assert!(message.contains("outside the loop"), "{message}");
+    assert_eq!(at, "a[(tm, tk)]");
+
+    // `tk.begin()` after the loop, and zeros over `tk`: same error.
+    for e in [Expr::TileBegin(TK), Expr::TileSize(TK), zeros(&[TM, TK])] {
+        let mut k = matmul();
+        k.vars.push(var("late", false));
+        k.body.push(let_(1, e, "let late = …;"));
+        expect_type_err(check(&k, &declared_spec(&k)), &["tile `tk`", "outside"]);
+    }
+}
+
+#[test]
+fn check_rejects_wait_on_2d_or_f32_flags() {
+    // wait(flags, tm.begin(), 1) with flags 2-D or f32.
+    let base = |rank: usize, dtype: DType| {
+        let mut k = pointwise_1d();
+        k.tensors.push(tensor("flags", rank, None));
+        k.body.insert(
+            0,
+            Stmt::Wait {
+                tensor: 2,
+                index: Expr::TileBegin(0),
+                value: Expr::Int(1),
+                at: "wait(flags, ti.begin(), 1)".into(),
+            },
+        );
+        let mut spec = declared_spec(&Kernel {
+            tensors: k.tensors[..2].to_vec(),
+            ..k.clone()
+        });
+        spec.tensors.push(TensorSpec::contiguous(dtype, rank));
+        (k, spec)
+    };
+    let (k, spec) = base(1, DType::U32);
+    check(&k, &spec).expect("1-D u32 flags are fine");
+    let (k, spec) = base(1, DType::I32);
+    check(&k, &spec).expect("1-D i32 flags are fine");
+
+    let (k, spec) = base(2, DType::U32);
+    let msg = expect_type_err(check(&k, &spec), &["`flags`", "2-D Tensor<u32>"]);
+    assert!(msg.contains("`wait`"), "{msg}");
+    let (k, spec) = base(1, DType::F32);
+    expect_type_err(check(&k, &spec), &["`flags`", "1-D Tensor<f32>"]);
+}
+
+#[test]
+fn check_rejects_wait_with_tile_or_float_index() {
+    let mut k = pointwise_1d();
+    k.tensors.push(tensor("flags", 1, Some(DType::U32)));
+    k.body.insert(
+        0,
+        Stmt::Wait {
+            tensor: 2,
+            index: load(0, &[0], "x[ti]"),
+            value: Expr::Int(1),
+            at: "wait(flags, x[ti], 1)".into(),
+        },
+    );
+    let spec = declared_spec(&k);
+    expect_type_err(check(&k, &spec), &["index of `wait`", "[ti]"]);
+
+    let Stmt::Wait { index, value, .. } = &mut k.body[0] else {
+        unreachable!()
+    };
+    *index = Expr::Int(0);
+    *value = Expr::Float(1.5);
+    expect_type_err(check(&k, &spec), &["value of `wait`", "f32"]);
+}
+
+#[test]
+fn check_rejects_untyped_cast_outside_store() {
+    // let y = x[ti].cast(); out[ti] = y;
+    let mut k = pointwise_1d();
+    k.vars = vec![var("y", false)];
+    k.body = vec![
+        let_(
+            0,
+            cast(load(0, &[0], "x[ti]"), None),
+            "let y = x[ti].cast();",
+        ),
+        store(1, &[0], Expr::Var(0), "out[ti] = y"),
+    ];
+    let err = check(&k, &declared_spec(&k)).unwrap_err();
+    let CodegenError::Type { at, message, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(at, "let y = x[ti].cast();");
+    assert!(message.contains("`.cast()` without a type"), "{message}");
+
+    // Nested inside a store's value (not the whole value) is rejected too.
+    let mut k = pointwise_1d();
+    k.body[1] = store(
+        1,
+        &[0],
+        bin(
+            BinOp::Add,
+            cast(load(0, &[0], "x[ti]"), None),
+            Expr::Float(1.0),
+            "x[ti].cast() + 1.0",
+        ),
+        "out[ti] = x[ti].cast() + 1.0",
+    );
+    expect_type_err(check(&k, &declared_spec(&k)), &["`.cast()` without a type"]);
+}
+
+#[test]
+fn check_rejects_assigning_a_non_mut_var() {
+    let mut k = matmul();
+    k.vars[ACC].mutable = false;
+    let err = check(&k, &declared_spec(&k)).unwrap_err();
+    let CodegenError::Type { at, message, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(at, ADDMM_AT);
+    assert!(message.contains("`acc`"), "{message}");
+    assert!(message.contains("let mut"), "{message}");
+}
+
+#[test]
+fn check_rejects_assignment_that_changes_dims() {
+    // let mut y = x[(tm, tn)]; y = x[tm… ] — here: y = 1.0 (a scalar).
+    let mut k = pointwise_2d();
+    k.vars = vec![var("y", true)];
+    k.body = vec![
+        let_(
+            0,
+            load(0, &[0, 1], "x[(tm, tn)]"),
+            "let mut y = x[(tm, tn)];",
+        ),
+        assign(0, Expr::Float(1.0), "y = 1.0"),
+    ];
+    expect_type_err(check(&k, &pointwise_2d_spec()), &["`y`", "[tm, tn]", "[]"]);
+}
+
+#[test]
+fn check_rejects_float_remainder_and_float_into_int_tensor() {
+    let mut k = pointwise_1d();
+    k.body[1] = store(
+        1,
+        &[0],
+        bin(
+            BinOp::Rem,
+            load(0, &[0], "x[ti]"),
+            Expr::Int(2),
+            "x[ti] % 2",
+        ),
+        "out[ti] = x[ti] % 2",
+    );
+    expect_type_err(check(&k, &declared_spec(&k)), &["`%`", "integers"]);
+
+    let mut k = pointwise_1d();
+    k.tensors[1].declared = Some(DType::I32);
+    expect_type_err(
+        check(&k, &declared_spec(&k)),
+        &["`out`", "Tensor<i32>", ".cast::<i32>()"],
+    );
+}
+
+#[test]
+fn check_rejects_bad_arguments() {
+    // Declared dtype differs from the launch's.
+    let k = matmul();
+    let spec = spec_for(&k, &[DType::BF16, DType::F16, DType::BF16]);
+    match check(&k, &spec) {
+        Err(CodegenError::Argument { arg, message, .. }) => {
+            assert_eq!(arg, "b");
+            assert!(message.contains("Tensor<bf16>") && message.contains("Tensor<f16>"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Rank differs.
+    let mut spec = declared_spec(&k);
+    spec.tensors[A].rank = 3;
+    match check(&k, &spec) {
+        Err(CodegenError::Argument { arg, message, .. }) => {
+            assert_eq!(arg, "a");
+            assert!(
+                message.contains("2-D") && message.contains("3-D"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A float extent.
+    let mut spec = declared_spec(&k);
+    spec.scalars[2] = ScalarKind::Float;
+    match check(&k, &spec) {
+        Err(CodegenError::Argument { arg, message, .. }) => {
+            assert_eq!(arg, "k");
+            assert!(message.contains("`tk`"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Wrong number of tensors.
+    let mut spec = declared_spec(&k);
+    spec.tensors.pop();
+    assert!(matches!(
+        check(&k, &spec),
+        Err(CodegenError::Argument { .. })
+    ));
+}
+
+// ---------------------------------------------------------------- plan::classify
+
+#[test]
+fn classify_matmul_is_gemm() {
+    let want = GemmShape {
+        m: TM,
+        n: TN,
+        k: TK,
+        acc: ACC,
+        a: A,
+        b: B,
+        k_loop: 1,
+    };
+    assert_eq!(classify(&matmul()).unwrap(), Shape::Gemm(want.clone()));
+    assert_eq!(classify(&matmul_bias_gelu()).unwrap(), Shape::Gemm(want));
+}
+
+#[test]
+fn classify_elementwise_is_pointwise() {
+    assert_eq!(classify(&pointwise_2d()).unwrap(), Shape::Pointwise);
+    assert_eq!(classify(&pointwise_1d()).unwrap(), Shape::Pointwise);
+    assert_eq!(classify(&rows_inner_loop()).unwrap(), Shape::Pointwise);
+}
+
+#[test]
+fn classify_rejects_two_matmul_loops() {
+    let mut k = matmul();
+    let mut second = k_loop();
+    let Stmt::Loop { body, .. } = &mut second else {
+        unreachable!()
+    };
+    let Stmt::Assign { at, .. } = &mut body[0] else {
+        unreachable!()
+    };
+    *at = "second addmm".into();
+    k.body.insert(2, second);
+    let (at, message) = expect_unsupported(classify(&k));
+    assert!(message.contains("one matmul loop"), "{message}");
+    // Points at the second matmul's addmm expression, not the first.
+    assert!(at.contains("addmm(acc"), "{at}");
+    // The pointed-at text is the addmm *expression* of the second loop; both loops
+    // have the same expression text here, so check through the statement text too.
+    let mut k2 = matmul();
+    let mut second = k_loop();
+    if let Stmt::Loop { body, .. } = &mut second {
+        if let Stmt::Assign {
+            value: Expr::Addmm { at, .. },
+            ..
+        } = &mut body[0]
+        {
+            *at = "addmm(acc, a2[(tm, tk)], b2[(tk, tn)])".into();
+        }
+    }
+    k2.body.insert(2, second);
+    let (at, _) = expect_unsupported(classify(&k2));
+    assert_eq!(at, "addmm(acc, a2[(tm, tk)], b2[(tk, tn)])");
+}
+
+#[test]
+fn classify_rejects_addmm_not_alone_in_its_loop() {
+    let mut k = matmul();
+    k.tensors.push(tensor("side", 2, Some(DType::BF16)));
+    let Stmt::Loop { body, .. } = &mut k.body[1] else {
+        unreachable!()
+    };
+    body.push(store(
+        3,
+        &[TM, TK],
+        load(A, &[TM, TK], "a[(tm, tk)]"),
+        "side[(tm, tk)] = a[(tm, tk)]",
+    ));
+    let (at, message) = expect_unsupported(classify(&k));
+    assert!(at.contains("addmm"), "{at}");
+    assert!(message.contains("only statement"), "{message}");
+}
+
+#[test]
+fn classify_rejects_addmm_outside_a_loop_or_with_other_acc() {
+    // let y = addmm(acc, a[(tm, tk)], b[(tk, tn)]) directly in the grid loop.
+    let mut k = matmul();
+    k.vars.push(var("y", false));
+    let Stmt::Loop { body, .. } = k.body.remove(1) else {
+        unreachable!()
+    };
+    let Stmt::Assign { value, .. } = body.into_iter().next().unwrap() else {
+        unreachable!()
+    };
+    k.body.insert(1, let_(1, value, "let y = addmm(...)"));
+    let (_, message) = expect_unsupported(classify(&k));
+    assert!(message.contains("for tk in tile(k)"), "{message}");
+
+    // acc2 = addmm(acc, …): accumulates into a different variable.
+    let mut k = matmul();
+    k.vars.push(var("acc2", true));
+    k.body
+        .insert(1, let_(1, zeros(&[TM, TN]), "let mut acc2 = …;"));
+    let Stmt::Loop { body, .. } = &mut k.body[2] else {
+        unreachable!()
+    };
+    let Stmt::Assign { var, .. } = &mut body[0] else {
+        unreachable!()
+    };
+    *var = 1;
+    expect_unsupported(classify(&k));
+}
+
+#[test]
+fn classify_rejects_matmul_store_indexed_by_other_dims() {
+    // A store of the bias row `bias[tn] = …` in a matmul kernel.
+    let mut k = matmul_bias_gelu();
+    k.body
+        .push(store(BIAS, &[TN], Expr::Float(0.0), "bias[tn] = 0.0"));
+    let (at, message) = expect_unsupported(classify(&k));
+    assert_eq!(at, "bias[tn] = 0.0");
+    assert!(
+        message.contains("`tm`") && message.contains("`tn`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn classify_rejects_grid_that_is_not_the_output() {
+    // A 3-D grid (tm, tn, tb) around a matmul.
+    let mut k = matmul();
+    k.scalars.push(scalar("batch"));
+    k.dims.push(dim("tb", 3));
+    k.grid.push(3);
+    let (_, message) = expect_unsupported(classify(&k));
+    assert!(message.contains("grid loop"), "{message}");
+}
+
+#[test]
+fn classify_rejects_other_loops_in_matmul_kernel() {
+    let mut k = matmul();
+    k.scalars.push(scalar("e"));
+    k.dims.push(dim("te", 3));
+    k.body.push(loop_(3, vec![]));
+    let (_, message) = expect_unsupported(classify(&k));
+    assert!(message.contains("only its K loop"), "{message}");
+}
+
+// ---------------------------------------------------------------- lower(): GEMM
+
+#[test]
+fn lower_matmul_bf16() {
+    let k = matmul();
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let src = &l.source;
+    assert!(src.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16"));
+    assert!(src.contains("ldmatrix"));
+    assert!(src.contains("cp.async.cg.shared.global"));
+    assert!(!src.contains("#include"), "NVRTC has no CUDA headers");
+    // Those are in the prelude of every kernel: the mainloop must *use* them.
+    let body = kernel_part(&l);
+    assert!(
+        body.contains("tf_mma_bf16(acc["),
+        "bf16 mma in the mainloop"
+    );
+    assert!(!body.contains("tf_mma_f16("));
+    assert!(body.contains("tf_ldmatrix_x4(af[i]"));
+    assert!(body.contains("tf_ldmatrix_x4_trans("));
+    assert!(body.contains("tf_cp_async16(sA"));
+    assert!(body.contains("tf_cp_async16(sB"));
+    assert!(!body.contains("element loads"));
+    assert!(
+        body.contains("tf_cp_async_wait<2>()"),
+        "4 stages wait for 2"
+    );
+    assert!(body.contains("#define B0 128") && body.contains("#define B1 256"));
+    assert!(body.contains("#define B2 32"));
+    assert!(body.contains("__launch_bounds__(256, 1)"));
+    assert!(body.contains(&format!(" {}(\n", l.entry)));
+    assert_eq!(l.entry, "tf_matmul");
+    assert_eq!(l.path, "gemm/mma.sync");
+
+    assert_eq!(l.threads, 256);
+    assert_eq!(l.shared_bytes, 4 * (128 * 32 + 32 * 256) * 2);
+    // The grid covers the m and n extents with the M and N blocks.
+    assert_eq!(l.grid.len(), 2);
+    let named: Vec<(&str, usize)> = l
+        .grid
+        .iter()
+        .map(|&(s, b)| (k.scalars[s].name.as_str(), b))
+        .collect();
+    assert_eq!(named, vec![("m", 128), ("n", 256)]);
+    assert!(l.wait_sites.is_empty());
+
+    // Parameters: each tensor's pointer, sizes and strides, the scalars, then the
+    // status block, timeout and site base.
+    use tilefuse_codegen::Param;
+    assert_eq!(l.params.len(), 3 * 5 + 3 + 3);
+    assert_eq!(l.params[0], Param::TensorPtr(0));
+    assert_eq!(l.params[1], Param::TensorDim(0, 0));
+    assert_eq!(l.params[4], Param::TensorStride(0, 1));
+    assert_eq!(l.params[15], Param::Scalar(0));
+    assert_eq!(
+        l.params[18..],
+        [Param::Status, Param::WaitTimeoutNs, Param::SiteBase]
+    );
+}
+
+#[test]
+fn lower_matmul_f16_uses_f16_mma() {
+    let k = matmul_with(DType::F16);
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    assert!(l
+        .source
+        .contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
+    assert!(body.contains("tf_mma_f16(acc["), "f16 mma in the mainloop");
+    assert!(!body.contains("tf_mma_bf16("));
+    assert!(body.contains("tf_f32_to_f16("), "f16 output rounding");
+    assert!(!body.contains("tf_f32_to_bf16("));
+}
+
+#[test]
+fn lower_matmul_unaligned_uses_element_loads() {
+    let k = matmul();
+    let mut spec = declared_spec(&k);
+    for t in &mut spec.tensors {
+        t.align = 2;
+    }
+    let l = lowered(&k, &spec, &gemm_config());
+    let body = kernel_part(&l);
+    assert!(body.contains("A rows are not 16-byte aligned: element loads"));
+    assert!(body.contains("B rows are not 16-byte aligned: element loads"));
+    assert!(!body.contains("tf_cp_async16("), "no cp.async for operands");
+    // Output stores cannot be paired into 32-bit accesses at 2-byte alignment.
+    assert!(!body.contains("*(tf_u32*)(t2"));
+
+    // Only A unaligned: B still goes through cp.async.
+    let mut spec = declared_spec(&k);
+    spec.tensors[A].align = 8;
+    let l = lowered(&k, &spec, &gemm_config());
+    let body = kernel_part(&l);
+    assert!(body.contains("A rows are not 16-byte aligned"));
+    assert!(!body.contains("B rows are not 16-byte aligned"));
+    assert!(!body.contains("tf_cp_async16(sA"));
+    assert!(body.contains("tf_cp_async16(sB"));
+    // Aligned output: paired stores.
+    assert!(body.contains("*(tf_u32*)(t2"));
+}
+
+#[test]
+fn lower_matmul_rejects_non_contiguous_operand() {
+    let k = matmul();
+    let mut spec = declared_spec(&k);
+    spec.tensors[B].last_contiguous = false;
+    match lower(&k, &spec, &gemm_config()) {
+        Err(CodegenError::Argument { arg, message, .. }) => {
+            assert_eq!(arg, "b");
+            assert!(message.contains("second operand"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn lower_matmul_bias_gelu_epilogue() {
+    let k = matmul_bias_gelu();
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    assert!(body.contains("tf_gelu("));
+    // The epilogue reads the bias (tensor 3) along the column index, masked.
+    assert!(body.contains("t3[(col) * t3_s0]"), "{body}");
+    assert!(body.contains("(col) < t3_n0"));
+    assert!(body.contains("t3[((col + 1)) * t3_s0]"));
+    // Evaluated on the accumulator fragments.
+    assert!(body.contains("acc[mi][ni][h * 2]"));
+    assert!(body.contains("acc[mi][ni][h * 2 + 1]"));
+    // The epilogue comes after the mainloop.
+    let mainloop = body.find("tf_mma_bf16(acc[").unwrap();
+    let epilogue = body.find("tf_gelu(").unwrap();
+    assert!(mainloop < epilogue);
+}
+
+#[test]
+fn lower_matmul_with_wait() {
+    // wait(flags, tm.begin() / 128, 1) before the K loop.
+    let mut k = matmul();
+    k.tensors.push(tensor("flags", 1, Some(DType::U32)));
+    let at = "wait(flags, tm.begin() / 128, 1)";
+    k.body.insert(
+        1,
+        Stmt::Wait {
+            tensor: 3,
+            index: bin(
+                BinOp::Div,
+                Expr::TileBegin(TM),
+                Expr::Int(128),
+                "tm.begin() / 128",
+            ),
+            value: Expr::Int(1),
+            at: at.into(),
+        },
+    );
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    assert!(body.contains("tf_wait_flag((const tf_u32*)t3, t3_n0, (tb0 / 128ll), 1ll"));
+    assert!(body.contains(&format!("// {at}")));
+    assert_eq!(l.wait_sites, vec![at.to_string()]);
+    assert_eq!(body.matches("tf_wait_flag(").count(), 1);
+    // The wait precedes the mainloop.
+    assert!(body.find("tf_wait_flag(").unwrap() < body.find("tf_mma_bf16(acc[").unwrap());
+
+    // Non-contiguous flags are an argument error.
+    let mut spec = declared_spec(&k);
+    spec.tensors[3].last_contiguous = false;
+    match lower(&k, &spec, &gemm_config()) {
+        Err(CodegenError::Argument { arg, .. }) => assert_eq!(arg, "flags"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn lower_pointwise_with_two_waits_numbers_sites() {
+    let mut k = pointwise_1d();
+    k.tensors.push(tensor("flags", 1, Some(DType::I32)));
+    for (i, at) in ["wait(flags, 0, 1)", "wait(flags, 1, 2)"]
+        .iter()
+        .enumerate()
+    {
+        k.body.insert(
+            i,
+            Stmt::Wait {
+                tensor: 2,
+                index: Expr::Int(i as i64),
+                value: Expr::Int(i as i64 + 1),
+                at: (*at).into(),
+            },
+        );
+    }
+    let cfg = default_config(&k);
+    let l = lowered(&k, &declared_spec(&k), &cfg);
+    assert_eq!(l.wait_sites, vec!["wait(flags, 0, 1)", "wait(flags, 1, 2)"]);
+    let body = kernel_part(&l);
+    assert!(body.contains("tf_site_base + 0ull"));
+    assert!(body.contains("tf_site_base + 1ull"));
+}
+
+#[test]
+fn lower_config_errors() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let msg = expect_config_err(lower(&k, &spec, &Config::new(&[128, 256])), "2 block sizes");
+    assert!(msg.contains("tm, tn, tk"), "{msg}");
+    expect_config_err(
+        lower(&k, &spec, &Config::new(&[128, 256, 48]).num_warps(8)),
+        "K block (48)",
+    );
+    expect_config_err(
+        lower(&k, &spec, &gemm_config().num_stages(1)),
+        "num_stages (1)",
+    );
+    expect_config_err(lower(&k, &spec, &gemm_config().num_warps(3)), "num_warps");
+    expect_config_err(
+        lower(&k, &spec, &Config::new(&[256, 256, 32]).num_warps(2)),
+        "1024 accumulators",
+    );
+    expect_config_err(
+        lower(&k, &spec, &Config::new(&[128, 96, 32]).num_warps(4)),
+        "N block (96)",
+    );
+    expect_config_err(
+        lower(&k, &spec, &Config::new(&[120, 128, 32]).num_warps(4)),
+        "M block (120)",
+    );
+    expect_config_err(
+        lower(&k, &spec, &Config::new(&[16, 16, 32]).num_warps(16)),
+        "16 warps cannot split a 16x16 block",
+    );
+    expect_config_err(
+        lower(&k, &spec, &Config::new(&[128, 0, 32])),
+        "block size 0",
+    );
+    // The config is named in the error.
+    match lower(&k, &spec, &gemm_config().num_stages(9)) {
+        Err(e @ CodegenError::Config { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("`matmul`"), "{text}");
+            assert!(text.contains("num_stages=9"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn lower_matmul_other_valid_configs() {
+    let k = matmul_bias_gelu();
+    let spec = declared_spec(&k);
+    for (bs, w, s) in [
+        ([128, 256, 64], 8, 3),
+        ([128, 128, 32], 4, 4),
+        ([64, 64, 32], 4, 2),
+        ([256, 128, 64], 8, 3),
+        ([32, 32, 16], 1, 3),
+        ([16, 16, 16], 1, 2),
+        ([64, 32, 128], 2, 8),
+    ] {
+        let cfg = Config::new(&bs).num_warps(w).num_stages(s);
+        let l = lowered(&k, &spec, &cfg);
+        assert_eq!(l.threads as usize, w * 32);
+        assert_eq!(
+            l.shared_bytes as usize,
+            s * (bs[0] * bs[2] + bs[2] * bs[1]) * 2,
+            "{cfg}"
+        );
+        let body = kernel_part(&l);
+        assert!(
+            body.contains(&format!("tf_cp_async_wait<{}>()", s - 2)),
+            "{cfg}"
+        );
+        assert_eq!(
+            body.matches('{').count(),
+            body.matches('}').count(),
+            "{cfg}"
+        );
+    }
+}
+
+#[test]
+fn lower_matmul_transposed_grid_order() {
+    // for (tn, tm) in tile([n, m]): same kernel, grid listed n-first.
+    let mut k = matmul();
+    k.grid = vec![TN, TM];
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    assert_eq!(l.grid, vec![(1, 256), (0, 128)]);
+}
+
+#[test]
+fn lower_matmul_accumulator_init_from_tensor() {
+    // let mut acc = c[(tm, tn)].cast::<f32>(): initialized per fragment element.
+    let mut k = matmul();
+    k.tensors.push(tensor("c", 2, Some(DType::BF16)));
+    k.body[0] = let_(
+        ACC,
+        cast(load(3, &[TM, TN], "c[(tm, tn)]"), Some(DType::F32)),
+        "let mut acc = c[(tm, tn)].cast::<f32>();",
+    );
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    assert!(body.contains("acc[mi][ni][r] = "), "{body}");
+    assert!(body.contains("tf_bf16_to_f32(t3["));
+    assert!(body.find("acc[mi][ni][r] = ").unwrap() < body.find("tf_mma_bf16(acc[").unwrap());
+}
+
+#[test]
+fn lower_matmul_rejects_reassigning_acc_after_loop() {
+    let mut k = matmul();
+    k.body.insert(
+        2,
+        assign(ACC, un(UnOp::Relu, Expr::Var(ACC)), "acc = relu(acc)"),
+    );
+    let (at, message) = expect_unsupported(lower(&k, &declared_spec(&k), &gemm_config()));
+    assert_eq!(at, "acc = relu(acc)");
+    assert!(message.contains("let y = relu(acc)"), "{message}");
+}
+
+// ---------------------------------------------------------------- lower(): pointwise
+
+#[test]
+fn lower_pointwise_2d() {
+    let k = pointwise_2d();
+    let cfg = default_config(&k);
+    assert_eq!(cfg.block_sizes, vec![4, 256]);
+    let l = lowered(&k, &pointwise_2d_spec(), &cfg);
+    assert_eq!(l.path, "pointwise");
+    assert_eq!(l.shared_bytes, 0);
+    assert_eq!(l.threads, 128);
+    assert_eq!(l.grid, vec![(0, 4), (1, 256)]);
+    let body = kernel_part(&l);
+    // No tensor-core or async-copy code in a pointwise kernel.
+    assert!(!body.contains("tf_mma_") && !body.contains("tf_cp_async16("));
+    // One elementwise loop over the 4x256 tile, masked at the extents and per tensor.
+    assert!(body.contains("for (int tf_e = tid; tf_e < 1024; tf_e += 128)"));
+    assert!(body.contains("c0 < s0 && c1 < s1"), "{body}");
+    for t in 0..3 {
+        assert!(
+            body.contains(&format!("(c0) < t{t}_n0 && (c1) < t{t}_n1")),
+            "{body}"
+        );
+    }
+    // alpha is a float scalar, relu is fmaxf, the store rounds to bf16.
+    assert!(body.contains("float s2"));
+    assert!(body.contains("* s2)"));
+    assert!(body.contains("fmaxf("));
+    assert!(body.contains("t2[(c0) * t2_s0 + (c1) * t2_s1] = tf_f32_to_bf16(v)"));
+    // Program id decode: the last grid dimension moves fastest.
+    let d1 = body.find("const long long tb1").unwrap();
+    let d0 = body.find("const long long tb0").unwrap();
+    assert!(d1 < d0);
+}
+
+#[test]
+fn lower_pointwise_1d() {
+    let k = pointwise_1d();
+    let cfg = default_config(&k);
+    assert_eq!(cfg.block_sizes, vec![1024]);
+    let l = lowered(&k, &declared_spec(&k), &cfg);
+    assert_eq!(l.shared_bytes, 0);
+    assert_eq!(l.grid, vec![(0, 1024)]);
+    let body = kernel_part(&l);
+    // The scalar `len` is a block-uniform C local using the clipped tile end.
+    assert!(
+        body.contains("const long long v0 = (tf_min_i(tb0 + B0, s0) - tb0);  // len"),
+        "{body}"
+    );
+    assert!(body.contains("c0 < s0"));
+    assert!(body.contains("(c0) < t0_n0"));
+    assert!(body.contains("(c0) < t1_n0"));
+    assert!(body.contains("* (float)(v0)"), "{body}");
+    // No inner loops.
+    assert!(!body.contains("for (long long"));
+}
+
+#[test]
+fn lower_pointwise_inner_loop() {
+    let k = rows_inner_loop();
+    let cfg = default_config(&k);
+    assert_eq!(cfg.block_sizes, vec![4, 256]);
+    let l = lowered(&k, &declared_spec(&k), &cfg);
+    assert_eq!(l.shared_bytes, 0);
+    // Only the row dimension is in the grid; columns are a sequential loop.
+    assert_eq!(l.grid, vec![(0, 4)]);
+    let body = kernel_part(&l);
+    let inner = body
+        .find("for (long long tb1 = 0; tb1 < s1; tb1 += B1) {  // tile `tc`")
+        .expect("inner tile loop");
+    let elementwise = body.find("for (int tf_e = tid").unwrap();
+    assert!(inner < elementwise);
+    assert!(body.contains("c0 < s0 && c1 < s1"));
+    assert!(body.contains("1.0f"));
+}
+
+#[test]
+fn lower_pointwise_int_ops() {
+    // out[ti] = max(x[ti] % 3, -x[ti]) on i32.
+    let mut k = pointwise_1d();
+    k.tensors[0].declared = Some(DType::I32);
+    k.tensors[1].declared = Some(DType::I32);
+    k.vars.clear();
+    let x = || load(0, &[0], "x[ti]");
+    k.body = vec![store(
+        1,
+        &[0],
+        bin(
+            BinOp::Max,
+            bin(BinOp::Rem, x(), Expr::Int(3), "x[ti] % 3"),
+            un(UnOp::Neg, x()),
+            "max(x[ti] % 3, -x[ti])",
+        ),
+        "out[ti] = max(x[ti] % 3, -x[ti])",
+    )];
+    let l = lowered(&k, &declared_spec(&k), &default_config(&k));
+    let body = kernel_part(&l);
+    assert!(body.contains("tf_max_i("), "{body}");
+    assert!(body.contains("% 3ll)"));
+    assert!(body.contains("= (int)(v)"));
+}
+
+#[test]
+fn lower_pointwise_rejects_carried_var() {
+    // let mut s = x[(tr, tc)]… carried across the tc loop is unsupported.
+    let mut k = rows_inner_loop();
+    k.tensors[0].rank = 1;
+    k.vars = vec![var("s", true)];
+    let x = || load(0, &[0], "x[tr]");
+    k.body.insert(0, let_(0, x(), "let mut s = x[tr];"));
+    let Stmt::Loop { body, .. } = &mut k.body[1] else {
+        unreachable!()
+    };
+    *body = vec![
+        assign(
+            0,
+            bin(BinOp::Add, Expr::Var(0), Expr::Float(1.0), "s + 1.0"),
+            "s += 1.0",
+        ),
+        store(1, &[0, 1], Expr::Var(0), "out[(tr, tc)] = s"),
+    ];
+    let mut spec = declared_spec(&k);
+    spec.tensors[0].rank = 1;
+    let (at, message) = expect_unsupported(lower(&k, &spec, &default_config(&k)));
+    assert_eq!(at, "s += 1.0");
+    assert!(message.contains("`s`"), "{message}");
+}
+
+// ---------------------------------------------------------------- default_config
+
+#[test]
+fn default_config_matmul() {
+    let k = matmul();
+    let c = default_config(&k);
+    assert_eq!(c.block_sizes, vec![128, 256, 32]);
+    assert_eq!(c.num_warps, 8);
+    assert_eq!(c.num_stages, 4);
+    lowered(&k, &declared_spec(&k), &c);
+
+    // Dimension order does not matter: tk declared first.
+    let mut k = matmul();
+    k.dims = vec![dim("tk", 2), dim("tm", 0), dim("tn", 1)];
+    let remap = |d: DimId| [1, 2, 0][d];
+    k.grid = vec![remap(TM), remap(TN)];
+    k.body = vec![
+        let_(ACC, zeros(&[remap(TM), remap(TN)]), "let mut acc = …;"),
+        loop_(
+            remap(TK),
+            vec![assign(
+                ACC,
+                addmm(
+                    Expr::Var(ACC),
+                    load(A, &[remap(TM), remap(TK)], "a[(tm, tk)]"),
+                    load(B, &[remap(TK), remap(TN)], "b[(tk, tn)]"),
+                    "addmm",
+                ),
+                ADDMM_AT,
+            )],
+        ),
+        store(
+            OUT,
+            &[remap(TM), remap(TN)],
+            cast(Expr::Var(ACC), None),
+            "out[(tm, tn)] = acc.cast()",
+        ),
+    ];
+    let c = default_config(&k);
+    assert_eq!(c.block_sizes, vec![32, 128, 256]);
+    lowered(&k, &declared_spec(&k), &c);
+}
+
+#[test]
+fn default_config_pointwise_is_valid() {
+    for (k, spec) in [
+        (pointwise_2d(), pointwise_2d_spec()),
+        (pointwise_1d(), declared_spec(&pointwise_1d())),
+        (rows_inner_loop(), declared_spec(&rows_inner_loop())),
+    ] {
+        let c = default_config(&k);
+        assert_eq!(c.block_sizes.len(), k.dims.len(), "{}", k.name);
+        assert!(matches!(c.num_warps, 1 | 2 | 4 | 8 | 16));
+        let l = lowered(&k, &spec, &c);
+        assert_eq!(l.threads as usize, c.num_warps * 32);
+    }
+}
+
+// ---------------------------------------------------------------- serialization
+
+#[test]
+fn json_round_trip() {
+    for k in [
+        matmul(),
+        matmul_bias_gelu(),
+        pointwise_2d(),
+        pointwise_1d(),
+        rows_inner_loop(),
+    ] {
+        let json = k.to_json();
+        let back = Kernel::from_json(&json).expect("reads back");
+        assert_eq!(back, k);
+        assert_eq!(back.fingerprint(), k.fingerprint());
+        assert_eq!(back.to_json(), json);
+    }
+    assert!(Kernel::from_json("{\"name\": 1}").is_err());
+}
+
+#[test]
+fn fingerprint_tracks_meaning() {
+    let k = rows_inner_loop();
+    let f = k.fingerprint();
+    assert_eq!(f, k.clone().fingerprint(), "stable");
+
+    // 1.0 -> 2.0 in `x[(tr, tc)] + 1.0`.
+    let mut k2 = k.clone();
+    let Stmt::Loop { body, .. } = &mut k2.body[0] else {
+        unreachable!()
+    };
+    let Stmt::Store {
+        value: Expr::Binary { rhs, .. },
+        ..
+    } = &mut body[0]
+    else {
+        unreachable!()
+    };
+    **rhs = Expr::Float(2.0);
+    assert_ne!(k2, k);
+    assert_ne!(k2.fingerprint(), f);
+
+    // Other changes: the kernel name, an op.
+    let mut k3 = k.clone();
+    k3.name = "rows2".into();
+    assert_ne!(k3.fingerprint(), f);
+    let mut k4 = pointwise_2d();
+    let f4 = k4.fingerprint();
+    let Stmt::Store {
+        value: Expr::Unary { op, .. },
+        ..
+    } = &mut k4.body[0]
+    else {
+        unreachable!()
+    };
+    *op = UnOp::Silu;
+    assert_ne!(k4.fingerprint(), f4);
+}
+
+// ---------------------------------------------------------------- known bugs
+//
+// Regression tests for bugs found while writing this suite.
+
+/// A tile `let` that reads a `let mut` variable must see the value it had at the
+/// `let`, not a later reassignment.
+#[test]
+fn pointwise_let_keeps_value_at_binding() {
+    // let mut a = x[ti]; let b = a * 2.0; a = a + 1.0; out[ti] = b;
+    // must store x[ti] * 2, not (x[ti] + 1) * 2.
+    let mut k = pointwise_1d();
+    k.vars = vec![var("a", true), var("b", false)];
+    k.body = vec![
+        let_(0, load(0, &[0], "x[ti]"), "let mut a = x[ti];"),
+        let_(
+            1,
+            bin(BinOp::Mul, Expr::Var(0), Expr::Float(2.0), "a * 2.0"),
+            "let b = a * 2.0;",
+        ),
+        assign(
+            0,
+            bin(BinOp::Add, Expr::Var(0), Expr::Float(1.0), "a + 1.0"),
+            "a = a + 1.0",
+        ),
+        store(1, &[0], Expr::Var(1), "out[ti] = b"),
+    ];
+    let l = lowered(&k, &declared_spec(&k), &default_config(&k));
+    let body = kernel_part(&l);
+    assert!(
+        !body.contains("+ 1.0f"),
+        "the store of `b` uses the reassigned `a`:\n{body}"
+    );
+}
+
+/// `.cast()` at a store takes the tensor's type, integer tensors included.
+#[test]
+fn untyped_cast_into_int_tensor() {
+    // out_i32[ti] = x_f32[ti].cast()
+    let mut k = pointwise_1d();
+    k.tensors[1].declared = Some(DType::I32);
+    k.vars.clear();
+    k.body = vec![store(
+        1,
+        &[0],
+        cast(load(0, &[0], "x[ti]"), None),
+        "out[ti] = x[ti].cast()",
+    )];
+    check(&k, &declared_spec(&k)).expect("`.cast()` to the tensor's i32");
+}
+
+/// A matmul accumulator initialized to a non-finite value must give valid C.
+#[test]
+fn gemm_non_finite_accumulator_init() {
+    let mut k = matmul();
+    k.body[0] = let_(
+        ACC,
+        Expr::Full {
+            dims: vec![TM, TN],
+            dtype: DType::F32,
+            value: f64::NEG_INFINITY,
+        },
+        "let mut acc = full::<f32>([tm, tn], -1e400);",
+    );
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    assert!(!body.contains("inff"), "not a C literal:\n{body}");
+}
+
+/// A store before the K loop that reads the accumulator must see its initial value.
+#[test]
+fn gemm_store_before_loop_sees_initialized_acc() {
+    let mut k = matmul();
+    k.tensors.push(tensor("init", 2, Some(DType::F32)));
+    k.body.insert(
+        1,
+        store(3, &[TM, TN], Expr::Var(ACC), "init[(tm, tn)] = acc"),
+    );
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    let init = body.find("acc[i][j][r] = 0.0f").expect("init");
+    let read = body.find("acc[mi][ni][h * 2]").expect("store");
+    assert!(
+        init < read,
+        "the accumulator is read before it is set:\n{body}"
+    );
+}
+
+/// A tile `let` of the accumulator before the K loop would need a snapshot of the
+/// accumulator; it is rejected, not silently given the final value.
+#[test]
+fn gemm_let_of_acc_before_loop_is_rejected() {
+    // let mut acc = zeros; let base = acc + 1.0; for tk {…} out[(tm, tn)] = base.cast();
+    let mut k = matmul();
+    k.vars.push(var("base", false));
+    k.body.insert(
+        1,
+        let_(
+            1,
+            bin(BinOp::Add, Expr::Var(ACC), Expr::Float(1.0), "acc + 1.0"),
+            "let base = acc + 1.0;",
+        ),
+    );
+    k.body[3] = store(
+        OUT,
+        &[TM, TN],
+        cast(Expr::Var(1), None),
+        "out[(tm, tn)] = base.cast()",
+    );
+    match lower(&k, &declared_spec(&k), &gemm_config()) {
+        Err(CodegenError::Unsupported { at, message, .. }) => {
+            assert!(at.contains("let base"), "{at}");
+            assert!(message.contains("before the K loop"), "{message}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}

@@ -1,0 +1,92 @@
+//! Device memory owned by tilefuse: where it comes from decides what it can be used
+//! for, so the choice is explicit.
+//!
+//! - Pooled (the default): the stream-ordered allocator (`cuMemAllocAsync`), cheap to
+//!   allocate and free per call; freed in stream order.
+//! - Plain (`cuMemAlloc`): for memory that stream memory operations
+//!   (`cuStreamWriteValue32`) or CUDA IPC must accept: flags and symmetric buffers.
+
+use crate::device::Device;
+use crate::error::{driver, Result};
+use cudarc::driver::result as cu;
+use std::sync::Arc;
+
+/// Where a buffer's memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// The stream-ordered pool of the device's launch stream.
+    Pooled,
+    /// A plain `cuMemAlloc` allocation.
+    Plain,
+}
+
+/// A device allocation, freed on drop.
+pub(crate) struct Buffer {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub memory: Memory,
+    pub dev: Arc<Device>,
+}
+
+impl Buffer {
+    /// Allocates `bytes` (at least 1) of uninitialized memory on `dev`.
+    pub fn alloc(dev: &Arc<Device>, bytes: usize, memory: Memory) -> Result<Buffer> {
+        let n = bytes.max(1);
+        dev.context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
+        let ptr = match memory {
+            // SAFETY: the context is current and the stream belongs to it.
+            Memory::Pooled if dev.context().has_async_alloc() => unsafe {
+                cu::malloc_async(dev.stream().cu_stream(), n)
+            },
+            // SAFETY: the context is current.
+            _ => unsafe { cu::malloc_sync(n) },
+        }
+        .map_err(driver(format!(
+            "allocating {n} bytes on GPU {}",
+            dev.ordinal()
+        )))?;
+        let memory = if memory == Memory::Pooled && !dev.context().has_async_alloc() {
+            Memory::Plain
+        } else {
+            memory
+        };
+        Ok(Buffer {
+            ptr,
+            bytes: n,
+            memory,
+            dev: dev.clone(),
+        })
+    }
+
+    /// Queues a byte fill of the whole buffer on the launch stream.
+    pub fn fill_bytes(&self, byte: u8) -> Result<()> {
+        // SAFETY: `ptr..ptr + bytes` is this live allocation.
+        unsafe { cu::memset_d8_async(self.ptr, byte, self.bytes, self.dev.stream().cu_stream()) }
+            .map_err(driver("filling device memory"))
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let _ = self.dev.context().bind_to_thread();
+        // SAFETY: `ptr` was allocated by `alloc` and is freed once. A pooled buffer is
+        // freed in stream order after the work already queued on the launch stream
+        // (the only stream tilefuse queues tensor work on); plain memory is freed by
+        // cuMemFree, which waits for the device's work to finish using it.
+        let r = unsafe {
+            match self.memory {
+                Memory::Pooled => cu::free_async(self.ptr, self.dev.stream().cu_stream()),
+                Memory::Plain => cu::free_sync(self.ptr),
+            }
+        };
+        if let Err(e) = r {
+            tracing::warn!(
+                "freeing {} bytes on GPU {}: {e}",
+                self.bytes,
+                self.dev.ordinal()
+            );
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Fused epilogues and prologues, against cuBLAS followed by the same math in f64.
+
+use crate::common::{err_vs, gpu, host};
+use tilefuse::prelude::*;
+use tilefuse::verify::{poisoned, random_tensor};
+
+#[fused_kernel]
+fn bias_gelu(a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, out: &Tensor<bf16>) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        let mut acc = zeros::<f32>([tm, tn]);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = gelu(acc + bias[tn]).cast();
+    }
+}
+
+/// Scalar argument, residual tile, row-broadcast vector, relu.
+#[fused_kernel]
+fn scaled_residual_relu(
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+    residual: &Tensor<bf16>,
+    row_bias: &Tensor<f32>,
+    alpha: f32,
+    out: &Tensor<bf16>,
+) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        let mut acc = zeros::<f32>([tm, tn]);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        let y = acc * alpha + residual[(tm, tn)] + row_bias[tm];
+        out[(tm, tn)] = relu(y).cast();
+    }
+}
+
+/// The accumulator starts from a tensor (C += A·B), output in f32.
+#[fused_kernel]
+fn accumulate_into(a: &Tensor<f16>, b: &Tensor<f16>, c: &Tensor<f32>, out: &Tensor<f32>) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        let mut acc = c[(tm, tn)] * 1.0;
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = silu(acc) + tanh(acc * 0.5);
+    }
+}
+
+/// Two outputs from one accumulator, one of them transposed.
+#[fused_kernel]
+fn two_outputs(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>, out_t: &Tensor<f16>) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        let mut acc = zeros::<f32>([tm, tn]);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = sigmoid(acc).cast();
+        out_t[(tn, tm)] = (acc - 1.0).cast::<f16>();
+    }
+}
+
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))
+}
+
+fn erf(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
+    let y = 1.0
+        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+            + 0.254829592)
+            * t
+            * (-x * x).exp();
+    y.copysign(x)
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+const SHAPES: [[usize; 3]; 3] = [[257, 384, 200], [1000, 1000, 1000], [64, 72, 40]];
+
+#[test]
+fn bias_gelu_matches() {
+    let Some(_dev) = gpu() else { return };
+    for [m, n, k] in SHAPES {
+        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+        let bias = random_tensor::<bf16>([n], 3.0).unwrap();
+        let c = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let bh = host(&bias);
+        let reference: Vec<f64> = c
+            .iter()
+            .enumerate()
+            .map(|(i, v)| gelu(v + bh[i % n]))
+            .collect();
+        let out = poisoned::<bf16>([m, n]).unwrap();
+        bias_gelu(&a, &b, &bias, &out).unwrap();
+        let err = err_vs(&out, &reference);
+        assert!(err <= 1e-2, "{m}x{n}x{k}: rel err {err}");
+    }
+}
+
+#[test]
+fn scaled_residual_relu_matches() {
+    let Some(_dev) = gpu() else { return };
+    for [m, n, k] in SHAPES {
+        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+        let residual = random_tensor::<bf16>([m, n], 8.0).unwrap();
+        let row_bias = random_tensor::<f32>([m], 2.0).unwrap();
+        let alpha = 0.75f32;
+        let c = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let (r, rb) = (host(&residual), host(&row_bias));
+        let reference: Vec<f64> = (0..m * n)
+            .map(|i| (c[i] * f64::from(alpha) + r[i] + rb[i / n]).max(0.0))
+            .collect();
+        let out = poisoned::<bf16>([m, n]).unwrap();
+        scaled_residual_relu(&a, &b, &residual, &row_bias, alpha, &out).unwrap();
+        let err = err_vs(&out, &reference);
+        assert!(err <= 1e-2, "{m}x{n}x{k}: rel err {err}");
+    }
+}
+
+#[test]
+fn accumulator_initialized_from_tensor() {
+    let Some(_dev) = gpu() else { return };
+    for [m, n, k] in SHAPES {
+        let a = random_tensor::<f16>([m, k], 1.0).unwrap();
+        let b = random_tensor::<f16>([k, n], 1.0).unwrap();
+        let c = random_tensor::<f32>([m, n], 4.0).unwrap();
+        let ab = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let ch = host(&c);
+        let reference: Vec<f64> = (0..m * n)
+            .map(|i| {
+                let x = ch[i] + ab[i];
+                x * sigmoid(x) + (x * 0.5).tanh()
+            })
+            .collect();
+        let out = poisoned::<f32>([m, n]).unwrap();
+        accumulate_into(&a, &b, &c, &out).unwrap();
+        let err = err_vs(&out, &reference);
+        assert!(err <= 1e-2, "{m}x{n}x{k}: rel err {err}");
+    }
+}
+
+#[test]
+fn two_outputs_one_transposed() {
+    let Some(_dev) = gpu() else { return };
+    for [m, n, k] in SHAPES {
+        let a = random_tensor::<bf16>([m, k], 0.5).unwrap();
+        let b = random_tensor::<bf16>([k, n], 0.5).unwrap();
+        let c = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let out = poisoned::<bf16>([m, n]).unwrap();
+        let out_t = poisoned::<f16>([n, m]).unwrap();
+        two_outputs(&a, &b, &out, &out_t).unwrap();
+        let ref1: Vec<f64> = c.iter().map(|&x| sigmoid(x)).collect();
+        let ref2: Vec<f64> = (0..n * m).map(|i| c[(i % m) * n + i / m] - 1.0).collect();
+        let (e1, e2) = (err_vs(&out, &ref1), err_vs(&out_t, &ref2));
+        assert!(e1 <= 1e-2 && e2 <= 1e-2, "{m}x{n}x{k}: rel errs {e1}, {e2}");
+    }
+}

@@ -1,0 +1,12 @@
+//! The GPU suite: one test binary (so the bundle for the GPU machine stays small).
+//! Every test skips without a GPU and says so; `TILEFUSE_REQUIRE_GPU=1` makes a
+//! missing GPU a failure.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod epilogue;
+mod matmul;
+mod pointwise;
+mod wait;

@@ -1,0 +1,116 @@
+//! `wait`: a GEMM whose programs wait on per-chunk flags that a second stream
+//! writes with `cuStreamWriteValue32` after a delay; a wait that times out is an
+//! error naming the site, and the device stays usable after it.
+
+use crate::common::{err_vs, gpu_alone, host};
+use std::time::{Duration, Instant};
+use tilefuse::prelude::*;
+use tilefuse::runtime::status::set_wait_timeout_ms;
+use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse::SideStream;
+
+/// Rows of A arrive in chunks of `rows_per_chunk`; each program waits for the
+/// chunk holding its rows before it reads them.
+#[fused_kernel]
+fn gated_matmul(
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+    progress: &Tensor<u32>,
+    rows_per_chunk: usize,
+    out: &Tensor<bf16>,
+) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        let mut acc = zeros::<f32>([tm, tn]);
+        wait(progress, tm.begin() / rows_per_chunk, 1);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = acc.cast();
+    }
+}
+
+// One test, run in order: the timeout setting is process-wide.
+#[test]
+fn wait_released_by_stream_write_then_timeout_then_recovery() {
+    let Some(dev) = gpu_alone() else { return };
+    let (m, n, k, chunk) = (1024, 512, 256, 256);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+
+    // Diagnostic: does the driver accept a stream write into pooled memory?
+    let pooled = Tensor::<u32>::zeros([4]).unwrap();
+    let side = SideStream::new(&dev, true).unwrap();
+    match side.write_flag(&pooled, 0, 1) {
+        Ok(()) => eprintln!("note: cuStreamWriteValue32 into pooled memory works here"),
+        Err(e) => eprintln!("note: cuStreamWriteValue32 into pooled memory fails here: {e}"),
+    }
+    side.synchronize().ok();
+
+    // 1. Released: flags start at 0; a side stream sets them after 300 ms.
+    let flags = Tensor::flags(m / chunk).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    dev.synchronize().unwrap();
+    let t0 = Instant::now();
+    gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Last chunk first: programs of earlier chunks must keep waiting until theirs.
+    for i in (0..m / chunk).rev() {
+        side.write_flag(&flags, i, 1).unwrap();
+    }
+    dev.synchronize().unwrap();
+    let waited = t0.elapsed();
+    let err = err_vs(&out, &reference);
+    assert!(err <= 1e-2, "rel err {err}");
+    assert!(
+        waited >= Duration::from_millis(290),
+        "the kernel finished after {waited:?}, before its flags were set"
+    );
+
+    // 2. Timeout: one flag is never set.
+    set_wait_timeout_ms(Some(300));
+    let flags = Tensor::<u32>::from_slice(&[1, 1, 0, 1], [4]).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    let e = dev
+        .synchronize()
+        .expect_err("a wait on a flag nobody sets must time out");
+    set_wait_timeout_ms(None);
+    let msg = e.to_string();
+    eprintln!("timeout error: {msg}");
+    assert!(
+        matches!(
+            e,
+            tilefuse::Error::WaitTimeout {
+                index: 2,
+                expected: 1,
+                seen: 0,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("wait(progress") && msg.contains("gated_matmul"),
+        "{msg}"
+    );
+
+    // 3. Index outside the flags: reported, not read out of bounds.
+    let short = Tensor::<u32>::full([2], 1).unwrap();
+    gated_matmul(&a, &b, &short, chunk, &out).unwrap();
+    let e = dev.synchronize().expect_err("flag index 2 of 2 flags");
+    assert!(
+        matches!(e, tilefuse::Error::WaitIndex { len: 2, .. }),
+        "{e}"
+    );
+
+    // 4. The device is still usable, and the status block was cleared.
+    let flags = Tensor::<u32>::full([m / chunk], 7).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    dev.synchronize().unwrap();
+    let err = err_vs(&out, &reference);
+    assert!(err <= 1e-2, "rel err after recovery {err}");
+}

@@ -1,0 +1,13 @@
+use tilefuse::prelude::*;
+
+#[fused_kernel(block_size = [1])]
+fn scale(x: &Tensor<f32>) -> Tensor<f32> {
+    let [n] = x.shape();
+    let mut out = Tensor::<f32>::empty([n])?;
+    for ti in tile(n) {
+        out[ti] = x[ti] * 2.0;
+    }
+    out
+}
+
+fn main() {}
