@@ -46,6 +46,9 @@ fn sweep_configs() -> Vec<Config> {
         Config::new(&[128, 128, 64]).num_warps(4).num_stages(3),
         Config::new(&[128, 128, 32]).num_warps(8).num_stages(4),
         Config::new(&[64, 128, 64]).num_warps(4).num_stages(4),
+        Config::new(&[128, 128, 32]).num_warps(4).num_stages(3),
+        Config::new(&[128, 256, 32]).num_warps(8).num_stages(5),
+        Config::new(&[128, 128, 32]).num_warps(4).num_stages(5),
     ]
 }
 

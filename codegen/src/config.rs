@@ -64,16 +64,18 @@ impl std::fmt::Display for Config {
 
 /// A config that works for `kernel` without tuning.
 ///
-/// Matmul kernels get 128x256x32 blocks, 8 warps and 4 stages (about 96 KB of
-/// shared memory, fine on sm_80 and sm_90); pointwise kernels give contiguous
-/// (last-index) dimensions 256 and the others 4 elements per block.
+/// Matmul kernels get 256x128x32 blocks (M x N x K), 8 warps (64x64 warp tiles)
+/// and 4 stages: about 96 KB of shared memory, fine on sm_80 and sm_90, and the
+/// fastest of the swept configs on an H200 at large shapes (docs/PERFORMANCE.md).
+/// Pointwise kernels give contiguous (last-index) dimensions 256 and the others 4
+/// elements per block.
 pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
     use crate::plan::{classify, Shape};
     match classify(kernel) {
         Ok(Shape::Gemm(g)) => {
             let mut bs = vec![64; kernel.dims.len()];
-            bs[g.m] = 128;
-            bs[g.n] = 256;
+            bs[g.m] = 256;
+            bs[g.n] = 128;
             bs[g.k] = 32;
             Config::new(&bs).num_warps(8).num_stages(4)
         }

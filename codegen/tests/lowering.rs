@@ -932,10 +932,10 @@ fn lower_matmul_bf16() {
         "bf16 mma in the mainloop"
     );
     assert!(!body.contains("tf_mma_f16("));
-    assert!(body.contains("tf_ldmatrix_x4(af[i]"));
+    assert!(body.contains("tf_ldmatrix_x4(af[buf][i]"));
     assert!(body.contains("tf_ldmatrix_x4_trans("));
-    assert!(body.contains("tf_cp_async16(sA"));
-    assert!(body.contains("tf_cp_async16(sB"));
+    assert!(body.contains("tf_cp_async16(da + a_s"));
+    assert!(body.contains("tf_cp_async16(db + b_s"));
     assert!(!body.contains("element loads"));
     assert!(
         body.contains("tf_cp_async_wait<2>()"),
@@ -1010,8 +1010,8 @@ fn lower_matmul_unaligned_uses_element_loads() {
     let body = kernel_part(&l);
     assert!(body.contains("A rows are not 16-byte aligned"));
     assert!(!body.contains("B rows are not 16-byte aligned"));
-    assert!(!body.contains("tf_cp_async16(sA"));
-    assert!(body.contains("tf_cp_async16(sB"));
+    assert!(!body.contains("tf_cp_async16(da + a_s"));
+    assert!(body.contains("tf_cp_async16(db + b_s"));
     // Aligned output: paired stores.
     assert!(body.contains("*(tf_u32*)(t2"));
 }
@@ -1365,7 +1365,7 @@ fn lower_pointwise_rejects_carried_var() {
 fn default_config_matmul() {
     let k = matmul();
     let c = default_config(&k);
-    assert_eq!(c.block_sizes, vec![128, 256, 32]);
+    assert_eq!(c.block_sizes, vec![256, 128, 32]);
     assert_eq!(c.num_warps, 8);
     assert_eq!(c.num_stages, 4);
     lowered(&k, &declared_spec(&k), &c);
@@ -1398,7 +1398,7 @@ fn default_config_matmul() {
         ),
     ];
     let c = default_config(&k);
-    assert_eq!(c.block_sizes, vec![32, 128, 256]);
+    assert_eq!(c.block_sizes, vec![32, 256, 128]);
     lowered(&k, &declared_spec(&k), &c);
 }
 
@@ -1591,4 +1591,22 @@ fn gemm_let_of_acc_before_loop_is_rejected() {
         }
         other => panic!("expected Unsupported, got {other:?}"),
     }
+}
+
+/// A 16-wide K block has one k-step per tile: fragments are read after each stage
+/// barrier, single-buffered (double-buffering by k-step parity would read the wrong
+/// buffer on every other tile).
+#[test]
+fn lower_matmul_k16_uses_single_step_loop() {
+    let k = matmul();
+    let l = lowered(
+        &k,
+        &declared_spec(&k),
+        &Config::new(&[32, 32, 16]).num_warps(1).num_stages(3),
+    );
+    let body = kernel_part(&l);
+    assert!(body.contains("load_frags(rs, 0, 0);"), "{body}");
+    assert!(!body.contains("(ki + 1) & 1"), "{body}");
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    assert!(kernel_part(&l).contains("(ki + 1) & 1"));
 }

@@ -141,7 +141,6 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let b_stage = bk * bn * 2;
     let shared = stages * (a_stage + b_stage);
 
-    let (a, b) = (g.a, g.b);
     let (ext_m, ext_n, ext_k) = (
         e.k.dims[g.m].extent,
         e.k.dims[g.n].extent,
@@ -214,162 +213,25 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         init_accumulator(e, &Expr::Float(0.0), &geo, g)?;
     }
 
-    // The mainloop.
-    let o = &mut e.out;
-    let cpr_a = bk / 8;
-    let cpr_b = bn / 8;
-    let a_chunks = bm * cpr_a;
-    let b_chunks = bk * cpr_b;
-    let _ = write!(
-        o,
-        r#"  const tf_u32 sA = tf_smem_u32(tf_smem), sB = sA + {a_all};
-  const int KT = (int)((K + {bk} - 1) / {bk});
-"#,
-        a_all = stages * a_stage,
-    );
-    // Loaders: per thread, fixed rows and chunks; only k0 moves.
-    if a_vec {
-        let it = a_chunks.div_ceil(nt);
-        let _ = write!(
-            o,
-            r#"  // A loader: {a_chunks} chunks of 16 B per stage, {it} per thread.
-  const tf_u16* a_src[{it}]; tf_u32 a_dst[{it}]; int a_col[{it}]; bool a_row_ok[{it}];
-  #pragma unroll
-  for (int i = 0; i < {it}; ++i) {{
-    const int c = tid + i * {nt};
-    const int row = c / {cpr_a}, ch = c % {cpr_a};
-    const long long grow = tb{dm} + row;
-    a_row_ok[i] = c < {a_chunks} && grow < M;
-    a_src[i] = (const tf_u16*)t{a} + (a_row_ok[i] ? grow * t{a}_s0 : 0) + ch * 8;
-    a_col[i] = ch * 8;
-    a_dst[i] = (tf_u32)((row * {bk} + tf_swz_a(row, ch) * 8) * 2);
-  }}
-"#
-        );
-    }
-    if b_vec {
-        let it = b_chunks.div_ceil(nt);
-        let _ = write!(
-            o,
-            r#"  // B loader: {b_chunks} chunks of 16 B per stage, {it} per thread.
-  const tf_u16* b_src[{it}]; tf_u32 b_dst[{it}]; int b_row[{it}]; long long b_rem[{it}];
-  #pragma unroll
-  for (int i = 0; i < {it}; ++i) {{
-    const int c = tid + i * {nt};
-    const int row = c / {cpr_b}, ch = c % {cpr_b};
-    b_row[i] = c < {b_chunks} ? row : (1 << 30);
-    b_rem[i] = N - (tb{dn} + ch * 8);
-    b_src[i] = (const tf_u16*)t{b} + (long long)row * t{b}_s0 + tb{dn} + ch * 8;
-    b_dst[i] = (tf_u32)((row * {bn} + tf_swz_b(row, ch) * 8) * 2);
-  }}
-"#
-        );
-    }
-    let _ = writeln!(o, "  auto load_stage = [&](int stage, int kt) {{\n    const long long k0 = (long long)kt * {bk};");
-    if a_vec {
-        let it = a_chunks.div_ceil(nt);
-        let _ = write!(
-            o,
-            r#"    #pragma unroll
-    for (int i = 0; i < {it}; ++i) {{
-      if ({guard}) {{
-        const long long rem = K - (k0 + a_col[i]);
-        const tf_u32 bytes = (a_row_ok[i] && rem > 0) ? (rem >= 8 ? 16u : (tf_u32)(rem * 2)) : 0u;
-        tf_cp_async16(sA + stage * {a_stage} + a_dst[i], bytes ? (const void*)(a_src[i] + k0) : (const void*)t{a}, bytes);
-      }}
-    }}
-"#,
-            guard = if a_chunks % nt == 0 {
-                "true".to_string()
-            } else {
-                format!("tid + i * {nt} < {a_chunks}")
-            },
-        );
-    } else {
-        let _ = write!(
-            o,
-            r#"    // A rows are not 16-byte aligned: element loads.
-    for (int e = tid; e < {n}; e += {nt}) {{
-      const int row = e / {bk}, col = e % {bk};
-      const long long gr = tb{dm} + row, gc = k0 + col;
-      const tf_u16 v = (gr < M && gc < K) ? ((const tf_u16*)t{a})[gr * t{a}_s0 + gc] : (tf_u16)0;
-      ((tf_u16*)(tf_smem + stage * {a_stage}))[row * {bk} + tf_swz_a(row, col >> 3) * 8 + (col & 7)] = v;
-    }}
-"#,
-            n = bm * bk,
-        );
-    }
-    if b_vec {
-        let it = b_chunks.div_ceil(nt);
-        let _ = write!(
-            o,
-            r#"    #pragma unroll
-    for (int i = 0; i < {it}; ++i) {{
-      const bool ok = k0 + b_row[i] < K && b_rem[i] > 0;
-      const tf_u32 bytes = ok ? (b_rem[i] >= 8 ? 16u : (tf_u32)(b_rem[i] * 2)) : 0u;
-      if (b_row[i] < (1 << 30))
-        tf_cp_async16(sB + stage * {b_stage} + b_dst[i], bytes ? (const void*)(b_src[i] + k0 * t{b}_s0) : (const void*)t{b}, bytes);
-    }}
-"#
-        );
-    } else {
-        let _ = write!(
-            o,
-            r#"    // B rows are not 16-byte aligned: element loads.
-    for (int e = tid; e < {n}; e += {nt}) {{
-      const int row = e / {bn}, col = e % {bn};
-      const long long gr = k0 + row, gc = tb{dn} + col;
-      const tf_u16 v = (gr < K && gc < N) ? ((const tf_u16*)t{b})[gr * t{b}_s0 + gc] : (tf_u16)0;
-      ((tf_u16*)(tf_smem + {a_all} + stage * {b_stage}))[row * {bn} + tf_swz_b(row, col >> 3) * 8 + (col & 7)] = v;
-    }}
-"#,
-            n = bk * bn,
-            a_all = stages * a_stage,
-        );
-    }
-    let _ = write!(
-        o,
-        r#"  }};
-  #pragma unroll
-  for (int i = 0; i < {pro}; ++i) {{ if (i < KT) load_stage(i, i); tf_cp_async_commit(); }}
-  #pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {{
-    tf_cp_async_wait<{wait}>();
-    __syncthreads();
-    {{ const int nk = kt + {pro}; if (nk < KT) load_stage(nk % {stages}, nk); tf_cp_async_commit(); }}
-    const int stage = kt % {stages};
-    const tf_u32 a_st = sA + stage * {a_stage}, b_st = sB + stage * {b_stage};
-    #pragma unroll
-    for (int ki = 0; ki < {ki}; ++ki) {{
-      tf_u32 af[{mi}][4], bf[{ni}][2];
-      #pragma unroll
-      for (int i = 0; i < {mi}; ++i) {{
-        const int row = wm0 + i * 16 + (lane & 15), ch = ki * 2 + (lane >> 4);
-        tf_ldmatrix_x4(af[i], a_st + (row * {bk} + tf_swz_a(row, ch) * 8) * 2);
-      }}
-      #pragma unroll
-      for (int j = 0; j < {ni2}; ++j) {{
-        const int row = ki * 16 + (lane & 15), ch = (wn0 + j * 16) / 8 + (lane >> 4);
-        tf_u32 r[4];
-        tf_ldmatrix_x4_trans(r, b_st + (row * {bn} + tf_swz_b(row, ch) * 8) * 2);
-        bf[2 * j][0] = r[0]; bf[2 * j][1] = r[1]; bf[2 * j + 1][0] = r[2]; bf[2 * j + 1][1] = r[3];
-      }}
-      #pragma unroll
-      for (int i = 0; i < {mi}; ++i)
-        #pragma unroll
-        for (int j = 0; j < {ni}; ++j) {{
-          // Serpentine order: neighbouring MMAs share a B fragment.
-          const int jj = (i & 1) ? {ni} - 1 - j : j;
-          {mma}(acc[i][jj], af[i], bf[jj]);
-        }}
-    }}
-  }}
-  tf_cp_async_wait<0>();
-"#,
-        pro = stages - 1,
-        wait = stages - 2,
-        ki = bk / 16,
-        ni2 = ni / 2,
+    // The K loop.
+    super::gemm_mainloop::emit(
+        &mut e.out,
+        &super::gemm_mainloop::Mainloop {
+            bm,
+            bn,
+            bk,
+            mi,
+            ni,
+            threads: nt,
+            stages,
+            a: g.a,
+            b: g.b,
+            a_vec,
+            b_vec,
+            m0: format!("tb{dm}"),
+            n0: format!("tb{dn}"),
+            mma,
+        },
     );
 
     // After the loop: the epilogue.

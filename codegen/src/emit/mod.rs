@@ -3,6 +3,7 @@
 
 mod expr;
 mod gemm;
+mod gemm_mainloop;
 mod pointwise;
 pub mod prelude;
 
