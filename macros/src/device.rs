@@ -330,6 +330,15 @@ impl Builder {
                 out.extend(inner);
                 Ok(())
             }
+            SynExpr::While(_) | SynExpr::Loop(_) => Err(err(
+                e,
+                "device code loops only over tiles: write `for t in tile(extent) { … }`",
+            )),
+            SynExpr::If(_) | SynExpr::Match(_) => Err(err(
+                e,
+                "device code has no branches yet: ragged edges are masked for you, and \
+                 per-element choices can use `min`/`max`/`relu`",
+            )),
             other => Err(err(
                 other,
                 format!("this expression does nothing here; {STATEMENTS}"),

@@ -75,7 +75,11 @@ fn returns_result(ret: &ReturnType) -> bool {
     }
 }
 
-pub fn expand(pinned: Pinned, mut func: ItemFn) -> syn::Result<TokenStream> {
+pub fn expand(
+    pinned: Pinned,
+    attr_tokens: TokenStream,
+    mut func: ItemFn,
+) -> syn::Result<TokenStream> {
     let name = func.sig.ident.clone();
     let name_str = name.to_string();
 
@@ -162,7 +166,6 @@ pub fn expand(pinned: Pinned, mut func: ItemFn) -> syn::Result<TokenStream> {
     // Checks that need no GPU: the kernel's form, and (when every dtype is known)
     // its types and the lowering with the default or pinned config.
     let loop_span = stmts[at].span();
-    plan::classify(&kernel).map_err(|e| syn::Error::new(loop_span, e.to_string()))?;
     let mut cfg = default_config(&kernel);
     let pinned_given = pinned.block_sizes.is_some()
         || pinned.num_warps.is_some()
@@ -180,7 +183,16 @@ pub fn expand(pinned: Pinned, mut func: ItemFn) -> syn::Result<TokenStream> {
     if let Some(g) = pinned.group_m {
         cfg.group_m = g;
     }
+    // A config error points at the attribute that pinned it; other errors at the loop.
+    let to_syn = |e: tilefuse_codegen::CodegenError| match e {
+        tilefuse_codegen::CodegenError::Config { .. } if pinned_given => {
+            syn::Error::new_spanned(&attr_tokens, e.to_string())
+        }
+        other => syn::Error::new(loop_span, other.to_string()),
+    };
     if kernel.tensors.iter().all(|t| t.declared.is_some()) {
+        // Every dtype is known: check types and lower with the default or pinned
+        // config now, so mistakes are compile errors with the checker's message.
         let spec = Spec {
             tensors: kernel
                 .tensors
@@ -200,7 +212,10 @@ pub fn expand(pinned: Pinned, mut func: ItemFn) -> syn::Result<TokenStream> {
                 .collect(),
             constexprs: vec![0; kernel.constexprs.len()],
         };
-        lower(&kernel, &spec, &cfg).map_err(|e| syn::Error::new(loop_span, e.to_string()))?;
+        lower(&kernel, &spec, &cfg).map_err(to_syn)?;
+    } else {
+        // Some dtypes are only known at launch: check the kernel's form now.
+        plan::classify(&kernel).map_err(to_syn)?;
     }
     let json = kernel.to_json();
     let pinned_tokens = if pinned_given {

@@ -16,9 +16,10 @@ use proc_macro::TokenStream;
 /// kernel. See the `tilefuse` crate's documentation for the DSL.
 #[proc_macro_attribute]
 pub fn fused_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let attr_tokens = proc_macro2::TokenStream::from(attr.clone());
     let pinned = syn::parse_macro_input!(attr as attr::Pinned);
     let func = syn::parse_macro_input!(item as syn::ItemFn);
-    match glue::expand(pinned, func) {
+    match glue::expand(pinned, attr_tokens, func) {
         Ok(ts) => ts.into(),
         Err(e) => e.to_compile_error().into(),
     }

@@ -52,6 +52,14 @@ impl SideStream {
                 ),
             ));
         }
+        if flags.memory() == crate::Memory::Pooled {
+            // Measured on H200 / driver 580: the driver answers CUDA_ERROR_INVALID_VALUE.
+            return Err(argument(
+                "SideStream::write_flag",
+                "flags",
+                "is in the stream-ordered pool, which stream memory operations reject; allocate flags with Tensor::flags",
+            ));
+        }
         if flags.device().ordinal() != self.dev.ordinal() {
             return Err(argument(
                 "SideStream::write_flag",
@@ -74,17 +82,7 @@ impl SideStream {
             )
         }
         .result()
-        .map_err(|e| {
-            let hint = if flags.memory() == crate::Memory::Pooled {
-                " (the flags are in pooled memory; allocate them with Tensor::flags)"
-            } else {
-                ""
-            };
-            Error::Driver {
-                context: format!("cuStreamWriteValue32{hint}"),
-                message: e.to_string(),
-            }
-        })
+        .map_err(driver("cuStreamWriteValue32"))
     }
 
     /// Makes the device's launch stream wait for everything queued here so far.
