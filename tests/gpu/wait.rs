@@ -43,7 +43,9 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
     // Stream memory operations reject pooled memory: a clear error, not a driver code.
     let pooled = Tensor::<u32>::zeros([4]).unwrap();
     let side = SideStream::new(&dev, true).unwrap();
-    let e = side.write_flag(&pooled, 0, 1).expect_err("pooled flags are refused");
+    let e = side
+        .write_flag(&pooled, 0, 1)
+        .expect_err("pooled flags are refused");
     assert!(e.to_string().contains("Tensor::flags"), "{e}");
 
     // 1. Released: flags start at 0; a side stream sets them after 300 ms.
