@@ -1,21 +1,9 @@
 //! Bad input is an error naming the argument, before anything is launched.
 
 use crate::common::gpu;
+use crate::matmul::mm_bf16 as mm;
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
-
-#[fused_kernel]
-fn mm(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>) {
-    let [m, k] = a.shape();
-    let [_, n] = b.shape();
-    for (tm, tn) in tile([m, n]) {
-        let mut acc = zeros::<f32>([tm, tn]);
-        for tk in tile(k) {
-            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
-        }
-        out[(tm, tn)] = acc.cast();
-    }
-}
 
 fn arg_error(e: tilefuse::Error) -> (String, String) {
     match e {

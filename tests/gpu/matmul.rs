@@ -6,7 +6,7 @@ use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
 
 #[fused_kernel]
-fn mm_bf16(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>) {
+pub(crate) fn mm_bf16(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]) {
