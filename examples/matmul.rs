@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{exit_code, mnk_from_args, poisoned, random_tensor, rel_error_tensors};
+use tilefuse::verify::{mnk_main, poisoned, print_versus, random_tensor, rel_error_tensors};
 
 /// `a[M, K] · b[K, N]` with f32 accumulation, rounded to bf16.
 #[fused_kernel]
@@ -49,24 +49,10 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
     let theirs = tilefuse::time_gpu(&dev, 3, 20, true, || {
         tilefuse::cublas::matmul_into(&mut reference, &a, &b)
     })?;
-    let tf = |ms: f64| flops / ms / 1e9;
-    println!(
-        "tilefuse {:.3} ms ({:.0} TFLOP/s)  cuBLAS {:.3} ms ({:.0} TFLOP/s)  ratio {:.2}",
-        ours.median_ms,
-        tf(ours.median_ms),
-        theirs.median_ms,
-        tf(theirs.median_ms),
-        theirs.median_ms / ours.median_ms
-    );
+    print_versus(flops, ("tilefuse", &ours), ("cuBLAS", &theirs));
     Ok(ok)
 }
 
 fn main() -> ExitCode {
-    match mnk_from_args([4096, 4096, 4096]) {
-        Ok([m, n, k]) => exit_code(run(m, n, k)),
-        Err(e) => {
-            eprintln!("usage: matmul [M N K]: {e}");
-            ExitCode::from(2)
-        }
-    }
+    mnk_main("matmul", [4096, 4096, 4096], run)
 }

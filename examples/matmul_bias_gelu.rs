@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{exit_code, mnk_from_args, random_tensor, rel_error};
+use tilefuse::verify::{gelu_f64, mnk_main, print_versus, random_tensor, rel_error};
 
 /// `gelu(a·b + bias[n])`, bf16 in and out, f32 inside.
 #[fused_kernel]
@@ -24,22 +24,6 @@ pub fn matmul_bias_gelu(a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>)
         out[(tm, tn)] = gelu(acc + bias[tn]).cast();
     }
     out
-}
-
-fn gelu(x: f64) -> f64 {
-    // erf-based GELU, as PyTorch's default.
-    0.5 * x * (1.0 + libm_erf(x / std::f64::consts::SQRT_2))
-}
-
-/// erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26): plenty for a bf16 check.
-fn libm_erf(x: f64) -> f64 {
-    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
-    let y = 1.0
-        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
-            + 0.254829592)
-            * t
-            * (-x * x).exp();
-    y.copysign(x)
 }
 
 fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
@@ -60,7 +44,7 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
     let reference: Vec<f64> = c_host
         .iter()
         .enumerate()
-        .map(|(i, v)| gelu(v.to_f64() + bias_host[i % n].to_f64()))
+        .map(|(i, v)| gelu_f64(v.to_f64() + bias_host[i % n].to_f64()))
         .collect();
     let err = rel_error(&out.to_vec()?, &reference, |x: bf16| x.to_f64(), |x| x);
     let ok = err <= 1e-2;
@@ -76,23 +60,14 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
     let gemm = tilefuse::time_gpu(&dev, 3, 20, true, || {
         tilefuse::cublas::matmul_into(&mut c, &a, &b)
     })?;
-    println!(
-        "tilefuse fused {:.3} ms ({:.0} TFLOP/s)  cuBLAS GEMM alone {:.3} ms ({:.0} TFLOP/s)  ratio {:.2}",
-        fused.median_ms,
-        flops / fused.median_ms / 1e9,
-        gemm.median_ms,
-        flops / gemm.median_ms / 1e9,
-        gemm.median_ms / fused.median_ms
+    print_versus(
+        flops,
+        ("tilefuse fused", &fused),
+        ("cuBLAS GEMM alone", &gemm),
     );
     Ok(ok)
 }
 
 fn main() -> ExitCode {
-    match mnk_from_args([4096, 4096, 4096]) {
-        Ok([m, n, k]) => exit_code(run(m, n, k)),
-        Err(e) => {
-            eprintln!("usage: matmul_bias_gelu [M N K]: {e}");
-            ExitCode::from(2)
-        }
-    }
+    mnk_main("matmul_bias_gelu", [4096, 4096, 4096], run)
 }

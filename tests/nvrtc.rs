@@ -15,6 +15,7 @@ fn compile_all(def: &KernelDef, specs: &[Spec], configs: &[Config]) {
     if !common::nvrtc_or_skip() {
         return;
     }
+    let before = tilefuse::jit::compile_count();
     for spec in specs {
         for cfg in configs {
             for arch in ARCHS {

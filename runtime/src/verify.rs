@@ -51,10 +51,12 @@ pub fn random_tensor<T: Element>(shape: impl AsRef<[usize]>, scale: f64) -> Resu
     Tensor::from_slice(&data, shape)
 }
 
-/// A tensor filled with a value no correct kernel writes (NaN for floats), so that
-/// elements a kernel forgot to write show up in the error.
+/// A tensor filled with a value a correct kernel does not write (NaN for floats,
+/// 1e9 for integers; NaN would convert to 0), so that elements a kernel forgot to
+/// write show up in the error.
 pub fn poisoned<T: Element>(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
-    Tensor::full(shape, T::from_f64(f64::NAN))
+    let poison = if T::DTYPE.is_float() { f64::NAN } else { 1e9 };
+    Tensor::full(shape, T::from_f64(poison))
 }
 
 /// ‖out − ref‖₂ / ‖ref‖₂ in f64. NaN anywhere in `out` gives NaN (never passes a `<=` check).
@@ -134,4 +136,50 @@ pub fn exit_code(outcome: Result<bool>) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The `main` of a self-checking `M N K` example: parses the sizes (or takes
+/// `default`), runs `run`, and turns its outcome into the exit code.
+pub fn mnk_main(
+    program: &str,
+    default: [usize; 3],
+    run: impl FnOnce(usize, usize, usize) -> Result<bool>,
+) -> std::process::ExitCode {
+    match mnk_from_args(default) {
+        Ok([m, n, k]) => exit_code(run(m, n, k)),
+        Err(e) => {
+            eprintln!("usage: {program} [M N K]: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// Prints two timings of the same `flops` of work side by side, with the ratio
+/// `theirs / ours` (above 1: ours is faster).
+pub fn print_versus(flops: f64, ours: (&str, &crate::Timing), theirs: (&str, &crate::Timing)) {
+    let tflops = |t: &crate::Timing| flops / t.median_ms / 1e9;
+    println!(
+        "{} {:.3} ms ({:.0} TFLOP/s)  {} {:.3} ms ({:.0} TFLOP/s)  ratio {:.2}",
+        ours.0,
+        ours.1.median_ms,
+        tflops(ours.1),
+        theirs.0,
+        theirs.1.median_ms,
+        tflops(theirs.1),
+        theirs.1.median_ms / ours.1.median_ms
+    );
+}
+
+/// erf-based GELU in f64 (PyTorch's default GELU), for host references.
+pub fn gelu_f64(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf_f64(x / std::f64::consts::SQRT_2))
+}
+
+/// erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26): ample for bf16 checks.
+pub fn erf_f64(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
+    let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t
+        + 0.254829592)
+        * t;
+    (1.0 - poly * (-x * x).exp()).copysign(x)
 }

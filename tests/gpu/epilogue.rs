@@ -2,7 +2,7 @@
 
 use crate::common::{err_vs, gpu, host};
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse::verify::{gelu_f64, poisoned, random_tensor};
 
 #[fused_kernel]
 fn bias_gelu(a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, out: &Tensor<bf16>) {
@@ -68,20 +68,6 @@ fn two_outputs(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>, out_t: &T
     }
 }
 
-fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))
-}
-
-fn erf(x: f64) -> f64 {
-    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
-    let y = 1.0
-        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
-            + 0.254829592)
-            * t
-            * (-x * x).exp();
-    y.copysign(x)
-}
-
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -100,7 +86,7 @@ fn bias_gelu_matches() {
         let reference: Vec<f64> = c
             .iter()
             .enumerate()
-            .map(|(i, v)| gelu(v + bh[i % n]))
+            .map(|(i, v)| gelu_f64(v + bh[i % n]))
             .collect();
         let out = poisoned::<bf16>([m, n]).unwrap();
         bias_gelu(&a, &b, &bias, &out).unwrap();
