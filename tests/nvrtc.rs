@@ -31,6 +31,14 @@ fn compile_all(def: &KernelDef, specs: &[Spec], configs: &[Config]) {
             }
         }
     }
+    // Each compile is counted once (this binary has one test, so no other compile
+    // can land in between).
+    let expected = (specs.len() * configs.len() * ARCHS.len()) as u64;
+    assert_eq!(
+        tilefuse::jit::compile_count() - before,
+        expected,
+        "NVRTC compile counter"
+    );
 }
 
 fn gemm_configs() -> Vec<Config> {
