@@ -58,7 +58,7 @@
 //! `#[fused_kernel(block_sizes = [128, 256, 64], num_warps = 8, num_stages = 3)]`,
 //! or the default), and can be overridden with `KernelDef::with_config`.
 //!
-//! `TILEFUSE_DUMP_DIR=dir` writes every generated `.cu` and its NVRTC log to `dir`.
+//! `TILEFUSE_DUMP_DIR=dir` writes every generated `.cu`, its NVRTC log and its cubin to `dir`.
 
 pub use half::{bf16, f16};
 pub use tilefuse_codegen as codegen;

@@ -62,21 +62,37 @@ impl std::fmt::Display for Config {
     }
 }
 
+/// [`default_config`] fitted to a GPU that allows `shared_limit` bytes of shared
+/// memory per block: a matmul drops pipeline stages (down to 2) until its ring
+/// fits, so an A100 (164 KB) runs the default 128x256x64 blocks with 3 stages.
+pub fn default_config_within(kernel: &crate::ir::Kernel, shared_limit: usize) -> Config {
+    let mut c = default_config(kernel);
+    if let Ok(crate::plan::Shape::Gemm(g)) = crate::plan::classify(kernel) {
+        let b = &c.block_sizes;
+        // The GEMM's ring of stages, bf16/f16 operands (see emit::gemm).
+        let per_stage = (b[g.m] * b[g.k] + b[g.k] * b[g.n]) * 2;
+        while c.num_stages > 2 && c.num_stages * per_stage > shared_limit {
+            c.num_stages -= 1;
+        }
+    }
+    c
+}
+
 /// A config that works for `kernel` without tuning.
 ///
-/// Matmul kernels get 256x128x32 blocks (M x N x K), 8 warps (64x64 warp tiles)
-/// and 4 stages: about 96 KB of shared memory, fine on sm_80 and sm_90, and the
-/// fastest of the swept configs on an H200 at large shapes (docs/PERFORMANCE.md).
-/// Pointwise kernels give contiguous (last-index) dimensions 256 and the others 4
-/// elements per block.
+/// Matmul kernels get 128x256x64 blocks (M x N x K), 8 warps (64x64 warp tiles)
+/// and 4 stages: 192 KB of shared memory, the fastest of the swept configs on an
+/// H200 at large shapes (docs/PERFORMANCE.md). GPUs with less shared memory per
+/// block get fewer stages: see [`default_config_within`]. Pointwise kernels give
+/// contiguous (last-index) dimensions 256 and the others 4 elements per block.
 pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
     use crate::plan::{classify, Shape};
     match classify(kernel) {
         Ok(Shape::Gemm(g)) => {
             let mut bs = vec![64; kernel.dims.len()];
-            bs[g.m] = 256;
-            bs[g.n] = 128;
-            bs[g.k] = 32;
+            bs[g.m] = 128;
+            bs[g.n] = 256;
+            bs[g.k] = 64;
             Config::new(&bs).num_warps(8).num_stages(4)
         }
         _ => {

@@ -16,9 +16,9 @@ pub mod plan;
 pub mod spec;
 
 pub use check::check;
-pub use config::{default_config, Config};
+pub use config::{default_config, default_config_within, Config};
 pub use dtype::DType;
-pub use emit::{lower, Lowered, Param};
+pub use emit::{lower, Lowered, Param, SplitTail};
 pub use error::CodegenError;
 pub use ir::Kernel;
 pub use spec::{ScalarKind, Spec, TensorSpec};

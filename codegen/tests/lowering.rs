@@ -960,18 +960,33 @@ fn lower_matmul_bf16() {
     assert_eq!(named, vec![("m", 128), ("n", 256)]);
     assert!(l.wait_sites.is_empty());
 
-    // Parameters: each tensor's pointer, sizes and strides, the scalars, then the
-    // status block, timeout and site base.
+    // Parameters: each tensor's pointer, sizes and strides, the scalars, the
+    // status block, timeout and site base, then the split-tail parameters.
     use tilefuse_codegen::Param;
-    assert_eq!(l.params.len(), 3 * 5 + 3 + 3);
+    assert_eq!(l.params.len(), 3 * 5 + 3 + 3 + 4);
     assert_eq!(l.params[0], Param::TensorPtr(0));
     assert_eq!(l.params[1], Param::TensorDim(0, 0));
     assert_eq!(l.params[4], Param::TensorStride(0, 1));
     assert_eq!(l.params[15], Param::Scalar(0));
     assert_eq!(
-        l.params[18..],
+        l.params[18..21],
         [Param::Status, Param::WaitTimeoutNs, Param::SiteBase]
     );
+    assert_eq!(
+        l.params[21..],
+        [
+            Param::SplitWhole,
+            Param::SplitWays,
+            Param::SplitPartials,
+            Param::SplitCounters
+        ]
+    );
+    let st = l
+        .split_tail
+        .as_ref()
+        .expect("a GEMM takes the split-tail parameters");
+    assert_eq!((st.bm, st.bn, st.bk), (128, 256, 32));
+    assert_eq!(k.scalars[st.k].name, "k");
 }
 
 #[test]
@@ -1365,10 +1380,21 @@ fn lower_pointwise_rejects_carried_var() {
 fn default_config_matmul() {
     let k = matmul();
     let c = default_config(&k);
-    assert_eq!(c.block_sizes, vec![256, 128, 32]);
+    assert_eq!(c.block_sizes, vec![128, 256, 64]);
     assert_eq!(c.num_warps, 8);
     assert_eq!(c.num_stages, 4);
-    lowered(&k, &declared_spec(&k), &c);
+    let l = lowered(&k, &declared_spec(&k), &c);
+    assert_eq!(l.shared_bytes, 4 * 48 * 1024);
+
+    // Fitted to a GPU's shared memory: an H100/H200 keeps 4 stages, an A100
+    // (164 KB) gets 3, and a 100 KB GPU 2; never fewer than 2.
+    use tilefuse_codegen::default_config_within;
+    assert_eq!(default_config_within(&k, 227 * 1024).num_stages, 4);
+    assert_eq!(default_config_within(&k, 164 * 1024).num_stages, 3);
+    assert_eq!(default_config_within(&k, 100 * 1024).num_stages, 2);
+    assert_eq!(default_config_within(&k, 1024).num_stages, 2);
+    let fitted = default_config_within(&k, 164 * 1024);
+    assert!(lowered(&k, &declared_spec(&k), &fitted).shared_bytes as usize <= 164 * 1024);
 
     // Dimension order does not matter: tk declared first.
     let mut k = matmul();
@@ -1398,7 +1424,7 @@ fn default_config_matmul() {
         ),
     ];
     let c = default_config(&k);
-    assert_eq!(c.block_sizes, vec![32, 256, 128]);
+    assert_eq!(c.block_sizes, vec![64, 128, 256]);
     lowered(&k, &declared_spec(&k), &c);
 }
 

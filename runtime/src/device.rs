@@ -21,6 +21,8 @@ pub struct Device {
     max_shared_optin: usize,
     /// Kernels record the first failed `wait` here (see `tilefuse_codegen::emit::prelude`).
     pub(crate) status: CudaSlice<u64>,
+    /// Scratch for GEMM tiles split along K (see [`crate::split_tail`]).
+    pub(crate) split: Mutex<crate::split_tail::Scratch>,
 }
 
 impl std::fmt::Debug for Device {
@@ -109,6 +111,7 @@ impl Device {
             sm_count,
             max_shared_optin,
             status,
+            split: Mutex::default(),
         })
     }
 

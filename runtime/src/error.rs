@@ -79,10 +79,8 @@ impl From<CodegenError> for Error {
 /// `Result` with the tilefuse [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Wraps a driver error with what the runtime was doing.
-pub(crate) fn driver(
-    context: impl Into<String>,
-) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+/// Wraps a cudarc driver error with what the caller was doing, for `map_err`.
+pub fn driver(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     let context = context.into();
     // Formatting a DriverError asks libcuda for its text; we only get one when libcuda is loaded.
     move |e| Error::Driver {

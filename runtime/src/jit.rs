@@ -68,6 +68,24 @@ fn program_log(prog: nvsys::nvrtcProgram) -> String {
 
 /// Compiles `source` to a cubin for `arch`. `kernel` names it in errors and dumps.
 pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
+    let verbose = std::env::var_os("TILEFUSE_DUMP_DIR").is_some();
+    compile(kernel, source, arch, verbose)
+}
+
+/// ptxas's resource report for `source` on `arch` (registers, shared memory, stack
+/// frame, spill stores and loads), as NVRTC's log gives it.
+///
+/// ```no_run
+/// # fn main() -> tilefuse_runtime::Result<()> {
+/// let log = tilefuse_runtime::jit::resource_report("k", "extern \"C\" __global__ void k() {}", "sm_90a")?;
+/// assert!(log.contains("0 bytes spill stores"));
+/// # Ok(()) }
+/// ```
+pub fn resource_report(kernel: &str, source: &str, arch: &str) -> Result<String> {
+    compile(kernel, source, arch, true).map(|c| c.log)
+}
+
+fn compile(kernel: &str, source: &str, arch: &str, verbose: bool) -> Result<Cubin> {
     libs::require_nvrtc()?;
     let src = CString::new(source)
         .map_err(|_| nvrtc_err(kernel, arch, "source contains a NUL byte".into()))?;
@@ -75,15 +93,14 @@ pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
     let prog = nv::create_program(&src, Some(file.as_c_str()))
         .map_err(|e| nvrtc_err(kernel, arch, format!("{e:?}")))?;
     let mut opts = compile_options(arch);
-    if std::env::var_os("TILEFUSE_DUMP_DIR").is_some() {
-        // The dumped log then carries ptxas's resource report (registers, spills).
+    if verbose {
+        // The log then carries ptxas's resource report (registers, spills).
         opts.push("--ptxas-options=-v".into());
     }
     COMPILES.fetch_add(1, Ordering::Relaxed);
     // SAFETY: `prog` is live; `src` and `file` outlive it; options are plain strings.
     let compiled = unsafe { nv::compile_program(prog, &opts) };
     let log = program_log(prog);
-    dump(kernel, arch, source, &log);
     let result = compiled
         .map_err(|e| nvrtc_err(kernel, arch, format!("{e:?}\n{log}")))
         .and_then(|()| {
@@ -102,13 +119,21 @@ pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
                 log: log.clone(),
             })
         });
+    dump(
+        kernel,
+        arch,
+        source,
+        &log,
+        result.as_ref().ok().map(|c| &c.image[..]),
+    );
     // SAFETY: destroys the program created above, exactly once.
     let _ = unsafe { nv::destroy_program(prog) };
     result
 }
 
-/// With `TILEFUSE_DUMP_DIR=dir`, writes each generated source and its compile log.
-fn dump(kernel: &str, arch: &str, source: &str, log: &str) {
+/// With `TILEFUSE_DUMP_DIR=dir`, writes each generated source, its compile log and
+/// the cubin (for `cuobjdump -sass` / `nvdisasm`, which need no GPU).
+fn dump(kernel: &str, arch: &str, source: &str, log: &str, cubin: Option<&[u8]>) {
     let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") else {
         return;
     };
@@ -117,7 +142,11 @@ fn dump(kernel: &str, arch: &str, source: &str, log: &str) {
     let stem = dir.join(format!("{kernel}-{arch}-{hash:016x}"));
     let written = std::fs::create_dir_all(&dir)
         .and_then(|()| std::fs::write(stem.with_extension("cu"), source))
-        .and_then(|()| std::fs::write(stem.with_extension("log"), log));
+        .and_then(|()| std::fs::write(stem.with_extension("log"), log))
+        .and_then(|()| match cubin {
+            Some(image) => std::fs::write(stem.with_extension("cubin"), image),
+            None => Ok(()),
+        });
     if let Err(e) = written {
         tracing::warn!("TILEFUSE_DUMP_DIR: could not write {}: {e}", stem.display());
     }

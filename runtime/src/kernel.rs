@@ -5,6 +5,7 @@ use crate::args::{ScalarArg, TensorArg};
 use crate::device::Device;
 use crate::error::{argument, driver, Error, Result};
 use crate::jit;
+use crate::split_tail::{self, SplitPlan};
 use crate::status;
 use cudarc::driver::sys::CUfunction_attribute as FnAttr;
 use cudarc::driver::CudaFunction;
@@ -14,13 +15,17 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 use tilefuse_codegen::ir::{Expr, Kernel, Stmt};
-use tilefuse_codegen::{default_config, lower, Config, Lowered, Param, Spec, TensorSpec};
+use tilefuse_codegen::{
+    default_config, default_config_within, lower, Config, Lowered, Param, Spec, TensorSpec,
+};
 
 /// A compiled kernel for one specialization, config and device.
 pub struct Variant {
     pub lowered: Lowered,
     function: CudaFunction,
     site_base: u64,
+    /// Blocks of this kernel one SM holds at once (for the split-tail plan).
+    blocks_per_sm: u32,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -141,9 +146,29 @@ impl KernelDef {
         })
     }
 
+    /// The config a launch on `dev` uses now: like [`KernelDef::config`], with the
+    /// default fitted to the device's shared memory ([`default_config_within`]).
+    pub fn config_on(&self, dev: &Device) -> Result<Config> {
+        match self.chosen_config()? {
+            Some(c) => Ok(c),
+            None => Ok(default_config_within(
+                self.ir()?,
+                dev.max_shared_per_block(),
+            )),
+        }
+    }
+
     /// The config a launch uses now: a [`KernelDef::with_config`] override, else the
-    /// pinned config, else the default.
+    /// pinned config, else the default (for any GPU; see [`KernelDef::config_on`]).
     pub fn config(&self) -> Result<Config> {
+        match self.chosen_config()? {
+            Some(c) => Ok(c),
+            None => Ok(default_config(self.ir()?)),
+        }
+    }
+
+    /// A [`KernelDef::with_config`] override, else the pinned config.
+    fn chosen_config(&self) -> Result<Option<Config>> {
         let over = OVERRIDES.with(|o| {
             o.borrow()
                 .iter()
@@ -151,13 +176,10 @@ impl KernelDef {
                 .find(|(n, _)| std::ptr::eq(*n, self.name) || *n == self.name)
                 .map(|(_, c)| c.clone())
         });
-        if let Some(c) = over {
-            return Ok(c);
+        if over.is_some() {
+            return Ok(over);
         }
-        if let Some(c) = self.pinned_config()? {
-            return Ok(c);
-        }
-        Ok(default_config(self.ir()?))
+        self.pinned_config()
     }
 
     /// Runs `f` with this kernel launched under `config` (on this thread).
@@ -346,7 +368,9 @@ impl KernelDef {
         let function = module
             .load_function(&lowered.entry)
             .map_err(driver(format!("finding `{}` in its module", lowered.entry)))?;
-        if lowered.shared_bytes > 48 * 1024 {
+        // Dynamic shared memory plus the kernel's few static words may pass the
+        // 48 KB a launch gets by default even when the dynamic part alone does not.
+        if lowered.shared_bytes > 0 {
             function
                 .set_attribute(
                     FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -358,10 +382,19 @@ impl KernelDef {
                 )))?;
         }
         let site_base = status::register(&k.name, &lowered.wait_sites);
+        let blocks_per_sm = function
+            .occupancy_max_active_blocks_per_multiprocessor(
+                lowered.threads,
+                lowered.shared_bytes as usize,
+                None,
+            )
+            .map_err(driver(format!("reading the occupancy of `{}`", k.name)))?
+            .max(1);
         let v = Arc::new(Variant {
             lowered,
             function,
             site_base,
+            blocks_per_sm,
         });
         map.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -397,7 +430,7 @@ impl KernelDef {
         }
         let spec = self.spec_of(k, tensors, scalars, consts)?;
         self.check_sizes(k, tensors, scalars)?;
-        let config = self.config()?;
+        let config = self.config_on(&dev)?;
         let v = self.variant(&dev, k, spec, config)?;
         let mut blocks: u64 = 1;
         for &(s, b) in &v.lowered.grid {
@@ -416,6 +449,29 @@ impl KernelDef {
                 format!("{blocks} programs exceed the launch limit; use larger blocks"),
             ));
         }
+        // GEMMs: split the last, partial wave of tiles along K.
+        let (mut split, mut scratch) = (
+            SplitPlan {
+                whole: blocks,
+                ways: 1,
+                split: 0,
+            },
+            (0, 0),
+        );
+        if let Some(st) = &v.lowered.split_tail {
+            let ext = |s: usize| match scalars[s] {
+                ScalarArg::Int(x) => x.max(0) as u64,
+                ScalarArg::Float(_) => 0,
+            };
+            let k_tiles = ext(st.k).div_ceil(st.bk as u64);
+            let slots = dev.sm_count() as u64 * u64::from(v.blocks_per_sm);
+            split = split_tail::plan(blocks, k_tiles, slots);
+            if split.ways > 1 {
+                let floats = split.split * split.ways * (st.bm * st.bn) as u64;
+                scratch = dev.split_scratch(floats as usize, split.split as usize)?;
+            }
+            blocks = split.programs();
+        }
         let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
         drop(guard);
         let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
@@ -432,6 +488,10 @@ impl KernelDef {
                 Param::Status => status_ptr,
                 Param::WaitTimeoutNs => timeout_ns,
                 Param::SiteBase => v.site_base,
+                Param::SplitWhole => split.whole,
+                Param::SplitWays => split.ways,
+                Param::SplitPartials => scratch.0,
+                Param::SplitCounters => scratch.1,
             });
         }
         let mut ptrs: Vec<*mut c_void> = values

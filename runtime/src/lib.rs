@@ -14,6 +14,7 @@ pub mod jit;
 pub mod kernel;
 pub mod libs;
 pub mod side_stream;
+pub mod split_tail;
 pub mod status;
 pub mod tensor;
 pub mod timing;

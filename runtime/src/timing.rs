@@ -22,8 +22,31 @@ pub fn time_gpu(
     warmup: usize,
     reps: usize,
     flush_l2: bool,
-    mut f: impl FnMut() -> Result<()>,
+    f: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
+    Ok(Timing::of(samples(dev, warmup, reps, flush_l2, f)?))
+}
+
+impl Timing {
+    fn of(mut ms: Vec<f64>) -> Timing {
+        ms.sort_by(|a, b| a.total_cmp(b));
+        Timing {
+            median_ms: ms[ms.len() / 2],
+            min_ms: ms[0],
+            max_ms: ms[ms.len() - 1],
+            reps: ms.len(),
+        }
+    }
+}
+
+/// Milliseconds of each of `reps` timed runs of `f` (at least one).
+fn samples(
+    dev: &Device,
+    warmup: usize,
+    reps: usize,
+    flush_l2: bool,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
     for _ in 0..warmup {
         f()?;
     }
@@ -56,19 +79,12 @@ pub fn time_gpu(
         events.push((start, end));
     }
     dev.synchronize()?;
-    let mut ms: Vec<f64> = events
+    events
         .iter()
         .map(|(s, e)| {
             s.elapsed_ms(e)
                 .map(f64::from)
                 .map_err(driver("reading an event"))
         })
-        .collect::<Result<_>>()?;
-    ms.sort_by(|a, b| a.total_cmp(b));
-    Ok(Timing {
-        median_ms: ms[ms.len() / 2],
-        min_ms: ms[0],
-        max_ms: ms[ms.len() - 1],
-        reps: ms.len(),
-    })
+        .collect()
 }

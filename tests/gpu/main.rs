@@ -9,4 +9,5 @@ mod bad_input;
 mod epilogue;
 mod matmul;
 mod pointwise;
+mod split_tail;
 mod wait;

@@ -8,7 +8,7 @@
 //! in eight different bank groups.
 
 use super::expr::{float_lit, narrow, tensor_mask, tensor_offset, CTy};
-use super::{config_err, reads_var, Emitter, Lowered};
+use super::{config_err, reads_var, Emitter, Lowered, Param, SplitTail};
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -151,7 +151,17 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let mut pre = String::new();
     pre.push_str(&swizzle_fn("tf_swz_a", bk / 8));
     pre.push_str(&swizzle_fn("tf_swz_b", bn / 8));
-    let params = e.begin(nt, 1, &pre);
+    let params = e.begin(
+        nt,
+        1,
+        &pre,
+        &[
+            (Param::SplitWhole, "long long tf_whole"),
+            (Param::SplitWays, "int tf_ways"),
+            (Param::SplitPartials, "float* tf_partials"),
+            (Param::SplitCounters, "unsigned* tf_counters"),
+        ],
+    );
     let o = &mut e.out;
     let gm = e.cfg.group_m.max(1);
     let _ = write!(
@@ -161,7 +171,17 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   const long long M = s{ext_m}, N = s{ext_n}, K = s{ext_k};
   // Output tile of this program, visited in groups of {gm} tile rows for L2 reuse.
   const long long tiles_m = (M + {bm} - 1) / {bm}, tiles_n = (N + {bn} - 1) / {bn};
-  const long long pid = blockIdx.x, group_width = {gm}ll * tiles_n;
+  // Programs [0, tf_whole) compute one tile each; the tiles after those (the last,
+  // partial wave) are shared by tf_ways programs each, split along K.
+  long long pid = blockIdx.x;
+  int tf_part = 0, tf_w = 1;
+  if (pid >= tf_whole) {{
+    const long long u = pid - tf_whole;
+    pid = tf_whole + u / tf_ways;
+    tf_part = (int)(u % tf_ways);
+    tf_w = tf_ways;
+  }}
+  const long long group_width = {gm}ll * tiles_n;
   const long long first_m = (pid / group_width) * {gm}ll;
   const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
   const long long tb{dm} = (first_m + (pid % group_width) % group_rows) * {bm};
@@ -212,6 +232,11 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     if !acc_ready {
         init_accumulator(e, &Expr::Float(0.0), &geo, g)?;
     }
+    // Only the first part of a split tile starts from the accumulator's init.
+    let _ = writeln!(
+        e.out,
+        "  if (tf_part > 0) {{\n  #pragma unroll\n  for (int i = 0; i < {mi}; ++i)\n  #pragma unroll\n  for (int j = 0; j < {ni}; ++j)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;\n  }}"
+    );
 
     // The K loop.
     super::gemm_mainloop::emit(
@@ -233,6 +258,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             mma,
         },
     );
+
+    split_fixup(&mut e.out, mi, ni, nt);
 
     // After the loop: the epilogue.
     let rest: Vec<Stmt> = e.k.body[g.k_loop + 1..].to_vec();
@@ -274,7 +301,74 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         fragment_stores(e, &pending, &geo, g)?;
     }
     e.out.push_str("}\n");
-    Ok(e.finish(params, nt, shared, "gemm/mma.sync"))
+    let mut lowered = e.finish(params, nt, shared, "gemm/mma.sync");
+    lowered.split_tail = Some(SplitTail {
+        m: ext_m,
+        n: ext_n,
+        k: ext_k,
+        bm,
+        bn,
+        bk,
+    });
+    Ok(lowered)
+}
+
+/// The parts of a split tile meet here: each writes its partial accumulators to
+/// scratch (fragment order, coalesced), the last to arrive adds all parts in part
+/// order from there (so the sum does not depend on arrival order) and runs the
+/// epilogue; the others are done. The classic fence / counter handshake: writes, fence, barrier,
+/// one atomic; then the last block fences again before reading.
+fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
+    let count = mi * ni * 4;
+    let _ = write!(
+        o,
+        r#"  if ((long long)blockIdx.x >= tf_whole && tf_ways > 1) {{
+    // Recomputed from blockIdx rather than kept live through the K loop, where
+    // every register is taken (keeping them cost 150 bytes of spills).
+    const long long u = (long long)blockIdx.x - tf_whole, slot = u / tf_ways;
+    const int tf_part = (int)(u % tf_ways), tf_w = tf_ways;
+    float* tf_p = tf_partials + slot * tf_ways * {tile_floats}ll;
+    #pragma unroll
+    for (int i = 0; i < {mi}; ++i)
+    #pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+    #pragma unroll
+    for (int r = 0; r < 4; ++r)
+      tf_st_cg(tf_p + ((long long)tf_part * {count} + (i * {ni} + j) * 4 + r) * {nt} + tid, acc[i][j][r]);
+    __threadfence();
+    __syncthreads();
+    __shared__ int tf_last;
+    if (tid == 0) tf_last = atomicAdd(tf_counters + slot, 1u) == (unsigned)(tf_w - 1);
+    __syncthreads();
+    if (!tf_last) return;
+    __threadfence();
+    // Every part, this one's too, is read back from scratch in part order into
+    // the accumulators (dead since they were written out). Part 0 is peeled so
+    // the accumulators are not live into the loop (that cost 150 bytes of spills
+    // in the K loop), and a part's loads are independent, so they overlap (a
+    // per-element loop over the parts waited out one L2 round trip per load).
+    #pragma unroll
+    for (int i = 0; i < {mi}; ++i)
+    #pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+    #pragma unroll
+    for (int r = 0; r < 4; ++r)
+      acc[i][j][r] = tf_ld_cg(tf_p + ((i * {ni} + j) * 4 + r) * {nt} + tid);
+    #pragma unroll 1
+    for (int q = 1; q < tf_w; ++q) {{
+      const float* src = tf_p + (long long)q * {count} * {nt} + tid;
+      #pragma unroll
+      for (int i = 0; i < {mi}; ++i)
+      #pragma unroll
+      for (int j = 0; j < {ni}; ++j)
+      #pragma unroll
+      for (int r = 0; r < 4; ++r)
+        acc[i][j][r] += tf_ld_cg(src + ((i * {ni} + j) * 4 + r) * {nt});
+    }}
+  }}
+"#,
+        tile_floats = count * nt,
+    );
 }
 
 /// Sets every accumulator element from `init` (a constant, or per element from tensors).

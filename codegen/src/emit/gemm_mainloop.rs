@@ -63,30 +63,67 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
     let (ga, gb) = (guard(a_chunks), guard(b_chunks));
     let _ = writeln!(
         o,
-        "  const tf_u32 sA = tf_smem_u32(tf_smem), sB = sA + {};\n  const int KT = (int)((K + {bk} - 1) / {bk});",
+        "  const tf_u32 sA = tf_smem_u32(tf_smem), sB = sA + {};\n  // This program's K tiles: all of them, or its part of a split tile.\n  const int KT_all = (int)((K + {bk} - 1) / {bk});\n  const int kt_lo = (int)((long long)tf_part * KT_all / tf_w), KT = (int)((long long)(tf_part + 1) * KT_all / tf_w);",
         s * a_stage
     );
 
-    // Per-thread loader state, computed once.
+    // Per-thread loader state, computed once. When every pass of the block's
+    // threads covers a multiple of 8 rows and all chunks are in use ("uniform"),
+    // a thread's chunks share their column and swizzle: shared offsets are one
+    // base plus constants, and B's chunks one pointer plus a row step. That keeps
+    // the loader in a few registers next to the accumulators.
+    let uniform =
+        |chunks: usize, cpr: usize| chunks % nt == 0 && nt % cpr == 0 && (nt / cpr) % 8 == 0;
+    let (a_uni, b_uni) = (uniform(a_chunks, cpr_a), uniform(b_chunks, cpr_b));
+    let (a_rpp, b_rpp) = (nt / cpr_a.max(1), nt / cpr_b.max(1));
+    let a_soff = if a_uni {
+        format!("a_s0 + i * {}", a_rpp * bk * 2)
+    } else {
+        "a_s[i]".to_string()
+    };
     if p.a_vec {
+        let (decl, set) = if a_uni {
+            (
+                "tf_u32 a_s0 = 0;".to_string(),
+                format!("if (i == 0) a_s0 = (tf_u32)((row * {bk} + tf_swz_a(row, ch) * 8) * 2);"),
+            )
+        } else {
+            (
+                format!("tf_u32 a_s[{ia}];"),
+                format!("a_s[i] = (tf_u32)((row * {bk} + tf_swz_a(row, ch) * 8) * 2);"),
+            )
+        };
         let _ = write!(
             o,
-            r#"  // A: {a_chunks} chunks of 16 B per stage, {ia} per thread.
-  // Registers are scarce next to the accumulators: row validity is a bitmask, and
-  // what only the ragged tile needs is recomputed there.
-  const tf_u16* a_g[{ia}]; tf_u32 a_s[{ia}], a_ok = 0;
+            r#"  // A: {a_chunks} chunks of 16 B per stage, {ia} per thread. Row validity is
+  // a bitmask; what only the ragged tile needs is recomputed there.
+  const tf_u16* a_g[{ia}]; {decl} tf_u32 a_ok = 0;
   #pragma unroll
   for (int i = 0; i < {ia}; ++i) {{
     const int c = tid + i * {nt}, row = c / {cpr_a}, ch = c % {cpr_a};
     const bool ok = c < {a_chunks} && {m0} + row < M;
     a_g[i] = (const tf_u16*)t{a} + (ok ? ({m0} + row) * t{a}_s0 : 0) + ch * 8;
-    a_s[i] = (tf_u32)((row * {bk} + tf_swz_a(row, ch) * 8) * 2);
+    {set}
     a_ok |= (ok ? 1u : 0u) << i;
   }}
 "#
         );
     }
-    if p.b_vec {
+    if p.b_vec && b_uni {
+        let _ = write!(
+            o,
+            r#"  // B: {b_chunks} chunks of 16 B per stage, {ib} per thread, {b_rpp} rows apart.
+  const tf_u16* b_g0; tf_u32 b_s0, b_nb;
+  {{
+    const int row = tid / {cpr_b}, ch = tid % {cpr_b};
+    const long long rem = N - ({n0} + ch * 8);
+    b_nb = rem > 0 ? (rem >= 8 ? 16u : (tf_u32)(rem * 2)) : 0u;
+    b_g0 = (const tf_u16*)t{b} + (long long)row * t{b}_s0 + (b_nb ? {n0} + ch * 8 : 0);
+    b_s0 = (tf_u32)((row * {bn} + tf_swz_b(row, ch) * 8) * 2);
+  }}
+"#
+        );
+    } else if p.b_vec {
         let _ = write!(
             o,
             r#"  // B: {b_chunks} chunks of 16 B per stage, {ib} per thread.
@@ -104,56 +141,69 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
         );
     }
 
-    // load_stage(stage, kt): request tile kt into a ring slot.
-    let _ = writeln!(
-        o,
-        "  auto load_stage = [&](int stage, int kt) {{\n    const long long k0 = (long long)kt * {bk};\n    const tf_u32 da = sA + stage * {a_stage}, db = sB + stage * {b_stage};\n    if (k0 + {bk} <= K) {{"
-    );
+    // Two loaders. `load_full(stage, kt, part)` is for tiles wholly inside K, and
+    // issues the chunks `i` with `i % parts == part`: the steady-state loop can
+    // spread a tile's copies over its k-steps (part = k-step), so each batch of
+    // integer work has MMAs to hide behind. No K test, no branch around it: ptxas
+    // interleaves it with the MMAs (a guarded loader in the loop was if-converted,
+    // both paths issued, predicated, every tile). `load_any(stage, kt)` also takes
+    // the ragged last tile; only the prologue and the tail loop call it.
+    // Measured on an H200 (docs/PERFORMANCE.md): spreading helps 4-warp blocks
+    // (128x128x64: 444 -> 470 TFLOP/s, two blocks per SM hide each other's
+    // barriers) and hurts 8-warp ones (128x256x64: 494 -> 477), whose copies then
+    // start later; those issue the whole tile at the first k-step.
+    let parts = if nt <= 128 { bk / 16 } else { 1 };
+    let fast = |parts: usize| -> String {
+        let mut f = String::new();
+        if p.a_vec {
+            let _ = write!(
+                f,
+                r#"    #pragma unroll
+    for (int i = 0; i < {ia}; ++i)
+      if (i % {parts} == part && ({ga})) tf_cp_async16(da + {a_soff}, a_g[i] + k0, ((a_ok >> i) & 1u) * 16u);
+"#
+            );
+        }
+        if p.b_vec && b_uni {
+            let _ = write!(
+                f,
+                r#"    const tf_u16* bp = b_g0 + (k0 + part * {b_rpp}) * t{b}_s0;
+    const long long b_step = {step_rows} * t{b}_s0;
+    #pragma unroll
+    for (int i = 0; i < {ib}; ++i)
+      if (i % {parts} == part) {{ tf_cp_async16(db + b_s0 + i * {b_pass}, bp, b_nb); bp += b_step; }}
+"#,
+                step_rows = parts * b_rpp,
+                b_pass = b_rpp * bn * 2
+            );
+        } else if p.b_vec {
+            let _ = write!(
+                f,
+                r#"    const long long bo = k0 * t{b}_s0;
+    #pragma unroll
+    for (int i = 0; i < {ib}; ++i)
+      if (i % {parts} == part && ({gb})) tf_cp_async16(db + b_s[i], b_g[i] + bo, b_bytes[i]);
+"#
+            );
+        }
+        f
+    };
+    let mut ragged = String::new();
+    let mut sync = String::new();
     if p.a_vec {
         let _ = write!(
-            o,
-            r#"      #pragma unroll
-      for (int i = 0; i < {ia}; ++i) if ({ga}) tf_cp_async16(da + a_s[i], a_g[i] + k0, ((a_ok >> i) & 1u) * 16u);
+            ragged,
+            r#"    #pragma unroll
+    for (int i = 0; i < {ia}; ++i) if ({ga}) {{
+      const long long rem = K - (k0 + ((tid + i * {nt}) % {cpr_a}) * 8);
+      const tf_u32 n = (((a_ok >> i) & 1u) && rem > 0) ? (rem >= 8 ? 16u : (tf_u32)(rem * 2)) : 0u;
+      tf_cp_async16(da + {a_soff}, n ? a_g[i] + k0 : a_g[i], n);
+    }}
 "#
         );
-    }
-    if p.b_vec {
+    } else {
         let _ = write!(
-            o,
-            r#"      const long long bo = k0 * t{b}_s0;
-      #pragma unroll
-      for (int i = 0; i < {ib}; ++i) if ({gb}) tf_cp_async16(db + b_s[i], b_g[i] + bo, b_bytes[i]);
-"#
-        );
-    }
-    let _ = writeln!(o, "    }} else {{  // the ragged last tile");
-    if p.a_vec {
-        let _ = write!(
-            o,
-            r#"      #pragma unroll
-      for (int i = 0; i < {ia}; ++i) if ({ga}) {{
-        const long long rem = K - (k0 + ((tid + i * {nt}) % {cpr_a}) * 8);
-        const tf_u32 n = (((a_ok >> i) & 1u) && rem > 0) ? (rem >= 8 ? 16u : (tf_u32)(rem * 2)) : 0u;
-        tf_cp_async16(da + a_s[i], n ? a_g[i] + k0 : a_g[i], n);
-      }}
-"#
-        );
-    }
-    if p.b_vec {
-        let _ = write!(
-            o,
-            r#"      #pragma unroll
-      for (int i = 0; i < {ib}; ++i) if ({gb}) {{
-        const tf_u32 n = (k0 + (tid + i * {nt}) / {cpr_b} < K) ? b_bytes[i] : 0u;
-        tf_cp_async16(db + b_s[i], n ? b_g[i] + k0 * t{b}_s0 : b_g[i], n);
-      }}
-"#
-        );
-    }
-    let _ = writeln!(o, "    }}");
-    if !p.a_vec {
-        let _ = write!(
-            o,
+            sync,
             r#"    // A rows are not 16-byte aligned: element loads (synchronous).
     for (int e = tid; e < {n}; e += {nt}) {{
       const int row = e / {bk}, col = e % {bk};
@@ -165,9 +215,31 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
             n = bm * bk
         );
     }
-    if !p.b_vec {
+    if p.b_vec && b_uni {
         let _ = write!(
-            o,
+            ragged,
+            r#"    const long long row0 = k0 + tid / {cpr_b};
+    #pragma unroll
+    for (int i = 0; i < {ib}; ++i) {{
+      const tf_u32 n = row0 + i * {b_rpp} < K ? b_nb : 0u;
+      tf_cp_async16(db + b_s0 + i * {b_pass}, n ? b_g0 + (k0 + i * {b_rpp}) * t{b}_s0 : b_g0, n);
+    }}
+"#,
+            b_pass = b_rpp * bn * 2
+        );
+    } else if p.b_vec {
+        let _ = write!(
+            ragged,
+            r#"    #pragma unroll
+    for (int i = 0; i < {ib}; ++i) if ({gb}) {{
+      const tf_u32 n = (k0 + (tid + i * {nt}) / {cpr_b} < K) ? b_bytes[i] : 0u;
+      tf_cp_async16(db + b_s[i], n ? b_g[i] + k0 * t{b}_s0 : b_g[i], n);
+    }}
+"#
+        );
+    } else {
+        let _ = write!(
+            sync,
             r#"    // B rows are not 16-byte aligned: element loads (synchronous).
     for (int e = tid; e < {n}; e += {nt}) {{
       const int row = e / {bn}, col = e % {bn};
@@ -180,7 +252,31 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
             a_all = s * a_stage
         );
     }
-    let _ = writeln!(o, "  }};");
+    let head = format!(
+        "    const long long k0 = (long long)kt * {bk};\n    const tf_u32 da = sA + stage * {a_stage}, db = sB + stage * {b_stage};\n    (void)da; (void)db;\n"
+    );
+    // The synchronous element loads (rows not 16-byte aligned) go with part 0.
+    let sync_part = if sync.is_empty() {
+        String::new()
+    } else {
+        format!("    if (part == 0) {{\n{sync}    }}\n")
+    };
+    let _ = write!(
+        o,
+        "  auto load_full = [&](int stage, int kt, int part) {{\n{head}{}{sync_part}  }};\n",
+        fast(parts)
+    );
+    let _ = write!(
+        o,
+        "  auto load_any = [&](int stage, int kt) {{\n{head}    if (k0 + {bk} <= K) {{\n      const int part = 0;\n{}    }} else {{\n{ragged}    }}\n{sync}  }};\n",
+        fast(1)
+    );
+    // Tiles wholly inside K; the loop loads tile kt + S - 1 with `load_full` while
+    // that one is full, then finishes in a tail loop with `load_any`.
+    let _ = writeln!(
+        o,
+        "  const int KT_full = (int)tf_min_i((long long)(K / {bk}), (long long)KT);"
+    );
 
     // Fragment addresses: the swizzle term depends on the lane only (rows of a
     // fragment start at multiples of 16), so everything but the stage is hoisted.
@@ -209,7 +305,7 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
     }}
   }};
   #pragma unroll
-  for (int i = 0; i < {pro}; ++i) {{ if (i < KT) load_stage(i, i); tf_cp_async_commit(); }}
+  for (int i = 0; i < {pro}; ++i) {{ if (kt_lo + i < KT) load_any(i, kt_lo + i); tf_cp_async_commit(); }}
   tf_cp_async_wait<{wait}>();
   __syncthreads();
   int rs = 0, ws = {pro};
@@ -227,22 +323,43 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
     );
 }
 
+/// The steady-state loop (loads of full tiles, straight-line body) and the tail
+/// loop (at most S iterations: the ragged tile, or no load at all), around one
+/// body; `body(true)` is the steady-state one.
+fn two_loops(pro: usize, body: impl Fn(bool) -> String) -> String {
+    format!(
+        r#"  int kt = kt_lo;
+  #pragma unroll 1
+  for (; kt + {pro} < KT_full; ++kt) {{
+{steady}  }}
+  #pragma unroll 1
+  for (; kt < KT; ++kt) {{
+{tail}  }}
+"#,
+        steady = body(true),
+        tail = body(false),
+    )
+}
+
 /// Tiles of several k-steps: fragments double-buffered across k-steps and tiles.
 fn multi_step_loop(s: usize, mma: &str, ki_n: usize, mi: usize, ni: usize) -> String {
     let (pro, wait) = (s - 1, s - 2);
-    format!(
-        r#"  load_frags(0, 0, 0);
-  #pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {{
-    #pragma unroll
+    let mmas = mma_block(mma, mi, ni, "ki & 1");
+    let body = |steady: bool| {
+        let load = if steady {
+            format!("load_full(ws, kt + {pro}, ki);")
+        } else {
+            format!("if (ki == 0 && kt + {pro} < KT) load_any(ws, kt + {pro});")
+        };
+        format!(
+            r#"    #pragma unroll
     for (int ki = 0; ki < {ki_n}; ++ki) {{
-      if (ki == 0) {{
-        // Refill the slot every thread finished reading before the last barrier.
-        if (kt + {pro} < KT) load_stage(ws, kt + {pro});
+      // Refill the slot every thread finished reading before the last barrier,
+      // a part per k-step.
+      {load}
+      if (ki == {ki_n} - 1) {{
         tf_cp_async_commit();
         ws = ws + 1 == {s} ? 0 : ws + 1;
-      }}
-      if (ki == {ki_n} - 1) {{
         // Tile kt + 1 has landed; everyone is done with tile kt's slot.
         tf_cp_async_wait<{wait}>();
         __syncthreads();
@@ -252,20 +369,25 @@ fn multi_step_loop(s: usize, mma: &str, ki_n: usize, mi: usize, ni: usize) -> St
       load_frags(rs, (ki + 1) % {ki_n}, (ki + 1) & 1);
 {mmas}
     }}
-  }}
-"#,
-        mmas = mma_block(mma, mi, ni, "ki & 1")
-    )
+"#
+        )
+    };
+    format!("  load_frags(0, 0, 0);\n{}", two_loops(pro, body))
 }
 
 /// Tiles of one k-step (a 16-wide K block): fragments are read right after the
 /// barrier that hands the stage over, one buffer.
 fn single_step_loop(s: usize, mma: &str, mi: usize, ni: usize) -> String {
     let (pro, wait) = (s - 1, s - 2);
-    format!(
-        r#"  #pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {{
-    if (kt + {pro} < KT) load_stage(ws, kt + {pro});
+    let mmas = mma_block(mma, mi, ni, "0");
+    let body = |steady: bool| {
+        let load = if steady {
+            format!("load_full(ws, kt + {pro}, 0);")
+        } else {
+            format!("if (kt + {pro} < KT) load_any(ws, kt + {pro});")
+        };
+        format!(
+            r#"    {load}
     tf_cp_async_commit();
     ws = ws + 1 == {s} ? 0 : ws + 1;
     load_frags(rs, 0, 0);
@@ -273,10 +395,10 @@ fn single_step_loop(s: usize, mma: &str, mi: usize, ni: usize) -> String {
     tf_cp_async_wait<{wait}>();
     __syncthreads();
     rs = rs + 1 == {s} ? 0 : rs + 1;
-  }}
-"#,
-        mmas = mma_block(mma, mi, ni, "0")
-    )
+"#
+        )
+    };
+    two_loops(pro, body)
 }
 
 fn mma_block(mma: &str, mi: usize, ni: usize, buf: &str) -> String {

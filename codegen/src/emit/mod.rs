@@ -37,6 +37,31 @@ pub enum Param {
     /// Added to a `wait` site's index in the status block, so the host can tell which
     /// kernel and site timed out (`unsigned long long`).
     SiteBase,
+    /// Split tail ([`SplitTail`]): how many output tiles run as one program each
+    /// (`long long`); every later tile is split along K.
+    SplitWhole,
+    /// Split tail: programs per split tile (`int`, 1 = no split).
+    SplitWays,
+    /// Split tail: f32 scratch for partial accumulators, `tiles × ways × BM × BN` (`float*`).
+    SplitPartials,
+    /// Split tail: one arrival counter per split tile, zero at launch (`unsigned*`).
+    SplitCounters,
+}
+
+/// A GEMM whose last, partial wave of output tiles can be split along K: the
+/// runtime picks how many tiles run whole and how many programs share each of the
+/// others (see `runtime::kernel`), from the shapes and the GPU's SM count. The
+/// programs of a split tile add their partial sums in a fixed order, so results do
+/// not depend on which finishes first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitTail {
+    /// Extents of the M, N and K tile dimensions.
+    pub m: ScalarId,
+    pub n: ScalarId,
+    pub k: ScalarId,
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
 }
 
 /// The generated code and how to launch it.
@@ -55,6 +80,8 @@ pub struct Lowered {
     pub wait_sites: Vec<String>,
     /// Which lowering was taken, for logs.
     pub path: &'static str,
+    /// Set for GEMMs that take the split-tail parameters.
+    pub split_tail: Option<SplitTail>,
 }
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`.
@@ -184,7 +211,15 @@ impl<'a> Emitter<'a> {
 
     /// The prelude, `helpers` (device functions of one lowering), block-size constants
     /// and the kernel signature, up to the opening brace.
-    pub fn begin(&mut self, threads: usize, min_blocks: usize, helpers: &str) -> Vec<Param> {
+    /// Starts the kernel: prelude, `helpers`, and the signature (tensors, scalars,
+    /// status words, then `extra` parameters with their C declarations).
+    pub fn begin(
+        &mut self,
+        threads: usize,
+        min_blocks: usize,
+        helpers: &str,
+        extra: &[(Param, &str)],
+    ) -> Vec<Param> {
         let mut params = Vec::new();
         let mut sig = Vec::new();
         for (t, ts) in self.spec.tensors.iter().enumerate() {
@@ -212,6 +247,10 @@ impl<'a> Emitter<'a> {
         sig.push("tf_u64 tf_timeout_ns".into());
         params.push(Param::SiteBase);
         sig.push("tf_u64 tf_site_base".into());
+        for (p, decl) in extra {
+            params.push(*p);
+            sig.push(decl.to_string());
+        }
 
         self.out.push_str(prelude::PRELUDE);
         self.out.push_str(helpers);
@@ -313,6 +352,7 @@ impl<'a> Emitter<'a> {
             grid,
             wait_sites: std::mem::take(&mut self.wait_sites),
             path,
+            split_tail: None,
         }
     }
 }

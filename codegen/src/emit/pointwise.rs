@@ -12,7 +12,7 @@ use std::fmt::Write;
 
 pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
     let nt = e.cfg.threads();
-    let params = e.begin(nt, 1, "");
+    let params = e.begin(nt, 1, "", &[]);
     let _ = writeln!(
         e.out,
         "  const int tid = threadIdx.x;\n  long long tf_pid = blockIdx.x;"

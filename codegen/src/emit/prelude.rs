@@ -32,6 +32,9 @@ __device__ __forceinline__ float tf_silu(float x) { return x / (1.0f + expf(-x))
 __device__ __forceinline__ float tf_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ float tf_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
 __device__ __forceinline__ long long tf_min_i(long long a, long long b) { return a < b ? a : b; }
+// Global accesses that bypass L1: partial sums another SM wrote or will read.
+__device__ __forceinline__ void tf_st_cg(float* p, float v) { asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory"); }
+__device__ __forceinline__ float tf_ld_cg(const float* p) { float v; asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory"); return v; }
 __device__ __forceinline__ long long tf_max_i(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ long long tf_abs_i(long long a) { return a < 0 ? -a : a; }
 
