@@ -12,6 +12,7 @@ pub mod element;
 pub mod error;
 pub mod jit;
 pub mod kernel;
+pub mod launcher;
 pub mod libs;
 pub mod side_stream;
 pub mod split_tail;

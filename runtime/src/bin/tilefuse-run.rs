@@ -1,0 +1,55 @@
+//! `tilefuse-run`: see `tilefuse_runtime::launcher` and `tilefuse-run --help`.
+
+use std::process::ExitCode;
+use tilefuse_runtime::launcher::{self, Outcome};
+
+fn main() -> ExitCode {
+    let args = match launcher::parse(std::env::args_os().skip(1)) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", launcher::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("tilefuse-run: {e}\n\n{}", launcher::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    // One rank per GPU by default; a machine without GPUs (or without a driver)
+    // runs one.
+    let nproc = args.nproc_per_node.unwrap_or_else(|| {
+        tilefuse_runtime::Device::count()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or(1)
+    });
+    let port = match args.master_port {
+        0 => match launcher::free_port() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("tilefuse-run: could not find a free port: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        p => p,
+    };
+    match launcher::run(&args, nproc, port) {
+        Ok(outcome) => {
+            match &outcome {
+                Outcome::Success => {}
+                Outcome::RankFailed { rank, status } => eprintln!(
+                    "tilefuse-run: failed: rank {rank} ended with {}",
+                    launcher::describe(status)
+                ),
+                Outcome::Interrupted { signal } => {
+                    eprintln!("tilefuse-run: stopped by signal {signal}; every rank was stopped")
+                }
+            }
+            ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
+        }
+        Err(e) => {
+            eprintln!("tilefuse-run: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! `tilefuse-run` end to end, with shell scripts as ranks (no GPU needed).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const LAUNCHER: &str = env!("CARGO_BIN_EXE_tilefuse-run");
+
+fn launch(args: &[&str]) -> Output {
+    Command::new(LAUNCHER)
+        .args(args)
+        .output()
+        .expect("running tilefuse-run")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tilefuse-launcher-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Running, not a zombie (a killed orphan may wait long for a reaper that is
+/// slow to come in a container).
+fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesized command name.
+    let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+    !matches!(state, Some(Some('Z')) | Some(Some('X')))
+}
+
+/// Waits for `n` pid files named `pid<rank>` under `dir`; returns the pids.
+fn pids(dir: &Path, n: usize) -> Vec<i32> {
+    let t = Instant::now();
+    loop {
+        let got: Vec<i32> = (0..n)
+            .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid{r}"))).ok())
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        if got.len() == n {
+            return got;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn every_rank_gets_torchrun_variables_and_a_prefix() {
+    let out = launch(&[
+        "--nproc-per-node",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE/$GROUP_RANK/$MASTER_ADDR/$MASTER_PORT\"; echo oops >&2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for r in 0..3 {
+        let line = format!("[rank{r}]: {r}/3/{r}/3/0/127.0.0.1/29500");
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "missing `{line}` in:\n{stdout}"
+        );
+        assert!(text(&out.stderr).contains(&format!("[rank{r}]: oops")));
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_is_named() {
+    let t = Instant::now();
+    let out = launch(&[
+        "--nproc-per-node",
+        "3",
+        "sh",
+        "-c",
+        "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60",
+    ]);
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("rank 1") && err.contains("exit status 3"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported() {
+    let out = launch(&[
+        "--nproc-per-node",
+        "2",
+        "sh",
+        "-c",
+        "if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; sleep 60",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("rank 0") && err.contains("signal 9"), "{err}");
+}
+
+#[test]
+fn a_rank_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let dir = scratch("stubborn");
+    let script = format!(
+        "echo $$ > {}/pid$RANK; if [ \"$RANK\" = 0 ]; then exit 1; fi; trap '' TERM; while true; do sleep 1; done",
+        dir.display()
+    );
+    let t = Instant::now();
+    let out = launch(&[
+        "--nproc-per-node",
+        "2",
+        "--grace-period-s",
+        "1",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1));
+    for pid in pids(&dir, 2) {
+        assert!(!alive(pid), "rank process {pid} outlived the launcher");
+    }
+}
+
+#[test]
+fn sigterm_to_the_launcher_reaches_every_rank_and_its_children() {
+    let dir = scratch("sigterm");
+    // Each rank starts a grandchild (the background sleep) and records both pids.
+    let script = format!(
+        "sleep 60 & echo $! > {d}/child$RANK; echo $$ > {d}/pid$RANK; wait",
+        d = dir.display()
+    );
+    let mut launcher = Command::new(LAUNCHER)
+        .args(["--nproc-per-node", "2", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ranks = pids(&dir, 2);
+    // SAFETY: signals the launcher we started.
+    unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "launcher did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    let children: Vec<i32> = (0..2)
+        .filter_map(|r| std::fs::read_to_string(dir.join(format!("child{r}"))).ok())
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    for pid in ranks.into_iter().chain(children) {
+        assert!(!alive(pid), "process {pid} is an orphan");
+    }
+}
+
+#[test]
+fn two_launchers_make_a_two_node_world() {
+    let script = "echo \"$RANK/$WORLD_SIZE/$LOCAL_RANK/$GROUP_RANK\"";
+    let node = |r: &str| {
+        Command::new(LAUNCHER)
+            .args([
+                "--nnodes",
+                "2",
+                "--node-rank",
+                r,
+                "--nproc-per-node",
+                "1",
+                "--master-port",
+                "29611",
+            ])
+            .args(["sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    let (a, b) = (node("0"), node("1"));
+    assert!(
+        text(&a.stdout).contains("[rank0]: 0/2/0/0"),
+        "{}",
+        text(&a.stdout)
+    );
+    assert!(
+        text(&b.stdout).contains("[rank1]: 1/2/0/1"),
+        "{}",
+        text(&b.stdout)
+    );
+}
+
+#[test]
+fn port_zero_picks_a_free_port() {
+    let out = launch(&[
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        "0",
+        "sh",
+        "-c",
+        "echo $MASTER_PORT",
+    ]);
+    let port: u32 = text(&out.stdout)
+        .trim()
+        .trim_start_matches("[rank0]: ")
+        .parse()
+        .expect("a port number");
+    assert!(port > 0 && port < 65536);
+}
+
+#[test]
+fn bad_arguments_print_the_usage() {
+    let out = launch(&["--nproc-per-node", "zero", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--nproc-per-node") && err.contains("usage:"),
+        "{err}"
+    );
+    let out = launch(&["--nproc-per-node", "1", "/nonexistent/program"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("could not start"));
+}
