@@ -57,6 +57,23 @@ pub enum Error {
     /// The kernel definition embedded by the macro could not be read.
     #[error("kernel `{kernel}`: {message}")]
     Definition { kernel: String, message: String },
+    /// The rendezvous store could not be reached, or went away.
+    #[error("store at {addr}: {message}")]
+    Store { addr: String, message: String },
+    /// Waiting on the store (a key, a barrier, the other ranks) ran out of time.
+    #[error("rank {rank} waited {waited_ms} ms for {what}; {hint}")]
+    Timeout {
+        rank: usize,
+        what: String,
+        waited_ms: u64,
+        hint: String,
+    },
+    /// The ranks of a distributed call disagree, or the process group is not set up.
+    #[error("{context}: {message}")]
+    Distributed { context: String, message: String },
+    /// NCCL failed.
+    #[error("NCCL error in {context}: {message}")]
+    Nccl { context: String, message: String },
 }
 
 impl From<CodegenError> for Error {

@@ -8,6 +8,7 @@ pub mod args;
 pub mod buffer;
 pub mod cublas;
 pub mod device;
+pub mod dist;
 pub mod element;
 pub mod error;
 pub mod jit;

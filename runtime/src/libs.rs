@@ -64,3 +64,22 @@ pub(crate) fn require_cublas() -> Result<()> {
         })
     }
 }
+
+/// libnccl can be loaded.
+pub fn nccl_present() -> bool {
+    static P: OnceLock<bool> = OnceLock::new();
+    probe(&P, cudarc::nccl::sys::is_culib_present)
+}
+
+pub(crate) fn require_nccl() -> Result<()> {
+    if nccl_present() {
+        Ok(())
+    } else {
+        Err(Error::Unavailable {
+            what: "NCCL (libnccl.so)",
+            hint: format!(
+                "install NCCL 2.28 and {LD_HINT} (cudarc loads the unversioned libnccl.so)"
+            ),
+        })
+    }
+}

@@ -1,0 +1,13 @@
+//! Several processes, one GPU each: rendezvous through a TCP store, the process
+//! group (NCCL for baselines and across nodes), symmetric memory on one node, and
+//! the copy-engine all-gather that fused GEMMs wait on.
+
+pub mod env;
+pub mod group;
+pub mod nccl;
+pub mod store;
+
+pub use env::DistEnv;
+pub use group::ProcessGroup;
+pub use nccl::Nccl;
+pub use store::{Store, StoreServer};

@@ -1,0 +1,154 @@
+//! NCCL for baselines, fallbacks and more than one node: one communicator per
+//! process group, created from an id that rank 0 publishes in the store.
+
+use crate::device::Device;
+use crate::element::Element;
+use crate::error::{argument, Error, Result};
+use crate::tensor::Tensor;
+use cudarc::nccl::{result as nc, sys as ncs};
+use std::ffi::c_void;
+use std::sync::Arc;
+use tilefuse_codegen::DType;
+
+/// A communicator over every rank of a process group, on each rank's launch stream.
+pub struct Nccl {
+    comm: ncs::ncclComm_t,
+    rank: usize,
+    world: usize,
+    dev: Arc<Device>,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time;
+// tilefuse queues its calls from the thread that holds the process group.
+unsafe impl Send for Nccl {}
+// SAFETY: as above; NCCL's enqueue functions are thread safe per communicator
+// when calls do not overlap, which the launch stream's single user ensures.
+unsafe impl Sync for Nccl {}
+
+impl Drop for Nccl {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is live and dropped once; destroy waits for its
+        // queued work (abort is for a failed peer: see `Nccl::abort`).
+        let _ = unsafe { nc::comm_destroy(self.comm) };
+    }
+}
+
+fn nccl_err(context: impl Into<String>) -> impl FnOnce(nc::NcclError) -> Error {
+    let context = context.into();
+    move |e| Error::Nccl {
+        context,
+        message: format!("{e:?}"),
+    }
+}
+
+/// The id's bytes, for the store.
+pub(crate) fn new_id() -> Result<Vec<u8>> {
+    crate::libs::require_nccl()?;
+    let id = nc::get_uniqueid().map_err(nccl_err("creating a unique id"))?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+impl Nccl {
+    /// Joins the communicator `id` as `rank` of `world` (every rank must call it).
+    pub(crate) fn join(dev: &Arc<Device>, id: &[u8], rank: usize, world: usize) -> Result<Nccl> {
+        crate::libs::require_nccl()?;
+        let mut uid = ncs::ncclUniqueId { internal: [0; 128] };
+        if id.len() != uid.internal.len() {
+            return Err(Error::Distributed {
+                context: "joining NCCL".into(),
+                message: format!("the published NCCL id has {} bytes, not 128", id.len()),
+            });
+        }
+        for (d, s) in uid.internal.iter_mut().zip(id) {
+            *d = *s as std::ffi::c_char;
+        }
+        dev.context()
+            .bind_to_thread()
+            .map_err(crate::error::driver("binding the GPU context"))?;
+        let mut comm = std::mem::MaybeUninit::uninit();
+        // SAFETY: `comm` is written by a successful init; the id came from rank 0's
+        // ncclGetUniqueId through the store; every rank of `world` calls this.
+        let comm = unsafe {
+            nc::comm_init_rank(comm.as_mut_ptr(), world as i32, uid, rank as i32).map_err(
+                nccl_err(format!(
+                    "joining the communicator as rank {rank} of {world}"
+                )),
+            )?;
+            comm.assume_init()
+        };
+        Ok(Nccl {
+            comm,
+            rank,
+            world,
+            dev: dev.clone(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// `out = concat(send of rank 0, send of rank 1, …)` along the first dimension,
+    /// queued on the launch stream. Both contiguous, `out` `world` times `send`.
+    pub fn all_gather<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
+        let ctx = "Nccl::all_gather";
+        let dtype = nccl_type(T::DTYPE);
+        for (name, t) in [("send", send), ("out", out)] {
+            if !t.is_contiguous() {
+                return Err(argument(ctx, name, "must be contiguous"));
+            }
+            if t.device().ordinal() != self.dev.ordinal() {
+                return Err(argument(ctx, name, "is not on this rank's GPU"));
+            }
+        }
+        let w = self.world_size();
+        if out.numel() != send.numel() * w {
+            return Err(argument(
+                ctx,
+                "out",
+                format!(
+                    "has {} elements; gathering {} from each of {w} ranks needs {}",
+                    out.numel(),
+                    send.numel(),
+                    send.numel() * w
+                ),
+            ));
+        }
+        // SAFETY: both pointers are live contiguous device buffers of the sizes
+        // checked above, on the communicator's device; the call is queued on the
+        // launch stream, which orders it with the tensors' other uses.
+        unsafe {
+            nc::all_gather(
+                send.device_ptr() as *const c_void,
+                out.device_ptr() as *mut c_void,
+                send.numel(),
+                dtype,
+                self.comm,
+                self.dev.stream().cu_stream() as _,
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(ctx))
+    }
+
+    /// Aborts the communicator (pending collectives give up), after a peer failed.
+    pub fn abort(&self) {
+        // SAFETY: the communicator is live; abort may be called while work is queued.
+        let _ = unsafe { nc::comm_abort(self.comm) };
+    }
+}
+
+fn nccl_type(d: DType) -> ncs::ncclDataType_t {
+    match d {
+        DType::BF16 => ncs::ncclDataType_t::ncclBfloat16,
+        DType::F16 => ncs::ncclDataType_t::ncclFloat16,
+        DType::F32 => ncs::ncclDataType_t::ncclFloat32,
+        DType::I32 => ncs::ncclDataType_t::ncclInt32,
+        DType::U32 => ncs::ncclDataType_t::ncclUint32,
+        DType::I64 => ncs::ncclDataType_t::ncclInt64,
+    }
+}

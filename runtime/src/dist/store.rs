@@ -1,0 +1,459 @@
+//! A TCP key-value store for rendezvous, hosted by rank 0 (like torch's
+//! `TCPStore`): ranks publish small values (an NCCL id, IPC handles, shapes) and
+//! wait for each other's. Every wait is bounded and says what it waited for; a
+//! store that goes away is an error on every rank still talking to it.
+//!
+//! Wire format, little-endian: a request is `op: u8, key: u32 len + bytes,
+//! value: u32 len + bytes, timeout_ms: u64`; a reply is `status: u8` (0 ok,
+//! 1 timed out) and `u32 len + bytes`.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const OP_SET: u8 = 1;
+const OP_GET: u8 = 2;
+const OP_ADD: u8 = 3;
+const OP_CHECK: u8 = 4;
+/// Keys and values are small (ids, handles, shapes); this bounds a bad peer.
+const MAX_LEN: u32 = 64 << 20;
+
+#[derive(Default)]
+struct State {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+    /// Open connections, shut down when the server is dropped.
+    conns: Mutex<Vec<TcpStream>>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// The serving side, run by rank 0 on its own threads. Dropping it closes every
+/// connection, as the end of rank 0's process would.
+pub struct StoreServer {
+    port: u16,
+    state: Arc<State>,
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        self.state.closed.store(true, Ordering::SeqCst);
+        for c in self
+            .state
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        // Wake the accept loop so it sees `closed`.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        self.state.changed.notify_all();
+    }
+}
+
+impl StoreServer {
+    /// Listens on all interfaces at `port` (0: any free port).
+    pub fn start(port: u16) -> Result<StoreServer> {
+        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| Error::Store {
+            addr: format!("0.0.0.0:{port}"),
+            message: format!(
+                "rank 0 could not listen: {e} (is MASTER_PORT {port} taken? pick another, or 0 under tilefuse-run)"
+            ),
+        })?;
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
+        let state = Arc::new(State::default());
+        let accepting = state.clone();
+        std::thread::Builder::new()
+            .name("tilefuse-store".into())
+            .spawn(move || {
+                use std::sync::atomic::Ordering;
+                for conn in listener.incoming().flatten() {
+                    if accepting.closed.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if let Ok(c) = conn.try_clone() {
+                        accepting
+                            .conns
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(c);
+                    }
+                    let state = accepting.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("tilefuse-store-conn".into())
+                        .spawn(move || serve(conn, &state));
+                }
+            })
+            .map_err(|e| Error::Store {
+                addr: format!("0.0.0.0:{port}"),
+                message: format!("could not start the store thread: {e}"),
+            })?;
+        Ok(StoreServer { port, state })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_bytes(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let n = read_u32(r)?;
+    if n > MAX_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a field of {n} bytes"),
+        ));
+    }
+    let mut v = vec![0u8; n as usize];
+    r.read_exact(&mut v)?;
+    Ok(v)
+}
+
+fn write_bytes(w: &mut impl Write, b: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(b.len() as u32).to_le_bytes())?;
+    w.write_all(b)
+}
+
+/// One client connection: requests until it closes.
+fn serve(conn: TcpStream, state: &State) {
+    let _ = conn.set_nodelay(true);
+    let Ok(read_half) = conn.try_clone() else {
+        return;
+    };
+    let (mut r, mut w) = (BufReader::new(read_half), BufWriter::new(conn));
+    loop {
+        let mut op = [0u8; 1];
+        if r.read_exact(&mut op).is_err() {
+            return;
+        }
+        let (Ok(key), Ok(value)) = (read_bytes(&mut r), read_bytes(&mut r)) else {
+            return;
+        };
+        let mut t = [0u8; 8];
+        if r.read_exact(&mut t).is_err() {
+            return;
+        }
+        let timeout = Duration::from_millis(u64::from_le_bytes(t));
+        let key = String::from_utf8_lossy(&key).into_owned();
+        let mut map = state.map.lock().unwrap_or_else(|p| p.into_inner());
+        let (status, reply): (u8, Vec<u8>) = match op[0] {
+            OP_SET => {
+                map.insert(key, value);
+                state.changed.notify_all();
+                (0, Vec::new())
+            }
+            OP_ADD => {
+                let delta = value
+                    .get(..8)
+                    .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                let now = map
+                    .get(&key)
+                    .and_then(|v| v.get(..8))
+                    .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                    + delta;
+                map.insert(key, now.to_le_bytes().to_vec());
+                state.changed.notify_all();
+                (0, now.to_le_bytes().to_vec())
+            }
+            OP_CHECK => (0, vec![u8::from(map.contains_key(&key))]),
+            OP_GET => {
+                let deadline = Instant::now() + timeout;
+                loop {
+                    if let Some(v) = map.get(&key) {
+                        break (0, v.clone());
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if state.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    if left.is_zero() {
+                        break (1, Vec::new());
+                    }
+                    map = state
+                        .changed
+                        .wait_timeout(map, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+            _ => return,
+        };
+        drop(map);
+        let sent = w
+            .write_all(&[status])
+            .and_then(|()| write_bytes(&mut w, &reply))
+            .and_then(|()| w.flush());
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+/// A rank's connection to the store.
+pub struct Store {
+    addr: String,
+    rank: usize,
+    conn: Mutex<(BufReader<TcpStream>, BufWriter<TcpStream>)>,
+    /// The longest a single wait may take.
+    timeout: Duration,
+}
+
+impl Store {
+    /// Connects to the store at `host:port`, retrying until `timeout` (rank 0 may
+    /// start later than the others). `rank` names this process in errors.
+    pub fn connect(host: &str, port: u16, rank: usize, timeout: Duration) -> Result<Store> {
+        let addr = format!("{host}:{port}");
+        let start = Instant::now();
+        let conn = loop {
+            let attempt = (host, port)
+                .to_socket_addrs()
+                .map_err(|e| Error::Store {
+                    addr: addr.clone(),
+                    message: format!("cannot resolve MASTER_ADDR `{host}`: {e}"),
+                })?
+                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).ok());
+            if let Some(c) = attempt {
+                break c;
+            }
+            if start.elapsed() >= timeout {
+                return Err(Error::Timeout {
+                    rank,
+                    what: format!("the store at {addr}"),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                    hint: "is rank 0 running, and are MASTER_ADDR and MASTER_PORT the same on every rank?"
+                        .into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let _ = conn.set_nodelay(true);
+        let read_half = conn.try_clone().map_err(|e| Error::Store {
+            addr: addr.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(Store {
+            addr,
+            rank,
+            conn: Mutex::new((BufReader::new(read_half), BufWriter::new(conn))),
+            timeout,
+        })
+    }
+
+    /// The default bound on waits.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn gone(&self, e: std::io::Error) -> Error {
+        Error::Store {
+            addr: self.addr.clone(),
+            message: format!(
+                "the connection failed ({e}): the store went away; rank 0 probably exited, see its output"
+            ),
+        }
+    }
+
+    fn request(&self, op: u8, key: &str, value: &[u8], timeout: Duration) -> Result<(u8, Vec<u8>)> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let (r, w) = &mut *guard;
+        // The server answers a GET within `timeout`; a silent server past that
+        // (and a margin) is gone.
+        let _ = r
+            .get_ref()
+            .set_read_timeout(Some(timeout + Duration::from_secs(10)));
+        let ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        w.write_all(&[op])
+            .and_then(|()| write_bytes(w, key.as_bytes()))
+            .and_then(|()| write_bytes(w, value))
+            .and_then(|()| w.write_all(&ms.to_le_bytes()))
+            .and_then(|()| w.flush())
+            .map_err(|e| self.gone(e))?;
+        let mut status = [0u8; 1];
+        r.read_exact(&mut status).map_err(|e| self.gone(e))?;
+        let reply = read_bytes(r).map_err(|e| self.gone(e))?;
+        Ok((status[0], reply))
+    }
+
+    /// Sets `key` to `value` (replacing it), waking everyone waiting for it.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.request(OP_SET, key, value, Duration::ZERO).map(drop)
+    }
+
+    /// The value of `key`, waiting for it at most `timeout`. `what` says what the
+    /// key stands for, for the error.
+    pub fn get(&self, key: &str, timeout: Duration, what: &str) -> Result<Vec<u8>> {
+        let start = Instant::now();
+        match self.request(OP_GET, key, &[], timeout)? {
+            (0, v) => Ok(v),
+            _ => Err(Error::Timeout {
+                rank: self.rank,
+                what: format!("{what} (store key `{key}`)"),
+                waited_ms: start.elapsed().as_millis() as u64,
+                hint: "the rank that publishes it has not got there: it may have failed or hung (see its output), or be far behind".into(),
+            }),
+        }
+    }
+
+    /// Adds `delta` to the counter at `key` (0 if absent); returns the new value.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let (_, v) = self.request(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)?;
+        Ok(v.get(..8)
+            .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))))
+    }
+
+    /// Whether `key` is set, without waiting.
+    pub fn check(&self, key: &str) -> Result<bool> {
+        let (_, v) = self.request(OP_CHECK, key, &[], Duration::ZERO)?;
+        Ok(v.first() == Some(&1))
+    }
+
+    /// Waits until all `world` ranks have called `barrier(name, ...)`; on timeout
+    /// the error lists the ranks that did not arrive. Each `name` is used once.
+    pub fn barrier(&self, name: &str, world: usize, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        self.set(&format!("barrier/{name}/{}", self.rank), b"1")?;
+        let n = self.add(&format!("barrier/{name}/count"), 1)?;
+        if n as usize == world {
+            self.set(&format!("barrier/{name}/done"), b"1")?;
+        }
+        match self.request(OP_GET, &format!("barrier/{name}/done"), &[], timeout)? {
+            (0, _) => Ok(()),
+            _ => {
+                let mut missing = Vec::new();
+                for r in 0..world {
+                    if !self.check(&format!("barrier/{name}/{r}"))? {
+                        missing.push(r.to_string());
+                    }
+                }
+                Err(Error::Timeout {
+                    rank: self.rank,
+                    what: format!("the other ranks at barrier `{name}`"),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                    hint: format!(
+                        "rank(s) {} never arrived: they failed, hung, or run a different program path",
+                        missing.join(", ")
+                    ),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (StoreServer, Store, Store) {
+        let s = StoreServer::start(0).unwrap();
+        let t = Duration::from_secs(5);
+        let a = Store::connect("127.0.0.1", s.port(), 0, t).unwrap();
+        let b = Store::connect("127.0.0.1", s.port(), 1, t).unwrap();
+        (s, a, b)
+    }
+
+    #[test]
+    fn set_get_add_check() {
+        let (_s, a, b) = pair();
+        a.set("k", b"v").unwrap();
+        assert_eq!(b.get("k", Duration::from_secs(1), "k").unwrap(), b"v");
+        assert!(b.check("k").unwrap());
+        assert!(!b.check("nope").unwrap());
+        assert_eq!(a.add("c", 2).unwrap(), 2);
+        assert_eq!(b.add("c", 3).unwrap(), 5);
+    }
+
+    #[test]
+    fn get_waits_for_a_later_set() {
+        let (_s, a, b) = pair();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            a.set("late", b"x").unwrap();
+        });
+        let t = Instant::now();
+        assert_eq!(b.get("late", Duration::from_secs(5), "late").unwrap(), b"x");
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn a_missing_key_times_out_naming_it() {
+        let (_s, _a, b) = pair();
+        let e = b
+            .get("nccl/id", Duration::from_millis(200), "the NCCL id")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 1") && e.contains("the NCCL id") && e.contains("nccl/id"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_barrier_names_the_rank_that_never_arrives() {
+        let (_s, a, b) = pair();
+        let h = std::thread::spawn(move || a.barrier("b1", 3, Duration::from_secs(1)));
+        let e = b
+            .barrier("b1", 3, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank(s) 2 never arrived"), "{e}");
+        // Rank 0 is still waiting; it times out too (bounded).
+        assert!(h.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_barrier_releases_everyone() {
+        let (_s, a, b) = pair();
+        let h = std::thread::spawn(move || a.barrier("b2", 2, Duration::from_secs(5)));
+        b.barrier("b2", 2, Duration::from_secs(5)).unwrap();
+        h.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_store_that_goes_away_fails_the_waiting_ranks() {
+        let (s, _a, b) = pair();
+        let h = std::thread::spawn(move || b.get("never", Duration::from_secs(30), "a key"));
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        drop(s);
+        let e = h.join().unwrap().unwrap_err().to_string();
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert!(e.contains("went away"), "{e}");
+    }
+
+    #[test]
+    fn no_store_is_a_bounded_error() {
+        // A port nobody listens on: bind one, then free it.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let t = Instant::now();
+        let e = Store::connect("127.0.0.1", port, 3, Duration::from_millis(300))
+            .err()
+            .expect("no store there")
+            .to_string();
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(
+            e.contains("rank 3") && e.contains("is rank 0 running"),
+            "{e}"
+        );
+    }
+}
