@@ -86,6 +86,24 @@ impl<T: Element> Tensor<T> {
         })
     }
 
+    /// A contiguous view of `shape` at byte 0 of `buf` (which must be large
+    /// enough: the callers size it).
+    pub(crate) fn from_buffer(buf: Arc<Buffer>, shape: &[usize]) -> Tensor<T> {
+        debug_assert!(shape.iter().product::<usize>() * std::mem::size_of::<T>() <= buf.bytes);
+        Tensor {
+            buf,
+            offset: 0,
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            _t: PhantomData,
+        }
+    }
+
+    /// Whether this tensor's memory is `buf`.
+    pub(crate) fn is_in(&self, buf: &Arc<Buffer>) -> bool {
+        Arc::ptr_eq(&self.buf, buf)
+    }
+
     /// An uninitialized contiguous tensor on the current device.
     pub fn empty(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
         Tensor::empty_in(&Device::current()?, shape, Memory::Pooled)

@@ -113,9 +113,11 @@ fn a_rank_killed_by_a_signal_is_reported() {
 #[test]
 fn a_rank_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let dir = scratch("stubborn");
+    // Rank 1 ignores SIGTERM before it says it started; rank 0 fails once it has.
     let script = format!(
-        "echo $$ > {}/pid$RANK; if [ \"$RANK\" = 0 ]; then exit 1; fi; trap '' TERM; while true; do sleep 1; done",
-        dir.display()
+        "if [ \"$RANK\" = 0 ]; then echo $$ > {d}/pid0; while [ ! -f {d}/pid1 ]; do sleep 0.05; done; exit 1; fi; \
+         trap '' TERM; echo $$ > {d}/pid1; while true; do sleep 1; done",
+        d = dir.display()
     );
     let t = Instant::now();
     let out = launch(&[

@@ -2,12 +2,17 @@
 //! group (NCCL for baselines and across nodes), symmetric memory on one node, and
 //! the copy-engine all-gather that fused GEMMs wait on.
 
+pub mod all_gather;
 pub mod env;
 pub mod group;
 pub mod nccl;
 pub mod store;
+mod stream_ops;
+pub mod symmetric;
 
+pub use all_gather::AllGather;
 pub use env::DistEnv;
 pub use group::ProcessGroup;
 pub use nccl::Nccl;
 pub use store::{Store, StoreServer};
+pub use symmetric::SymmetricMemory;

@@ -1,0 +1,286 @@
+//! The all-gather matmul (Helion's seed example, in Rust): every rank holds a
+//! shard of A's rows; C = all_gather(A) · B, with the GEMM running while the copy
+//! engine gathers A, each program waiting only for the chunks of A it reads.
+//!
+//! ```text
+//! cargo build --release --examples --bins
+//! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/all_gather_matmul [M N K] [--bench]
+//! ```
+//!
+//! Checks on every rank: the gathered A equals NCCL's all-gather bit for bit, and C
+//! matches NCCL all-gather + cuBLAS within bf16 tolerance. Across nodes (no
+//! symmetric memory) it falls back to NCCL's all-gather + the same GEMM and says so.
+//! `--bench` also times, in one run: cuBLAS on the full A on one GPU (the floor),
+//! the tilefuse GEMM alone on the gathered A, NCCL's all-gather alone, NCCL
+//! all-gather then cuBLAS, and the fused op.
+
+use std::process::ExitCode;
+use tilefuse::prelude::*;
+use tilefuse::runtime::dist::{AllGather, ProcessGroup};
+use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
+
+/// C = A · B over the gathered A; each program first waits until the chunks
+/// holding its rows of A have arrived (flags reach `epoch`).
+#[fused_kernel]
+fn ag_matmul(
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+    out: &Tensor<bf16>,
+    progress: &Tensor<u32>,
+    rows_per_chunk: usize,
+    epoch: usize,
+) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        wait(progress, tm.begin() / rows_per_chunk, epoch);
+        wait(progress, (tm.end() - 1) / rows_per_chunk, epoch);
+        let mut acc = zeros::<f32>([tm, tn]);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = acc.cast();
+    }
+}
+
+struct Args {
+    m: usize,
+    n: usize,
+    k: usize,
+    bench: bool,
+    splits: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut nums = Vec::new();
+    let mut bench = false;
+    let mut splits = 4;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => bench = true,
+            "--splits-per-rank" => {
+                splits = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--splits-per-rank needs a positive integer")?
+            }
+            s => nums.push(
+                s.parse::<usize>()
+                    .map_err(|_| format!("`{s}`: expected M N K as positive integers"))?,
+            ),
+        }
+    }
+    let [m, n, k] = match nums.as_slice() {
+        [] => [4096, 6656, 16384],
+        [m, n, k] => [*m, *n, *k],
+        _ => return Err("give M N K (three numbers) or nothing".into()),
+    };
+    Ok(Args {
+        m,
+        n,
+        k,
+        bench,
+        splits,
+    })
+}
+
+fn run() -> tilefuse::Result<bool> {
+    let args = parse_args().map_err(|e| tilefuse::Error::Argument {
+        context: "all_gather_matmul".into(),
+        arg: "command line".into(),
+        message: e,
+    })?;
+    let pg = ProcessGroup::init()?;
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let Args { m, n, k, .. } = args;
+    if m % world != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "all_gather_matmul".into(),
+            arg: "M".into(),
+            message: format!("{m} rows do not split evenly over {world} ranks"),
+        });
+    }
+    let rows = m / world;
+    let dev = pg.device().clone();
+    println!(
+        "rank {rank}/{world} on GPU {} ({}): C[{m}x{n}] = all_gather(A[{rows}x{k}] per rank) · B[{k}x{n}], bf16",
+        dev.ordinal(),
+        dev.name()
+    );
+
+    // Fresh inputs: B from rank 0's seed (the same on every rank), A's shard per rank.
+    let seed = Rng::fresh().next_u64();
+    let seeds = pg.all_gather_bytes("seed", &seed.to_le_bytes())?;
+    let b_seed = u64::from_le_bytes(seeds[0][..8].try_into().unwrap_or([0; 8]));
+    let b = Tensor::from_slice(
+        &random_vec::<bf16>(&mut Rng::new(b_seed), k * n, 1.0),
+        [k, n],
+    )?;
+    let shard_host = random_vec::<bf16>(&mut Rng::new(seed ^ rank as u64), rows * k, 1.0);
+
+    // Reference: NCCL all-gather, then cuBLAS.
+    let nccl = pg.nccl()?;
+    let shard_plain = Tensor::from_slice(&shard_host, [rows, k])?;
+    let gathered_ref = Tensor::<bf16>::empty([m, k])?;
+    nccl.all_gather(&shard_plain, &gathered_ref)?;
+    let mut c_ref = poisoned::<bf16>([m, n])?;
+    tilefuse::cublas::matmul_into(&mut c_ref, &gathered_ref, &b)?;
+    pg.synchronize("the reference")?;
+
+    let c = poisoned::<bf16>([m, n])?;
+    let single_node = pg.env().single_node();
+    let mut ag = None;
+    let gathered;
+    let progress;
+    let rows_per_chunk;
+    if single_node {
+        let a = AllGather::<bf16>::new(&pg, rows, k, args.splits)?;
+        a.shard().clone().copy_from_slice(&shard_host)?;
+        rows_per_chunk = a.rows_per_chunk();
+        ag = Some(a);
+        let a = ag.as_mut().expect("just set");
+        let epoch = a.start()?;
+        ag_matmul(
+            a.gathered(),
+            &b,
+            &c,
+            a.progress(),
+            rows_per_chunk,
+            epoch as usize,
+        )?;
+        a.finish()?;
+        gathered = a.gathered().clone();
+        progress = a.progress().clone();
+    } else {
+        println!(
+            "rank {rank}: the ranks span {} nodes and symmetric memory spans one: falling back to NCCL all-gather + the tilefuse GEMM",
+            world / pg.env().local_world_size
+        );
+        gathered = Tensor::<bf16>::empty([m, k])?;
+        nccl.all_gather(&shard_plain, &gathered)?;
+        progress = Tensor::<u32>::flags(1)?;
+        progress.clone().copy_from_slice(&[1])?;
+        rows_per_chunk = m;
+        ag_matmul(&gathered, &b, &c, &progress, rows_per_chunk, 1)?;
+    }
+    pg.synchronize("the all-gather matmul")?;
+
+    let same = gathered.to_vec()? == gathered_ref.to_vec()?;
+    let err = rel_error_tensors(&c, &c_ref)?;
+    let ok = same && err <= 1e-2;
+    println!(
+        "rank {rank}: gathered A {} NCCL's bit for bit; ‖C − C_ref‖/‖C_ref‖ = {err:.2e} ({})",
+        if same { "equals" } else { "DIFFERS FROM" },
+        if ok { "ok" } else { "FAILED" }
+    );
+    let all_ok = pg.all_gather_bytes("ok", &[u8::from(ok)])?;
+    let everyone = all_ok.iter().all(|v| v.first() == Some(&1));
+
+    if args.bench && everyone {
+        bench(
+            &pg,
+            &args,
+            &b,
+            &shard_plain,
+            &gathered_ref,
+            ag.as_mut(),
+            &gathered,
+            &progress,
+            rows_per_chunk,
+        )?;
+    }
+    Ok(everyone)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    pg: &ProcessGroup,
+    args: &Args,
+    b: &Tensor<bf16>,
+    shard: &Tensor<bf16>,
+    gathered_ref: &Tensor<bf16>,
+    ag: Option<&mut AllGather<bf16>>,
+    gathered: &Tensor<bf16>,
+    progress: &Tensor<u32>,
+    rows_per_chunk: usize,
+) -> tilefuse::Result<()> {
+    let dev = pg.device().clone();
+    let (m, n, k) = (args.m, args.n, args.k);
+    let nccl = pg.nccl()?;
+    let mut c = Tensor::<bf16>::empty([m, n])?;
+    let reps = 20;
+    let time = |f: &mut dyn FnMut() -> tilefuse::Result<()>| -> tilefuse::Result<f64> {
+        pg.barrier("bench")?;
+        Ok(tilefuse::time_gpu(&dev, 5, reps, true, f)?.median_ms)
+    };
+    let floor = time(&mut || tilefuse::cublas::matmul_into(&mut c, gathered_ref, b))?;
+    // The flags hold the last call's epoch: the GEMM's waits pass at once.
+    let done_epoch = progress.to_vec()?.into_iter().min().unwrap_or(0) as usize;
+    let gemm_alone =
+        time(&mut || ag_matmul(gathered, b, &c, progress, rows_per_chunk, done_epoch))?;
+    let ag_alone = time(&mut || nccl.all_gather(shard, gathered_ref))?;
+    let unfused = time(&mut || {
+        nccl.all_gather(shard, gathered_ref)?;
+        tilefuse::cublas::matmul_into(&mut c, gathered_ref, b)
+    })?;
+    let fused = match ag {
+        Some(a) => Some(time(&mut || {
+            let e = a.start()?;
+            ag_matmul(
+                a.gathered(),
+                b,
+                &c,
+                a.progress(),
+                rows_per_chunk,
+                e as usize,
+            )?;
+            a.finish()
+        })?),
+        None => None,
+    };
+    if pg.rank() == 0 {
+        let tf = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
+        println!(
+            "\n{m}x{n}x{k}, {} ranks (ms; TFLOP/s of the whole product per GPU-time):",
+            pg.world_size()
+        );
+        println!(
+            "  cuBLAS, full A, one GPU (floor):      {floor:.3} ({:.0})",
+            tf(floor)
+        );
+        println!(
+            "  tilefuse GEMM alone on gathered A:    {gemm_alone:.3} ({:.0})",
+            tf(gemm_alone)
+        );
+        println!("  NCCL all-gather alone:                {ag_alone:.3}");
+        println!("  NCCL all-gather + cuBLAS (unfused):   {unfused:.3}");
+        match fused {
+            Some(f) => {
+                println!(
+                    "  tilefuse fused:                       {f:.3} ({:.0})",
+                    tf(f)
+                );
+                println!(
+                    "  fused/unfused {:.3}, fused/GEMM-alone {:.3}, fused/floor {:.3}",
+                    f / unfused,
+                    f / gemm_alone,
+                    f / floor
+                );
+                println!(
+                    "| {m}×{n}×{k} | {} | {floor:.3} | {gemm_alone:.3} | {ag_alone:.3} | {unfused:.3} | {f:.3} | {:.3} | {:.3} | {:.3} |",
+                    pg.world_size(),
+                    f / unfused,
+                    f / gemm_alone,
+                    f / floor
+                );
+            }
+            None => println!("  (fused: not across nodes)"),
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    exit_code(run())
+}

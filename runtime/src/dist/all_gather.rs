@@ -1,0 +1,196 @@
+//! The copy-engine all-gather with progress flags, the producer half of a fused
+//! all-gather matmul.
+//!
+//! On a high-priority backend stream, after a GPU-side barrier (every rank's shard
+//! is written): this rank's own shard first, then each peer's in rotation
+//! (rank + 1, rank + 2, …), each in `splits_per_rank` chunks; after each chunk,
+//! `cuStreamWriteValue32` sets its progress flag to this call's epoch. A consumer
+//! kernel launched meanwhile on the launch stream waits per chunk
+//! (`wait(progress, row / rows_per_chunk, epoch)`), so it computes on the first
+//! chunks while the later ones are still in flight. Flags are never cleared: the
+//! epoch grows each call. A second barrier after the copies (peers are done
+//! reading this rank's shard) ends the call, and [`AllGather::finish`] makes the
+//! launch stream wait for it.
+
+use super::group::ProcessGroup;
+use super::stream_ops;
+use super::symmetric::SymmetricMemory;
+use crate::buffer::Memory;
+use crate::element::Element;
+use crate::error::{argument, driver, Error, Result};
+use crate::side_stream::SideStream;
+use crate::tensor::Tensor;
+
+/// A reusable all-gather of `[rows, cols]` shards into a `[world × rows, cols]`
+/// tensor, with one progress flag per chunk.
+///
+/// ```no_run
+/// # fn main() -> tilefuse_runtime::Result<()> {
+/// use tilefuse_runtime::dist::{AllGather, ProcessGroup};
+/// let pg = ProcessGroup::init()?;
+/// let mut ag = AllGather::<half::bf16>::new(&pg, 2048, 16384, 4)?;
+/// // ... write this rank's rows into ag.shard() on the launch stream ...
+/// let epoch = ag.start()?;
+/// // ... launch a kernel that waits on ag.progress() >= epoch per chunk ...
+/// ag.finish()?;
+/// # Ok(()) }
+/// ```
+pub struct AllGather<T: Element> {
+    sym: SymmetricMemory,
+    shard: Tensor<T>,
+    gathered: Tensor<T>,
+    progress: Tensor<u32>,
+    backend: SideStream,
+    rows: usize,
+    cols: usize,
+    splits: usize,
+    rank: usize,
+    world: usize,
+    epoch: u32,
+}
+
+impl<T: Element> AllGather<T> {
+    /// Plans an all-gather of `rows × cols` shards from every rank of `pg`, each
+    /// copied in `splits_per_rank` chunks. Every rank must pass the same values
+    /// (an error on every rank says which disagree).
+    pub fn new(
+        pg: &ProcessGroup,
+        rows: usize,
+        cols: usize,
+        splits_per_rank: usize,
+    ) -> Result<Self> {
+        let ctx = "AllGather::new";
+        if rows == 0 || cols == 0 {
+            return Err(argument(
+                ctx,
+                "rows/cols",
+                format!("a {rows}x{cols} shard is empty"),
+            ));
+        }
+        if splits_per_rank == 0 || rows % splits_per_rank != 0 {
+            return Err(argument(
+                ctx,
+                "splits_per_rank",
+                format!("must divide the shard's {rows} rows (got {splits_per_rank})"),
+            ));
+        }
+        let mine = format!("{rows}x{cols}/{}/{splits_per_rank}", T::DTYPE);
+        let all = pg.all_gather_bytes("all-gather-shape", mine.as_bytes())?;
+        for (r, theirs) in all.iter().enumerate() {
+            if theirs != mine.as_bytes() {
+                return Err(argument(
+                    ctx,
+                    "shard",
+                    format!(
+                        "rank {} has shard {mine} (rows x cols / dtype / splits) but rank {r} has {}: every rank's shard must have the same shape, dtype and splits",
+                        pg.rank(),
+                        String::from_utf8_lossy(theirs)
+                    ),
+                ));
+            }
+        }
+        let world = pg.world_size();
+        let sym = SymmetricMemory::alloc(pg, rows * cols * std::mem::size_of::<T>())?;
+        let shard = sym.tensor::<T>(&[rows, cols])?;
+        let dev = pg.device();
+        let gathered = Tensor::<T>::empty_in(dev, [world * rows, cols], Memory::Plain)?;
+        let progress = Tensor::<u32>::flags(world * splits_per_rank)?;
+        let backend = SideStream::new(dev, true)?;
+        dev.synchronize()?;
+        Ok(AllGather {
+            sym,
+            shard,
+            gathered,
+            progress,
+            backend,
+            rows,
+            cols,
+            splits: splits_per_rank,
+            rank: pg.rank(),
+            world,
+            epoch: 0,
+        })
+    }
+
+    /// This rank's shard, in symmetric memory: write the input here.
+    pub fn shard(&self) -> &Tensor<T> {
+        &self.shard
+    }
+
+    /// Where all shards land, rank after rank.
+    pub fn gathered(&self) -> &Tensor<T> {
+        &self.gathered
+    }
+
+    /// One flag per chunk, rank-major: chunk `c` of rank `r` is flag `r * splits + c`,
+    /// so row `i` of [`AllGather::gathered`] is ready once flag `i / rows_per_chunk`
+    /// holds the call's epoch.
+    pub fn progress(&self) -> &Tensor<u32> {
+        &self.progress
+    }
+
+    pub fn rows_per_chunk(&self) -> usize {
+        self.rows / self.splits
+    }
+
+    /// Checks that `t` is this all-gather's shard (in symmetric memory).
+    pub fn check_shard(&self, t: &Tensor<T>) -> Result<()> {
+        if !self.sym.holds(t) {
+            return Err(argument(
+                "AllGather",
+                "shard",
+                "is not in this all-gather's symmetric memory: write the input into `shard()` (peers read it from there)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues the all-gather on the backend stream, after the launch stream's work
+    /// so far (the shard's writes); returns the epoch the flags will reach.
+    pub fn start(&mut self) -> Result<u32> {
+        self.epoch = self
+            .epoch
+            .checked_add(1)
+            .ok_or_else(|| Error::Distributed {
+                context: "AllGather::start".into(),
+                message: "the epoch counter wrapped after 4 billion calls; create a new AllGather"
+                    .into(),
+            })?;
+        let epoch = self.epoch;
+        let dev = self.gathered.device().clone();
+        let s = self.backend.stream();
+        s.join(dev.stream())
+            .map_err(driver("ordering the all-gather after the shard's writes"))?;
+        let raw = s.cu_stream();
+        // Every shard is written before anyone reads it.
+        self.sym.device_barrier(raw, 0, epoch)?;
+        let elem = std::mem::size_of::<T>();
+        let chunk_rows = self.rows_per_chunk();
+        let chunk_bytes = chunk_rows * self.cols * elem;
+        for i in 0..self.world {
+            let p = (self.rank + i) % self.world;
+            let src = self.sym.data_ptr(p);
+            let dst = self.gathered.device_ptr() + (p * self.rows * self.cols * elem) as u64;
+            for c in 0..self.splits {
+                let off = (c * chunk_bytes) as u64;
+                // SAFETY: `src + off` lies in rank p's shard (mapped here and alive
+                // until every rank passes the closing barrier), `dst + off` in the
+                // gathered tensor (plain memory of this device); both hold
+                // `chunk_bytes` more bytes (rows is a multiple of splits).
+                unsafe { stream_ops::copy(raw, dst + off, src + off, chunk_bytes)? };
+                let flag = self.progress.device_ptr() + ((p * self.splits + c) * 4) as u64;
+                // SAFETY: a flag of the plain-memory progress tensor.
+                unsafe { stream_ops::write_value(raw, flag, epoch)? };
+            }
+        }
+        // Peers are done reading this rank's shard once they pass this.
+        self.sym.device_barrier(raw, 1, epoch)?;
+        Ok(epoch)
+    }
+
+    /// Makes the launch stream wait for the all-gather (queue it after the consumer
+    /// kernel, so the two overlap).
+    pub fn finish(&self) -> Result<()> {
+        self.backend.join_into_launch_stream()
+    }
+}

@@ -1,0 +1,51 @@
+//! Checked wrappers of the raw stream operations the all-gather is built from:
+//! 32-bit memory writes and waits done by the stream's front end (no SM), and
+//! copy-engine copies between device addresses (a peer's, through its IPC
+//! mapping, included).
+
+use crate::error::{driver, Result};
+use cudarc::driver::sys;
+
+/// Queues `*addr = value` on `stream` after its earlier work.
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned device address, in memory allocated with
+/// `cuMemAlloc` (stream memory operations reject pool memory), that stays mapped
+/// until the stream has run the write.
+pub(crate) unsafe fn write_value(stream: sys::CUstream, addr: u64, value: u32) -> Result<()> {
+    sys::cuStreamWriteValue32_v2(
+        stream,
+        addr,
+        value,
+        sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+    )
+    .result()
+    .map_err(driver("cuStreamWriteValue32"))
+}
+
+/// Queues a wait until `*addr >= value` (as unsigned 32-bit) on `stream`.
+///
+/// # Safety
+/// As for [`write_value`]. The wait has no time limit on the device: callers
+/// bound it by their own host-side deadline (see `ProcessGroup::synchronize`).
+pub(crate) unsafe fn wait_value_geq(stream: sys::CUstream, addr: u64, value: u32) -> Result<()> {
+    sys::cuStreamWaitValue32_v2(
+        stream,
+        addr,
+        value,
+        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+    )
+    .result()
+    .map_err(driver("cuStreamWaitValue32"))
+}
+
+/// Queues a copy of `bytes` from `src` to `dst` on `stream` (the copy engine).
+///
+/// # Safety
+/// Both ranges must be mapped in this context (a peer's through IPC) and stay so
+/// until the copy has run.
+pub(crate) unsafe fn copy(stream: sys::CUstream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+        .result()
+        .map_err(driver("cuMemcpyDtoDAsync"))
+}

@@ -1,0 +1,202 @@
+//! Symmetric memory on one node: the same-sized buffer on every rank, each mapped
+//! into every other rank's address space through CUDA IPC, plus a small signal
+//! pad per rank for barriers done on the GPU with stream memory operations.
+
+use super::group::ProcessGroup;
+use super::stream_ops;
+use crate::buffer::{Buffer, Memory};
+use crate::device::Device;
+use crate::element::Element;
+use crate::error::{argument, driver, Error, Result};
+use crate::tensor::Tensor;
+use cudarc::driver::sys;
+use std::sync::Arc;
+
+/// Signal slots per rank: `SLOTS_PER_PEER` for each peer.
+const SLOTS_PER_PEER: usize = 2;
+
+/// A buffer of the same size on every rank of a one-node group, each rank's
+/// mapped into all the others.
+pub struct SymmetricMemory {
+    dev: Arc<Device>,
+    local: Arc<Buffer>,
+    /// Bytes of data (the signal pad follows, 256-byte aligned).
+    bytes: usize,
+    pad_offset: usize,
+    /// Each rank's allocation as mapped here (this rank's own is `local`).
+    bases: Vec<u64>,
+    rank: usize,
+    world: usize,
+}
+
+// SAFETY: the raw peer addresses are plain integers; all use goes through the
+// device's context, which may be bound on any thread.
+unsafe impl Send for SymmetricMemory {}
+// SAFETY: as above; nothing here is mutated after construction.
+unsafe impl Sync for SymmetricMemory {}
+
+impl SymmetricMemory {
+    /// Allocates `bytes` on every rank of `pg` (all must pass the same size) and
+    /// maps each rank's buffer into every other. One node only.
+    pub fn alloc(pg: &ProcessGroup, bytes: usize) -> Result<SymmetricMemory> {
+        let ctx = "SymmetricMemory::alloc";
+        if !pg.env().single_node() {
+            return Err(Error::Distributed {
+                context: ctx.into(),
+                message: format!(
+                    "symmetric memory spans one node, and these {} ranks run on {} nodes; use NCCL across nodes",
+                    pg.world_size(),
+                    pg.world_size() / pg.env().local_world_size
+                ),
+            });
+        }
+        let sizes = pg.all_gather_bytes("symm-size", &(bytes as u64).to_le_bytes())?;
+        for (r, s) in sizes.iter().enumerate() {
+            let theirs =
+                u64::from_le_bytes(s.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+            if theirs != bytes as u64 {
+                return Err(argument(
+                    ctx,
+                    "bytes",
+                    format!(
+                        "rank {} asks for {bytes} bytes but rank {r} for {theirs}: every rank must allocate the same size",
+                        pg.rank()
+                    ),
+                ));
+            }
+        }
+        let (rank, world) = (pg.rank(), pg.world_size());
+        let dev = pg.device().clone();
+        let pad_offset = bytes.div_ceil(256) * 256;
+        let pad_bytes = world * SLOTS_PER_PEER * 4;
+        let local = Arc::new(Buffer::alloc(&dev, pad_offset + pad_bytes, Memory::Plain)?);
+        local.fill_bytes(0)?;
+        dev.synchronize()?;
+        let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: `local.ptr` is the base of a live cuMemAlloc allocation of this
+        // context (bound by `Buffer::alloc`); `handle` is a valid out-pointer.
+        unsafe { sys::cuIpcGetMemHandle(&mut handle, local.ptr) }
+            .result()
+            .map_err(driver("cuIpcGetMemHandle"))?;
+        let mine: Vec<u8> = handle.reserved.iter().map(|&c| c as u8).collect();
+        let handles = pg.all_gather_bytes("symm-handle", &mine)?;
+        let mut bases = vec![0u64; world];
+        bases[rank] = local.ptr;
+        let mut opened = Vec::new();
+        for (r, h) in handles.iter().enumerate() {
+            if r == rank {
+                continue;
+            }
+            let mut theirs = sys::CUipcMemHandle_st { reserved: [0; 64] };
+            for (d, s) in theirs.reserved.iter_mut().zip(h) {
+                *d = *s as std::ffi::c_char;
+            }
+            let mut ptr = 0u64;
+            // SAFETY: the handle was exported by rank `r`'s cuIpcGetMemHandle on a
+            // live allocation (it stays alive until after the barrier below, and
+            // then for as long as every rank holds its SymmetricMemory).
+            let r_open = unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut ptr,
+                    theirs,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            }
+            .result();
+            if let Err(e) = r_open {
+                for p in opened {
+                    // SAFETY: closes mappings opened above, once.
+                    let _ = unsafe { sys::cuIpcCloseMemHandle(p) };
+                }
+                return Err(driver(format!(
+                    "mapping rank {r}'s buffer (cuIpcOpenMemHandle)"
+                ))(e));
+            }
+            bases[r] = ptr;
+            opened.push(ptr);
+        }
+        pg.barrier("symm-mapped")?;
+        Ok(SymmetricMemory {
+            dev,
+            local,
+            bytes,
+            pad_offset,
+            bases,
+            rank,
+            world,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// This rank's data as a contiguous tensor of `shape` (it must fit).
+    pub fn tensor<T: Element>(&self, shape: &[usize]) -> Result<Tensor<T>> {
+        let need = shape.iter().product::<usize>() * std::mem::size_of::<T>();
+        if need > self.bytes {
+            return Err(argument(
+                "SymmetricMemory::tensor",
+                "shape",
+                format!(
+                    "{shape:?} needs {need} bytes; the buffer has {}",
+                    self.bytes
+                ),
+            ));
+        }
+        Ok(Tensor::from_buffer(self.local.clone(), shape))
+    }
+
+    /// Whether `t` lives in this buffer (this rank's part).
+    pub fn holds<T: Element>(&self, t: &Tensor<T>) -> bool {
+        t.is_in(&self.local)
+    }
+
+    /// The address of rank `r`'s data as mapped on this rank.
+    pub fn data_ptr(&self, r: usize) -> u64 {
+        self.bases[r]
+    }
+
+    /// Rank `owner`'s signal slot `slot` for messages from rank `from`, as mapped here.
+    fn slot(&self, owner: usize, from: usize, slot: usize) -> u64 {
+        self.bases[owner] + (self.pad_offset + (from * SLOTS_PER_PEER + slot) * 4) as u64
+    }
+
+    /// Queues on `stream` a barrier across all ranks, done by the stream's front
+    /// end: write `epoch` into every peer's slot for this rank, then wait for every
+    /// peer's write into this rank's pad. `slot` (0 or 1) keeps two barriers of one
+    /// epoch apart. Epochs must grow from call to call.
+    pub(crate) fn device_barrier(
+        &self,
+        stream: sys::CUstream,
+        slot: usize,
+        epoch: u32,
+    ) -> Result<()> {
+        debug_assert!(slot < SLOTS_PER_PEER);
+        self.dev
+            .context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
+        for p in (0..self.world).filter(|&p| p != self.rank) {
+            // SAFETY: a 4-byte slot inside rank p's live cuMemAlloc buffer, mapped here.
+            unsafe { stream_ops::write_value(stream, self.slot(p, self.rank, slot), epoch)? };
+        }
+        for p in (0..self.world).filter(|&p| p != self.rank) {
+            // SAFETY: a 4-byte slot inside this rank's own live buffer.
+            unsafe { stream_ops::wait_value_geq(stream, self.slot(self.rank, p, slot), epoch)? };
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SymmetricMemory {
+    fn drop(&mut self) {
+        let _ = self.dev.context().bind_to_thread();
+        for (r, &p) in self.bases.iter().enumerate() {
+            if r != self.rank {
+                // SAFETY: closes the mapping opened in `alloc`, once.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(p) };
+            }
+        }
+    }
+}

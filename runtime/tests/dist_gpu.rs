@@ -1,0 +1,160 @@
+//! The distributed runtime on real GPUs, as ranks under `tilefuse-run`: the store,
+//! symmetric memory, the GPU-side barrier and the copy-engine all-gather (several
+//! calls, fresh data each, flags reused by epoch), bad input on every rank, and a
+//! rank that dies. Run as a plain test it launches itself on every GPU it sees;
+//! without a GPU it skips and says so (it fails instead with TILEFUSE_REQUIRE_GPU=1).
+
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+use tilefuse_runtime::dist::{AllGather, ProcessGroup};
+use tilefuse_runtime::{Device, Tensor};
+
+fn launcher() -> String {
+    std::env::var("TILEFUSE_RUN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tilefuse-run").to_string())
+}
+
+fn value(rank: usize, call: u32, i: usize) -> f32 {
+    (rank * 1_000_000 + call as usize * 10_000 + i % 9_973) as f32
+}
+
+/// What one rank checks; `Err` describes the first failure.
+fn rank_main() -> Result<(), String> {
+    let e = |x: tilefuse_runtime::Error| x.to_string();
+    let pg = ProcessGroup::init().map_err(e)?;
+    let (rank, world) = (pg.rank(), pg.world_size());
+    if std::env::args().any(|a| a == "--fault") {
+        // Rank 1 dies; rank 0 must not hang: the launcher stops it, or its barrier
+        // times out naming rank 1.
+        if rank == 1 {
+            std::process::exit(3);
+        }
+        return match pg.barrier("after-fault") {
+            Ok(()) => Err("a barrier passed with a dead rank".into()),
+            Err(err) => {
+                println!("rank {rank}: barrier failed as it should: {err}");
+                Err(format!("expected failure: {err}"))
+            }
+        };
+    }
+
+    // The store: every rank's value, in rank order.
+    let got = pg.all_gather_bytes("ids", &[rank as u8]).map_err(e)?;
+    if got != (0..world).map(|r| vec![r as u8]).collect::<Vec<_>>() {
+        return Err(format!("store all-gather gave {got:?}"));
+    }
+
+    // The all-gather, three calls with fresh data each.
+    let (rows, cols, splits) = (256, 1000, 4);
+    let mut ag = AllGather::<f32>::new(&pg, rows, cols, splits).map_err(e)?;
+    for call in 1..=3u32 {
+        let mine: Vec<f32> = (0..rows * cols).map(|i| value(rank, call, i)).collect();
+        ag.shard().clone().copy_from_slice(&mine).map_err(e)?;
+        let epoch = ag.start().map_err(e)?;
+        ag.finish().map_err(e)?;
+        pg.synchronize("the all-gather").map_err(e)?;
+        let g = ag.gathered().to_vec().map_err(e)?;
+        for r in 0..world {
+            for i in [0, 1, rows * cols / 2, rows * cols - 1] {
+                let (want, have) = (value(r, call, i), g[r * rows * cols + i]);
+                if want != have {
+                    return Err(format!(
+                        "call {call}: gathered[{r}][{i}] = {have}, want {want}"
+                    ));
+                }
+            }
+        }
+        let flags = ag.progress().to_vec().map_err(e)?;
+        if flags.iter().any(|&f| f != epoch) {
+            return Err(format!("call {call}: flags {flags:?}, want all {epoch}"));
+        }
+    }
+    // Bad input: a tensor outside symmetric memory; shards that disagree.
+    let plain = Tensor::<f32>::empty([rows, cols]).map_err(e)?;
+    let msg = ag
+        .check_shard(&plain)
+        .err()
+        .ok_or("a plain tensor passed as the shard")?;
+    if !msg.to_string().contains("symmetric memory") {
+        return Err(format!("unclear error: {msg}"));
+    }
+    let wrong_rows = if rank == 0 { 128 } else { 64 };
+    let msg = match AllGather::<f32>::new(&pg, wrong_rows, cols, 4) {
+        Ok(_) if world > 1 => return Err("shards of different shapes were accepted".into()),
+        Ok(_) => String::from("same shape"),
+        Err(m) => m.to_string(),
+    };
+    if world > 1 && !msg.contains("same shape") {
+        return Err(format!("unclear error: {msg}"));
+    }
+    let msg = AllGather::<f32>::new(&pg, 100, cols, 3)
+        .err()
+        .ok_or("3 splits of 100 rows accepted")?;
+    if !msg.to_string().contains("splits_per_rank") {
+        return Err(format!("unclear error: {msg}"));
+    }
+    pg.barrier("done").map_err(e)?;
+    println!("rank {rank}/{world}: store, symmetric memory, barrier, all-gather: ok");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    if std::env::var_os("RANK").is_some() {
+        return match rank_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(m) => {
+                eprintln!("FAILED: {m}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let require = std::env::var("TILEFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let gpus = Device::count().unwrap_or(0);
+    if gpus == 0 {
+        if require {
+            eprintln!("dist_gpu: no GPU, and TILEFUSE_REQUIRE_GPU=1");
+            return ExitCode::FAILURE;
+        }
+        println!("dist_gpu: skipped (no GPU)");
+        return ExitCode::SUCCESS;
+    }
+    let me = std::env::current_exe().expect("own path");
+    let run = |extra: &[&str]| {
+        Command::new(launcher())
+            .args([
+                "--nproc-per-node",
+                &gpus.to_string(),
+                "--master-port",
+                "0",
+                "--",
+            ])
+            .arg(&me)
+            .args(extra)
+            .env("TILEFUSE_DIST_TIMEOUT_S", "20")
+            .output()
+            .expect("running tilefuse-run")
+    };
+    let out = run(&[]);
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        eprintln!("dist_gpu: the ranks failed");
+        return ExitCode::FAILURE;
+    }
+    if gpus >= 2 {
+        let t = Instant::now();
+        let out = run(&["--fault"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        println!(
+            "dist_gpu fault run ({:.1} s): {}",
+            t.elapsed().as_secs_f64(),
+            err.trim()
+        );
+        if out.status.success() || !err.contains("rank 1") || t.elapsed() > Duration::from_secs(60)
+        {
+            eprintln!("dist_gpu: a dead rank was not reported within bounds");
+            return ExitCode::FAILURE;
+        }
+    }
+    println!("dist_gpu: ok ({gpus} rank(s))");
+    ExitCode::SUCCESS
+}
