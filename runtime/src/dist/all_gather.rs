@@ -1,10 +1,15 @@
 //! The copy-engine all-gather with progress flags, the producer half of a fused
 //! all-gather matmul.
 //!
-//! On a high-priority backend stream, after a GPU-side barrier (every rank's shard
-//! is written): this rank's own shard first, then each peer's in rotation
-//! (rank + 1, rank + 2, …), each in `splits_per_rank` chunks; after each chunk,
-//! `cuStreamWriteValue32` sets its progress flag to this call's epoch. A consumer
+//! The gathered tensor itself is the symmetric buffer: each rank writes its shard
+//! into its own rows of it, so the local shard needs no copy (a same-GPU copy may
+//! run as a kernel, and a kernel on the backend stream would starve behind a GEMM
+//! whose programs fill every SM waiting for it: seen on 2×H200). On a
+//! high-priority backend stream, after a GPU-side barrier (every rank's shard is
+//! written): the flags of this rank's own chunks first, then each peer's shard in
+//! rotation (rank + 1, rank + 2, …), pulled by the copy engine in
+//! `splits_per_rank` chunks; after each chunk, `cuStreamWriteValue32` sets its
+//! progress flag to this call's epoch. A consumer
 //! kernel launched meanwhile on the launch stream waits per chunk
 //! (`wait(progress, row / rows_per_chunk, epoch)`), so it computes on the first
 //! chunks while the later ones are still in flight. Flags are never cleared: the
@@ -15,7 +20,6 @@
 use super::group::ProcessGroup;
 use super::stream_ops;
 use super::symmetric::SymmetricMemory;
-use crate::buffer::Memory;
 use crate::element::Element;
 use crate::error::{argument, driver, Error, Result};
 use crate::side_stream::SideStream;
@@ -90,10 +94,10 @@ impl<T: Element> AllGather<T> {
             }
         }
         let world = pg.world_size();
-        let sym = SymmetricMemory::alloc(pg, rows * cols * std::mem::size_of::<T>())?;
-        let shard = sym.tensor::<T>(&[rows, cols])?;
+        let sym = SymmetricMemory::alloc(pg, world * rows * cols * std::mem::size_of::<T>())?;
+        let gathered = sym.tensor::<T>(&[world * rows, cols])?;
+        let shard = gathered.narrow(0, pg.rank() * rows, rows)?;
         let dev = pg.device();
-        let gathered = Tensor::<T>::empty_in(dev, [world * rows, cols], Memory::Plain)?;
         let progress = Tensor::<u32>::flags(world * splits_per_rank)?;
         let backend = SideStream::new(dev, true)?;
         dev.synchronize()?;
@@ -112,7 +116,8 @@ impl<T: Element> AllGather<T> {
         })
     }
 
-    /// This rank's shard, in symmetric memory: write the input here.
+    /// This rank's shard: its rows of the gathered tensor, in symmetric memory.
+    /// Write the input here.
     pub fn shard(&self) -> &Tensor<T> {
         &self.shard
     }
@@ -167,20 +172,30 @@ impl<T: Element> AllGather<T> {
         let elem = std::mem::size_of::<T>();
         let chunk_rows = self.rows_per_chunk();
         let chunk_bytes = chunk_rows * self.cols * elem;
-        for i in 0..self.world {
+        let flag =
+            |p: usize, c: usize| self.progress.device_ptr() + ((p * self.splits + c) * 4) as u64;
+        // This rank's rows are in place already.
+        for c in 0..self.splits {
+            // SAFETY: a flag of the plain-memory progress tensor.
+            unsafe { stream_ops::write_value(raw, flag(self.rank, c), epoch)? };
+        }
+        for i in 1..self.world {
             let p = (self.rank + i) % self.world;
-            let src = self.sym.data_ptr(p);
-            let dst = self.gathered.device_ptr() + (p * self.rows * self.cols * elem) as u64;
+            let shard_off = (p * self.rows * self.cols * elem) as u64;
+            let (src, dst) = (
+                self.sym.data_ptr(p) + shard_off,
+                self.gathered.device_ptr() + shard_off,
+            );
             for c in 0..self.splits {
                 let off = (c * chunk_bytes) as u64;
-                // SAFETY: `src + off` lies in rank p's shard (mapped here and alive
-                // until every rank passes the closing barrier), `dst + off` in the
-                // gathered tensor (plain memory of this device); both hold
-                // `chunk_bytes` more bytes (rows is a multiple of splits).
+                // SAFETY: `src + off` lies in rank p's own rows of its symmetric
+                // buffer (mapped here, alive while every rank holds its AllGather,
+                // not written by p until it passes the closing barrier), `dst + off`
+                // in the same rows of this rank's buffer; both hold `chunk_bytes`
+                // more bytes (rows is a multiple of splits).
                 unsafe { stream_ops::copy(raw, dst + off, src + off, chunk_bytes)? };
-                let flag = self.progress.device_ptr() + ((p * self.splits + c) * 4) as u64;
                 // SAFETY: a flag of the plain-memory progress tensor.
-                unsafe { stream_ops::write_value(raw, flag, epoch)? };
+                unsafe { stream_ops::write_value(raw, flag(p, c), epoch)? };
             }
         }
         // Peers are done reading this rank's shard once they pass this.
