@@ -20,7 +20,8 @@ use tilefuse::runtime::dist::{AllGather, ProcessGroup};
 use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
 /// C = A · B over the gathered A; each program first waits until the chunks
-/// holding its rows of A have arrived (flags reach `epoch`).
+/// holding its rows of A have arrived (flags reach `epoch`). The tile order
+/// starts at `first_row`, this rank's own rows, which need no copy.
 #[fused_kernel]
 fn ag_matmul(
     a: &Tensor<bf16>,
@@ -29,10 +30,11 @@ fn ag_matmul(
     progress: &Tensor<u32>,
     rows_per_chunk: usize,
     epoch: usize,
+    first_row: usize,
 ) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
-    for (tm, tn) in tile([m, n]) {
+    for (tm, tn) in tile([m, n]).starting_at([first_row, 0]) {
         wait(progress, tm.begin() / rows_per_chunk, epoch);
         wait(progress, (tm.end() - 1) / rows_per_chunk, epoch);
         let mut acc = zeros::<f32>([tm, tn]);
@@ -148,6 +150,7 @@ fn run() -> tilefuse::Result<bool> {
             a.progress(),
             rows_per_chunk,
             epoch as usize,
+            rank * rows,
         )?;
         a.finish()?;
         gathered = a.gathered().clone();
@@ -162,7 +165,7 @@ fn run() -> tilefuse::Result<bool> {
         progress = Tensor::<u32>::flags(1)?;
         progress.clone().copy_from_slice(&[1])?;
         rows_per_chunk = m;
-        ag_matmul(&gathered, &b, &c, &progress, rows_per_chunk, 1)?;
+        ag_matmul(&gathered, &b, &c, &progress, rows_per_chunk, 1, rank * rows)?;
     }
     pg.synchronize("the all-gather matmul")?;
 
@@ -216,9 +219,19 @@ fn bench(
     };
     let floor = time(&mut || tilefuse::cublas::matmul_into(&mut c, gathered_ref, b))?;
     // The flags hold the last call's epoch: the GEMM's waits pass at once.
+    let first_row = pg.rank() * m / pg.world_size();
     let done_epoch = progress.to_vec()?.into_iter().min().unwrap_or(0) as usize;
-    let gemm_alone =
-        time(&mut || ag_matmul(gathered, b, &c, progress, rows_per_chunk, done_epoch))?;
+    let gemm_alone = time(&mut || {
+        ag_matmul(
+            gathered,
+            b,
+            &c,
+            progress,
+            rows_per_chunk,
+            done_epoch,
+            first_row,
+        )
+    })?;
     let ag_alone = time(&mut || nccl.all_gather(shard, gathered_ref))?;
     let unfused = time(&mut || {
         nccl.all_gather(shard, gathered_ref)?;
@@ -234,6 +247,7 @@ fn bench(
                 a.progress(),
                 rows_per_chunk,
                 e as usize,
+                first_row,
             )?;
             a.finish()
         })?),

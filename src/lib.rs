@@ -28,7 +28,9 @@
 //!
 //! Host code (shapes, checks, allocation) surrounds one outermost
 //! `for … in tile([extents])` loop: its body is the device code, run once per tile.
-//! Inside it:
+//! `tile([m, n]).starting_at([i, j])` makes the programs' order start at the tiles
+//! holding index `i` and `j` and wrap around (an all-gather matmul starts on the
+//! rank's own rows, which are there first). Inside it:
 //!
 //! - `for t in tile(extent) { … }`: a nested tile loop, run sequentially in the program;
 //! - `t.begin()`, `t.end()`, `t.size()`: the bounds of the program's tile along `t`;

@@ -31,6 +31,10 @@ pub struct Kernel {
     pub dims: Vec<TileDim>,
     /// Dimensions of the outermost `tile()` loop: the launch grid.
     pub grid: Vec<DimId>,
+    /// `tile([...]).starting_at([...])`: per grid dimension, the index whose tile
+    /// the first programs compute (the order wraps around); empty: from 0.
+    #[serde(default)]
+    pub grid_start: Vec<ScalarId>,
     pub vars: Vec<Var>,
     pub body: Vec<Stmt>,
 }

@@ -158,6 +158,7 @@ fn matmul_with(dtype: DType) -> Kernel {
         constexprs: vec![],
         dims: vec![dim("tm", 0), dim("tn", 1), dim("tk", 2)],
         grid: vec![TM, TN],
+        grid_start: Vec::new(),
         vars: vec![var("acc", true)],
         body: vec![
             let_(
@@ -255,6 +256,7 @@ fn pointwise_2d() -> Kernel {
         constexprs: vec![],
         dims: vec![dim("tm", 0), dim("tn", 1)],
         grid: vec![0, 1],
+        grid_start: Vec::new(),
         vars: vec![],
         body: vec![store(
             2,
@@ -285,6 +287,7 @@ fn pointwise_1d() -> Kernel {
         constexprs: vec![],
         dims: vec![dim("ti", 0)],
         grid: vec![0],
+        grid_start: Vec::new(),
         vars: vec![var("len", false)],
         body: vec![
             let_(
@@ -325,6 +328,7 @@ fn rows_inner_loop() -> Kernel {
         constexprs: vec![],
         dims: vec![dim("tr", 0), dim("tc", 1)],
         grid: vec![0],
+        grid_start: Vec::new(),
         vars: vec![],
         body: vec![loop_(
             1,
@@ -1276,9 +1280,32 @@ fn lower_pointwise_2d() {
     assert!(body.contains("fmaxf("));
     assert!(body.contains("t2[(c0) * t2_s0 + (c1) * t2_s1] = tf_f32_to_bf16(v)"));
     // Program id decode: the last grid dimension moves fastest.
-    let d1 = body.find("const long long tb1").unwrap();
-    let d0 = body.find("const long long tb0").unwrap();
+    let d1 = body.find("    tb1 = ").unwrap();
+    let d0 = body.find("    tb0 = ").unwrap();
     assert!(d1 < d0);
+    assert!(!body.contains("starting_at"));
+
+    // `tile([m, n]).starting_at([i, j])`: each index shifts its dimension, wrapping.
+    let mut k = k;
+    k.scalars.push(ScalarParam { name: "i".into() });
+    k.scalars.push(ScalarParam { name: "j".into() });
+    k.grid_start = vec![3, 4];
+    let mut spec = declared_spec(&k);
+    spec.scalars[3] = ScalarKind::Int;
+    spec.scalars[4] = ScalarKind::Int;
+    let body = lowered(&k, &spec, &cfg).source;
+    assert!(
+        body.contains("tb0 = ((tf_pid % tf_t + (s3 / B0) % tf_t + tf_t) % tf_t) * B0"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tb1 = ((tf_pid % tf_t + (s4 / B1) % tf_t + tf_t) % tf_t) * B1"),
+        "{body}"
+    );
+    // A float start index is an error naming it.
+    spec.scalars[3] = ScalarKind::Float;
+    let e = lower(&k, &spec, &cfg).unwrap_err().to_string();
+    assert!(e.contains("`i`") && e.contains("integer"), "{e}");
 }
 
 #[test]
@@ -1635,4 +1662,29 @@ fn lower_matmul_k16_uses_single_step_loop() {
     assert!(!body.contains("(ki + 1) & 1"), "{body}");
     let l = lowered(&k, &declared_spec(&k), &gemm_config());
     assert!(kernel_part(&l).contains("(ki + 1) & 1"));
+}
+
+#[test]
+fn matmul_grid_starting_at_rotates_the_tile_order() {
+    let mut k = matmul();
+    k.scalars.push(ScalarParam {
+        name: "first_row".into(),
+    });
+    let s = k.scalars.len() - 1;
+    // Only M is shifted; N starts at the tile holding index `m` (its extent), i.e. 0 mod tiles.
+    k.grid_start = vec![s, 0];
+    let mut spec = declared_spec(&k);
+    spec.scalars[s] = ScalarKind::Int;
+    let src = lowered(&k, &spec, &default_config(&k)).source;
+    assert!(
+        src.contains(&format!(
+            "tile_m = (tile_m + ((s{s} / 128) % tiles_m + tiles_m)) % tiles_m;"
+        )),
+        "{src}"
+    );
+    assert!(
+        src.contains("tile_n = (tile_n + ((s0 / 256) % tiles_n + tiles_n)) % tiles_n;"),
+        "{src}"
+    );
+    assert!(src.contains("const long long tb0 = tile_m * 128;"), "{src}");
 }

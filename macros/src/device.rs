@@ -65,6 +65,7 @@ impl Builder {
                     .collect(),
                 dims: Vec::new(),
                 grid: Vec::new(),
+                grid_start: Vec::new(),
                 vars: Vec::new(),
                 body: Vec::new(),
             },
@@ -78,7 +79,38 @@ impl Builder {
 
     /// Builds the grid loop `for pat in tile(extents) { body }`.
     pub fn grid_loop(&mut self, fl: &syn::ExprForLoop) -> syn::Result<()> {
-        let dims = self.tile_loop_dims(&fl.pat, &fl.expr)?;
+        // `tile([...]).starting_at([...])`: the grid's first tiles (grid loop only).
+        let (iter, start) = match fl.expr.as_ref() {
+            SynExpr::MethodCall(m) => {
+                if m.method != "starting_at" || m.args.len() != 1 {
+                    return Err(err(
+                        &m.method,
+                        "the grid loop takes `tile([...])` or `tile([...]).starting_at([...])` (one start index per tile dimension)",
+                    ));
+                }
+                (m.receiver.as_ref(), Some(&m.args[0]))
+            }
+            other => (other, None),
+        };
+        let dims = self.tile_loop_dims(&fl.pat, iter)?;
+        if let Some(start) = start {
+            let starts: Vec<&SynExpr> = match start {
+                SynExpr::Array(a) => a.elems.iter().collect(),
+                SynExpr::Tuple(t) => t.elems.iter().collect(),
+                other => vec![other],
+            };
+            if starts.len() != dims.len() {
+                return Err(err(
+                    start,
+                    format!(
+                        "`starting_at` needs one index per tile dimension: the grid has {}, this gives {}",
+                        dims.len(),
+                        starts.len()
+                    ),
+                ));
+            }
+            self.kernel.grid_start = starts.into_iter().map(|e| self.host_scalar(e)).collect();
+        }
         self.kernel.grid = dims;
         self.kernel.body = self.block(&fl.body.stmts)?;
         Ok(())

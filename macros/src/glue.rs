@@ -55,11 +55,12 @@ fn tensor_dtype_of_expr(e: &Expr) -> Option<DType> {
 }
 
 fn is_grid_loop(s: &Stmt) -> Option<&syn::ExprForLoop> {
+    let is_tile = |e: &Expr| matches!(e, Expr::Call(c) if matches!(c.func.as_ref(), Expr::Path(p) if p.path.is_ident("tile")));
     match s {
         Stmt::Expr(Expr::ForLoop(fl), _) => match fl.expr.as_ref() {
-            Expr::Call(c) if matches!(c.func.as_ref(), Expr::Path(p) if p.path.is_ident("tile")) => {
-                Some(fl)
-            }
+            e if is_tile(e) => Some(fl),
+            // `tile([...]).starting_at([...])`
+            Expr::MethodCall(m) if is_tile(&m.receiver) => Some(fl),
             _ => None,
         },
         _ => None,

@@ -22,6 +22,20 @@ fn rank_main() -> Result<(), String> {
     let e = |x: tilefuse_runtime::Error| x.to_string();
     let pg = ProcessGroup::init().map_err(e)?;
     let (rank, world) = (pg.rank(), pg.world_size());
+    if std::env::args().any(|a| a == "--fault-mid") {
+        // Rank 1 dies in the middle of an all-gather (after queuing it, before
+        // finishing); rank 0 keeps going and must get an error, not hang.
+        let mut ag = AllGather::<f32>::new(&pg, 256, 1000, 4).map_err(e)?;
+        for call in 0..50 {
+            ag.start().map_err(e)?;
+            if rank == 1 && call == 3 {
+                std::process::exit(3);
+            }
+            ag.finish().map_err(e)?;
+            pg.synchronize("an all-gather").map_err(e)?;
+        }
+        return Err("50 all-gathers passed with a dead rank".into());
+    }
     if std::env::args().any(|a| a == "--fault") {
         // Rank 1 dies; rank 0 must not hang: the launcher stops it, or its barrier
         // times out naming rank 1.

@@ -162,6 +162,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             (Param::SplitCounters, "unsigned* tf_counters"),
         ],
     );
+    let rotate = grid_rotation(e, g, bm, bn)?;
     let o = &mut e.out;
     let gm = e.cfg.group_m.max(1);
     let _ = write!(
@@ -184,13 +185,15 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   const long long group_width = {gm}ll * tiles_n;
   const long long first_m = (pid / group_width) * {gm}ll;
   const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
-  const long long tb{dm} = (first_m + (pid % group_width) % group_rows) * {bm};
-  const long long tb{dn} = ((pid % group_width) / group_rows) * {bn};
+  long long tile_m = first_m + (pid % group_width) % group_rows, tile_n = (pid % group_width) / group_rows;
+{rotate}  const long long tb{dm} = tile_m * {bm};
+  const long long tb{dn} = tile_n * {bn};
   const int wm0 = (warp / {wn}) * {wtm}, wn0 = (warp % {wn}) * {wtn};
   float acc[{mi}][{ni}][4];
 "#,
         wtm = bm / geo.wm,
         wtn = bn / wn,
+        rotate = rotate,
     );
 
     // Statements before the K loop, in order: block-level ones, the accumulator's
@@ -369,6 +372,38 @@ fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
 "#,
         tile_floats = count * nt,
     );
+}
+
+/// `tile([m, n]).starting_at([i, j])`: the tile order starts at the tiles holding
+/// row `i` and column `j` and wraps around (an all-gather matmul starts on the
+/// rank's own rows, which are there first).
+fn grid_rotation(e: &Emitter, g: &GemmShape, bm: usize, bn: usize) -> Result<String, CodegenError> {
+    let k = e.k;
+    if k.grid_start.is_empty() {
+        return Ok(String::new());
+    }
+    let mut out = String::new();
+    for (pos, &d) in k.grid.iter().enumerate() {
+        let s = k.grid_start[pos];
+        if e.spec.scalars.get(s) != Some(&crate::spec::ScalarKind::Int) {
+            return Err(CodegenError::Argument {
+                kernel: k.name.clone(),
+                arg: k.scalars[s].name.clone(),
+                message: "a `starting_at` index must be an integer".into(),
+            });
+        }
+        let (var, tiles, block) = if d == g.m {
+            ("tile_m", "tiles_m", bm)
+        } else {
+            ("tile_n", "tiles_n", bn)
+        };
+        let _ = writeln!(
+            out,
+            "  {var} = ({var} + ((s{s} / {block}) % {tiles} + {tiles})) % {tiles};  // starting_at: `{}`",
+            k.scalars[s].name
+        );
+    }
+    Ok(out)
 }
 
 /// Sets every accumulator element from `init` (a constant, or per element from tensors).

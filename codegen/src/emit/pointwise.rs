@@ -18,11 +18,28 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         "  const int tid = threadIdx.x;\n  long long tf_pid = blockIdx.x;"
     );
     // Decode the program id, the last grid dimension moving fastest.
-    for &d in e.k.grid.iter().rev() {
+    for &d in &e.k.grid {
+        let _ = writeln!(e.out, "  long long tb{d};");
+    }
+    // `starting_at`: the order starts at the tile holding that index and wraps.
+    for (pos, &d) in e.k.grid.iter().enumerate().rev() {
         let ext = e.k.dims[d].extent;
+        let shift = match e.k.grid_start.get(pos) {
+            Some(&s) => {
+                if e.spec.scalars.get(s) != Some(&crate::spec::ScalarKind::Int) {
+                    return Err(CodegenError::Argument {
+                        kernel: e.k.name.clone(),
+                        arg: e.k.scalars[s].name.clone(),
+                        message: "a `starting_at` index must be an integer".into(),
+                    });
+                }
+                format!(" + (s{s} / B{d}) % tf_t + tf_t")
+            }
+            None => String::new(),
+        };
         let _ = writeln!(
             e.out,
-            "  const long long tb{d} = (tf_pid % ((s{ext} + B{d} - 1) / B{d})) * B{d};\n  tf_pid /= (s{ext} + B{d} - 1) / B{d};"
+            "  {{ const long long tf_t = (s{ext} + B{d} - 1) / B{d};\n    tb{d} = ((tf_pid % tf_t{shift}) % tf_t) * B{d};\n    tf_pid /= tf_t; }}"
         );
     }
     let body = e.k.body.clone();
