@@ -19,11 +19,11 @@ use tilefuse::prelude::*;
 use tilefuse::runtime::dist::{AllGather, ProcessGroup};
 use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
-/// C = A · B over the gathered A; each program first waits until the chunks
-/// holding its rows of A have arrived (flags reach `epoch`). The tile order
+/// C = A · B over the gathered A; each program first waits until every chunk
+/// holding its rows of A has arrived (flags reach `epoch`). The tile order
 /// starts at `first_row`, this rank's own rows, which need no copy.
 #[fused_kernel]
-fn ag_matmul(
+pub fn ag_matmul(
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
     out: &Tensor<bf16>,
@@ -35,8 +35,13 @@ fn ag_matmul(
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]).starting_at([first_row, 0]) {
-        wait(progress, tm.begin() / rows_per_chunk, epoch);
-        wait(progress, (tm.end() - 1) / rows_per_chunk, epoch);
+        // Every chunk the tile's rows touch (a tile may span chunks and ranks,
+        // which arrive in rotation, not in row order).
+        wait(
+            progress,
+            tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk,
+            epoch,
+        );
         let mut acc = zeros::<f32>([tm, tn]);
         for tk in tile(k) {
             acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);

@@ -50,6 +50,9 @@
 //!   (acquire, system scope), then the block continues. The spin is bounded
 //!   (`TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s): a timeout is reported by the next
 //!   synchronize as an error naming the site and the flag.
+//!   `wait(flags, lo..hi, value)` (or `lo..=hi`) waits for every flag in the range,
+//!   e.g. every chunk a tile's rows touch:
+//!   `wait(progress, tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk, epoch)`.
 //!
 //! Float arithmetic runs in f32: 16-bit values are widened on load and rounded
 //! (to nearest even) on store or `.cast::<bf16>()`.

@@ -98,3 +98,15 @@ fn default_gemm_config_does_not_spill() {
         );
     }
 }
+
+/// The seed example's GEMM: a range `wait` before the mainloop and a rotated tile order.
+#[test]
+fn all_gather_matmul_compiles() {
+    let def = all_gather_matmul::ag_matmul::kernel();
+    let spec = def.declared_spec().expect("declared dtypes");
+    let configs = [
+        def.config().expect("default config"),
+        Config::new(&[64, 64, 32]).num_warps(4).num_stages(2),
+    ];
+    compile_all(def, &[spec], &configs);
+}

@@ -215,6 +215,7 @@ impl Checker<'_> {
             Stmt::Wait {
                 tensor,
                 index,
+                end,
                 value,
                 at,
             } => {
@@ -229,7 +230,8 @@ impl Checker<'_> {
                         ),
                     ));
                 }
-                for (what, e) in [("index", index), ("value", value)] {
+                let ends = end.iter().map(|e| ("end of the flag range", e));
+                for (what, e) in [("index", index), ("value", value)].into_iter().chain(ends) {
                     let t = self.expr(e, at)?;
                     if !t.dims.is_empty() || t.dtype.is_float() {
                         return Err(self.err(

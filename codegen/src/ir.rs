@@ -97,9 +97,13 @@ pub enum Stmt {
         at: Src,
     },
     /// `wait(tensor, index, value)`: block until `tensor[index] >= value`, bounded in time.
+    /// `wait(tensor, lo..hi, value)` (or `lo..=hi`) waits for every flag in the range:
+    /// `index` is then `lo` and `end` the exclusive end.
     Wait {
         tensor: TensorId,
         index: Expr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        end: Option<Expr>,
         value: Expr,
         at: Src,
     },

@@ -51,7 +51,11 @@ fn stmt_addmm(s: &Stmt) -> Option<&str> {
         Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Store { value, .. } => {
             has_addmm(value)
         }
-        Stmt::Wait { index, value, .. } => has_addmm(index).or_else(|| has_addmm(value)),
+        Stmt::Wait {
+            index, end, value, ..
+        } => has_addmm(index)
+            .or_else(|| has_addmm(value))
+            .or_else(|| end.as_ref().and_then(has_addmm)),
         Stmt::Loop { body, .. } => body.iter().find_map(stmt_addmm),
     }
 }

@@ -596,6 +596,7 @@ fn check_rejects_wait_on_2d_or_f32_flags() {
             0,
             Stmt::Wait {
                 tensor: 2,
+                end: None,
                 index: Expr::TileBegin(0),
                 value: Expr::Int(1),
                 at: "wait(flags, ti.begin(), 1)".into(),
@@ -628,6 +629,7 @@ fn check_rejects_wait_with_tile_or_float_index() {
         0,
         Stmt::Wait {
             tensor: 2,
+            end: None,
             index: load(0, &[0], "x[ti]"),
             value: Expr::Int(1),
             at: "wait(flags, x[ti], 1)".into(),
@@ -1078,6 +1080,7 @@ fn lower_matmul_with_wait() {
         1,
         Stmt::Wait {
             tensor: 3,
+            end: None,
             index: bin(
                 BinOp::Div,
                 Expr::TileBegin(TM),
@@ -1107,6 +1110,60 @@ fn lower_matmul_with_wait() {
 }
 
 #[test]
+fn lower_wait_on_a_range_loops_over_its_flags() {
+    // wait(flags, tm.begin() / 32..tm.end() / 32, 1) in the GEMM.
+    let mut k = matmul();
+    k.tensors.push(tensor("flags", 1, Some(DType::U32)));
+    // Source text over two lines must not comment out the generated code after it.
+    let at = "wait(flags, tm.begin() / 32..tm.end() / 32,\n    1)";
+    k.body.insert(
+        1,
+        Stmt::Wait {
+            tensor: 3,
+            index: bin(
+                BinOp::Div,
+                Expr::TileBegin(TM),
+                Expr::Int(32),
+                "tm.begin() / 32",
+            ),
+            end: Some(bin(
+                BinOp::Div,
+                Expr::TileEnd(TM),
+                Expr::Int(32),
+                "tm.end() / 32",
+            )),
+            value: Expr::Int(1),
+            at: at.into(),
+        },
+    );
+    let l = lowered(&k, &declared_spec(&k), &gemm_config());
+    let body = kernel_part(&l);
+    assert!(
+        body.contains("for (long long tf_i = (tb0 / 32ll); tf_i < tf_hi && !tf_abort; ++tf_i)"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tf_wait_flag((const tf_u32*)t3, t3_n0, tf_i, 1ll"),
+        "{body}"
+    );
+    assert!(
+        body.contains("// wait(flags, tm.begin() / 32..tm.end() / 32, 1)\n"),
+        "{body}"
+    );
+    assert_eq!(l.wait_sites, vec![at.to_string()]);
+    // The IR without a range serializes as before (kernel hashes stay put).
+    let json = serde_json::to_string(&Stmt::Wait {
+        tensor: 0,
+        index: Expr::Int(0),
+        end: None,
+        value: Expr::Int(1),
+        at: "w".into(),
+    })
+    .unwrap();
+    assert!(!json.contains("end"), "{json}");
+}
+
+#[test]
 fn lower_pointwise_with_two_waits_numbers_sites() {
     let mut k = pointwise_1d();
     k.tensors.push(tensor("flags", 1, Some(DType::I32)));
@@ -1118,6 +1175,7 @@ fn lower_pointwise_with_two_waits_numbers_sites() {
             i,
             Stmt::Wait {
                 tensor: 2,
+                end: None,
                 index: Expr::Int(i as i64),
                 value: Expr::Int(i as i64 + 1),
                 at: (*at).into(),

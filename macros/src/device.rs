@@ -41,7 +41,14 @@ fn err(tokens: impl ToTokens, msg: impl std::fmt::Display) -> syn::Error {
 
 /// The source text of a piece of syntax, for messages in the IR.
 fn src(tokens: impl ToTokens) -> String {
-    let s = tokens.to_token_stream().to_string();
+    // The token printer breaks long streams over lines: one line, for messages
+    // and for the `// ...` comments of the generated source.
+    let s = tokens
+        .to_token_stream()
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     // `a [(tm , tk)]` -> `a[(tm, tk)]`: undo the token printer's spacing a little.
     s.replace(" ,", ",")
         .replace(" [", "[")
@@ -50,6 +57,7 @@ fn src(tokens: impl ToTokens) -> String {
         .replace(" . ", ".")
         .replace(" (", "(")
         .replace(" ;", ";")
+        .replace(",)", ")")
 }
 
 impl Builder {
@@ -336,11 +344,12 @@ impl Builder {
                     ));
                 };
                 let tensor = self.tensor(ident, 1, &c.args[0])?;
-                let index = self.expr(&c.args[1])?;
+                let (index, end) = self.wait_index(&c.args[1])?;
                 let value = self.expr(&c.args[2])?;
                 out.push(Stmt::Wait {
                     tensor,
                     index,
+                    end,
                     value,
                     at: src(c),
                 });
@@ -474,6 +483,32 @@ impl Builder {
             other => vec![other],
         };
         parts.into_iter().map(|p| self.tile_ref(p)).collect()
+    }
+
+    /// The index of `wait`: one flag, or a bounded range `lo..hi` / `lo..=hi` of them
+    /// (returned as `lo` and the exclusive end).
+    fn wait_index(&mut self, e: &SynExpr) -> syn::Result<(Expr, Option<Expr>)> {
+        let SynExpr::Range(r) = e else {
+            return Ok((self.expr(e)?, None));
+        };
+        let (Some(lo), Some(hi)) = (&r.start, &r.end) else {
+            return Err(err(
+                r,
+                "a range of flags in `wait` needs both ends, e.g. `lo..hi` or `lo..=hi`",
+            ));
+        };
+        let lo = self.expr(lo)?;
+        let hi = self.expr(hi)?;
+        let end = match r.limits {
+            syn::RangeLimits::HalfOpen(_) => hi,
+            syn::RangeLimits::Closed(_) => Expr::Binary {
+                op: BinOp::Add,
+                lhs: Box::new(hi),
+                rhs: Box::new(Expr::Int(1)),
+                at: src(r),
+            },
+        };
+        Ok((lo, Some(end)))
     }
 
     fn expr(&mut self, e: &SynExpr) -> syn::Result<Expr> {

@@ -70,6 +70,11 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if self.dev.is_wedged() {
+            // cuMemFree would wait for work that never ends; the process is on its
+            // way out (see `Device::mark_wedged`).
+            return;
+        }
         let _ = self.dev.context().bind_to_thread();
         // SAFETY: `ptr` was allocated by `alloc` and is freed once. A pooled buffer is
         // freed in stream order after the work already queued on the launch stream

@@ -23,6 +23,8 @@ pub struct Device {
     pub(crate) status: CudaSlice<u64>,
     /// Scratch for GEMM tiles split along K (see [`crate::split_tail`]).
     pub(crate) split: Mutex<crate::split_tail::Scratch>,
+    /// Set when work on this GPU waits on a peer that is gone (see [`Device::mark_wedged`]).
+    wedged: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Device {
@@ -103,6 +105,7 @@ impl Device {
             .alloc_zeros::<u64>(tilefuse_codegen::emit::prelude::STATUS_WORDS)
             .map_err(driver("allocating the status block"))?;
         Ok(Device {
+            wedged: Default::default(),
             ctx,
             stream,
             ordinal,
@@ -168,6 +171,24 @@ impl Device {
     /// The underlying cudarc context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Records that queued work on this GPU may never finish (it waits on a peer
+    /// rank that died): from now on, freeing device memory leaks it instead of
+    /// calling `cuMemFree`, which would wait for that work forever. The process
+    /// should report the error and exit; set by a distributed timeout.
+    pub fn mark_wedged(&self) {
+        if !self.wedged.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            tracing::warn!(
+                "GPU {}: queued work waits on a peer that is gone; device memory is no longer freed",
+                self.ordinal
+            );
+        }
+    }
+
+    /// Whether [`Device::mark_wedged`] was called.
+    pub fn is_wedged(&self) -> bool {
+        self.wedged.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits for all work queued on the launch stream, then reports a `wait` that

@@ -93,9 +93,14 @@ fn size_rules(k: &Kernel) -> Vec<SizeRule> {
             add(*tensor, index, at);
             visit_expr(value, &mut add);
         }
-        Stmt::Wait { index, value, .. } => {
+        Stmt::Wait {
+            index, end, value, ..
+        } => {
             visit_expr(index, &mut add);
             visit_expr(value, &mut add);
+            if let Some(end) = end {
+                visit_expr(end, &mut add);
+            }
         }
         Stmt::Loop { .. } => {}
     });

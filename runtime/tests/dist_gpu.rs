@@ -24,7 +24,13 @@ fn rank_main() -> Result<(), String> {
     let (rank, world) = (pg.rank(), pg.world_size());
     if std::env::args().any(|a| a == "--fault-mid") {
         // Rank 1 dies in the middle of an all-gather (after queuing it, before
-        // finishing); rank 0 keeps going and must get an error, not hang.
+        // finishing); the others keep going and must each get an error of their
+        // own, not hang: they ignore the launcher's SIGTERM to show that their
+        // wait on the GPU is bounded.
+        if rank != 1 {
+            // SAFETY: sets a signal disposition; no handler code runs.
+            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        }
         let mut ag = AllGather::<f32>::new(&pg, 256, 1000, 4).map_err(e)?;
         for call in 0..50 {
             ag.start().map_err(e)?;
@@ -100,6 +106,19 @@ fn rank_main() -> Result<(), String> {
     if world > 1 && !msg.contains("same shape") {
         return Err(format!("unclear error: {msg}"));
     }
+    // Same shape, another dtype on rank 0.
+    let msg = if rank == 0 {
+        AllGather::<half::bf16>::new(&pg, rows, cols, 4).map(|_| ())
+    } else {
+        AllGather::<f32>::new(&pg, rows, cols, 4).map(|_| ())
+    };
+    match msg {
+        Ok(()) if world > 1 => return Err("shards of different dtypes were accepted".into()),
+        Err(m) if !m.to_string().contains("dtype") => {
+            return Err(format!("unclear error for mixed dtypes: {m}"))
+        }
+        _ => {}
+    }
     let msg = AllGather::<f32>::new(&pg, 100, cols, 3)
         .err()
         .ok_or("3 splits of 100 rows accepted")?;
@@ -132,21 +151,18 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let me = std::env::current_exe().expect("own path");
-    let run = |extra: &[&str]| {
+    let run_with = |launcher_args: &[&str], extra: &[&str], timeout_s: &str| {
         Command::new(launcher())
-            .args([
-                "--nproc-per-node",
-                &gpus.to_string(),
-                "--master-port",
-                "0",
-                "--",
-            ])
+            .args(["--nproc-per-node", &gpus.to_string(), "--master-port", "0"])
+            .args(launcher_args)
+            .arg("--")
             .arg(&me)
             .args(extra)
-            .env("TILEFUSE_DIST_TIMEOUT_S", "20")
+            .env("TILEFUSE_DIST_TIMEOUT_S", timeout_s)
             .output()
             .expect("running tilefuse-run")
     };
+    let run = |extra: &[&str]| run_with(&[], extra, "20");
     let out = run(&[]);
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
@@ -166,6 +182,38 @@ fn main() -> ExitCode {
         if out.status.success() || !err.contains("rank 1") || t.elapsed() > Duration::from_secs(60)
         {
             eprintln!("dist_gpu: a dead rank was not reported within bounds");
+            return ExitCode::FAILURE;
+        }
+    }
+    if gpus >= 2 {
+        // A rank dies with an all-gather in flight. The survivors ignore SIGTERM and
+        // the launcher waits 60 s before SIGKILL: each must end on its own bounded
+        // wait (5 s here), naming what it waited for.
+        let t = Instant::now();
+        let out = run_with(&["--grace-period-s", "60"], &["--fault-mid"], "5");
+        let (o, err) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let took = t.elapsed();
+        println!(
+            "dist_gpu fault-mid run ({:.1} s): {}",
+            took.as_secs_f64(),
+            err.trim()
+        );
+        // A timeout naming the wait, or a driver error if the dead rank's memory
+        // went away under a copy: either way the rank's own error.
+        let survivors_failed_alone = (0..gpus)
+            .filter(|&r| r != 1)
+            .all(|r| err.contains(&format!("[rank{r}]: FAILED: ")));
+        if out.status.success()
+            || !err.contains("rank 1")
+            || !survivors_failed_alone
+            || took > Duration::from_secs(40)
+        {
+            eprintln!(
+                "dist_gpu: a rank dead mid-all-gather was not handled within bounds:\n{o}\n{err}"
+            );
             return ExitCode::FAILURE;
         }
     }

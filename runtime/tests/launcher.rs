@@ -6,7 +6,18 @@ use std::time::{Duration, Instant};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_tilefuse-run");
 
+/// Runs the launcher on any free master port (node 0's launcher binds it, and
+/// the tests run at once), unless the arguments name one.
 fn launch(args: &[&str]) -> Output {
+    let mut cmd = Command::new(LAUNCHER);
+    if !args.contains(&"--master-port") {
+        cmd.args(["--master-port", "0"]);
+    }
+    cmd.args(args).output().expect("running tilefuse-run")
+}
+
+/// The launcher with its default master port (one test only: the port is bound).
+fn launch_default_port(args: &[&str]) -> Output {
     Command::new(LAUNCHER)
         .args(args)
         .output()
@@ -53,7 +64,7 @@ fn pids(dir: &Path, n: usize) -> Vec<i32> {
 
 #[test]
 fn every_rank_gets_torchrun_variables_and_a_prefix() {
-    let out = launch(&[
+    let out = launch_default_port(&[
         "--nproc-per-node",
         "3",
         "--",
@@ -227,6 +238,55 @@ fn port_zero_picks_a_free_port() {
         .parse()
         .expect("a port number");
     assert!(port > 0 && port < 65536);
+}
+
+#[test]
+fn rank_0_inherits_the_store_socket_the_launcher_bound() {
+    // Rank 0 gets an open socket (no window for another process to take the
+    // port); the other ranks only the port number.
+    let script = r#"if [ -n "$TILEFUSE_STORE_FD" ]; then
+  echo "fd: $(readlink /proc/self/fd/$TILEFUSE_STORE_FD)"
+else
+  echo "no fd"
+fi"#;
+    let out = launch(&[
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let o = text(&out.stdout);
+    assert!(out.status.success(), "{o}{}", text(&out.stderr));
+    assert!(o.contains("[rank0]: fd: socket:["), "{o}");
+    assert!(o.contains("[rank1]: no fd"), "{o}");
+}
+
+#[test]
+fn a_taken_master_port_fails_before_any_rank_starts() {
+    let held = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    let port = held.local_addr().unwrap().port().to_string();
+    let dir = scratch("taken");
+    let marker = dir.join("started");
+    let script = format!("touch {}", marker.display());
+    let out = launch(&[
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        &port,
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("could not listen on the master port {port}")),
+        "{err}"
+    );
+    assert!(!marker.exists(), "a rank started anyway");
 }
 
 #[test]

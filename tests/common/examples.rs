@@ -3,3 +3,6 @@
 
 #[path = "../../examples/matmul.rs"]
 pub mod matmul;
+
+#[path = "../../examples/all_gather_matmul.rs"]
+pub mod all_gather_matmul;

@@ -113,3 +113,84 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
     let err = err_vs(&out, &reference);
     assert!(err <= 1e-2, "rel err after recovery {err}");
 }
+
+/// Each program waits for every chunk its rows touch: `lo..=hi`, so a tile that
+/// spans several chunks is not released by its first one.
+#[fused_kernel]
+fn range_gated_matmul(
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+    progress: &Tensor<u32>,
+    rows_per_chunk: usize,
+    out: &Tensor<bf16>,
+) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        wait(
+            progress,
+            tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk,
+            1,
+        );
+        let mut acc = zeros::<f32>([tm, tn]);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = acc.cast();
+    }
+}
+
+#[test]
+fn wait_on_a_range_holds_until_its_middle_chunk_arrives() {
+    let Some(dev) = gpu_alone() else { return };
+    // Ragged M; chunks of 16 rows are smaller than any GEMM block, so the first
+    // program's rows span chunks 0, 1, ...: only chunk 1 is held back.
+    let (m, n, k, chunk) = (1000, 384, 192, 16);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+    let chunks = m.div_ceil(chunk);
+    let mut init = vec![1u32; chunks];
+    init[1] = 0;
+    let mut flags = Tensor::<u32>::flags(chunks).unwrap();
+    flags.copy_from_slice(&init).unwrap();
+    let side = SideStream::new(&dev, true).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    dev.synchronize().unwrap();
+    let t0 = Instant::now();
+    range_gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    side.write_flag(&flags, 1, 1).unwrap();
+    dev.synchronize().unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(290),
+        "the kernel finished after {waited:?}, before chunk 1 (inside the first tile) arrived"
+    );
+    let err = err_vs(&out, &reference);
+    assert!(err <= 1e-2, "rel err {err}");
+
+    // A range that never completes times out naming the missing flag.
+    set_wait_timeout_ms(Some(300));
+    let mut flags = Tensor::<u32>::flags(chunks).unwrap();
+    flags.copy_from_slice(&init).unwrap();
+    range_gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    let e = dev.synchronize().expect_err("chunk 1 is never set");
+    set_wait_timeout_ms(None);
+    assert!(
+        matches!(
+            e,
+            tilefuse::Error::WaitTimeout {
+                index: 1,
+                seen: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The device is usable again.
+    let flags = Tensor::<u32>::full([chunks], 1).unwrap();
+    range_gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    dev.synchronize().unwrap();
+    assert!(err_vs(&out, &reference) <= 1e-2);
+}

@@ -8,7 +8,7 @@
 //! in eight different bank groups.
 
 use super::expr::{float_lit, narrow, tensor_mask, tensor_offset, CTy};
-use super::{config_err, reads_var, Emitter, Lowered, Param, SplitTail};
+use super::{config_err, one_line, reads_var, Emitter, Lowered, Param, SplitTail};
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -495,7 +495,8 @@ fn fragment_stores(
         let cty = |t: CTy| if t == CTy::F32 { "float" } else { "long long" };
         let _ = write!(
             body,
-            "      {{  // {at}\n        const {} v0 = {v0};\n        const {} v1 = {v1};\n",
+            "      {{  // {}\n        const {} v0 = {v0};\n        const {} v1 = {v1};\n",
+            one_line(at),
             cty(t0),
             cty(t1)
         );

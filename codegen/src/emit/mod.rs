@@ -294,6 +294,7 @@ impl<'a> Emitter<'a> {
             Stmt::Wait {
                 tensor,
                 index,
+                end,
                 value,
                 at,
             } => {
@@ -308,11 +309,32 @@ impl<'a> Emitter<'a> {
                 self.wait_sites.push(at.clone());
                 let (ic, _) = self.ctx(&[]).emit(index, at)?;
                 let (vc, _) = self.ctx(&[]).emit(value, at)?;
+                let flags = format!("(const tf_u32*)t{tensor}, t{tensor}_n0");
+                let site = format!("tf_site_base + {site}ull");
+                // One thread spins; a range is waited flag by flag (every flag must
+                // pass, so their order does not matter) and stops at the first timeout.
+                let test = match end {
+                    None => format!(
+                        "if (threadIdx.x == 0) tf_abort = !tf_wait_flag({flags}, {ic}, {vc}, tf_timeout_ns, tf_st, {site});"
+                    ),
+                    Some(end) => {
+                        let (ec, _) = self.ctx(&[]).emit(end, at)?;
+                        format!(
+                            "if (threadIdx.x == 0) {{\n\
+                             {indent}    tf_abort = 0;\n\
+                             {indent}    const long long tf_hi = {ec};\n\
+                             {indent}    for (long long tf_i = {ic}; tf_i < tf_hi && !tf_abort; ++tf_i)\n\
+                             {indent}      tf_abort = !tf_wait_flag({flags}, tf_i, {vc}, tf_timeout_ns, tf_st, {site});\n\
+                             {indent}  }}"
+                        )
+                    }
+                };
+                let at = one_line(at);
                 let _ = writeln!(
                     self.out,
                     "{indent}{{  // {at}\n\
                      {indent}  __shared__ int tf_abort;\n\
-                     {indent}  if (threadIdx.x == 0) tf_abort = !tf_wait_flag((const tf_u32*)t{tensor}, t{tensor}_n0, {ic}, {vc}, tf_timeout_ns, tf_st, tf_site_base + {site}ull);\n\
+                     {indent}  {test}\n\
                      {indent}  __syncthreads();\n\
                      {indent}  if (tf_abort) return;\n\
                      {indent}}}"
@@ -355,4 +377,10 @@ impl<'a> Emitter<'a> {
             split_tail: None,
         }
     }
+}
+
+/// Kernel source text for a `// ...` comment of the generated code: one line, so
+/// the code after it is not commented out.
+pub(crate) fn one_line(at: &str) -> String {
+    at.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -4,7 +4,7 @@
 //! fastest-moving index last, so neighbouring threads touch neighbouring addresses).
 
 use super::expr::{narrow, tensor_mask, tensor_offset, CTy};
-use super::{Emitter, Lowered};
+use super::{one_line, Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::*;
 use std::collections::HashMap;
@@ -175,7 +175,8 @@ fn store_group(e: &mut Emitter, stores: &[Stmt], depth: usize) -> Result<(), Cod
         let cty = if ty == CTy::F32 { "float" } else { "long long" };
         let _ = writeln!(
             e.out,
-            "{ind}    {{ const {cty} v = {v};  // {at}\n{ind}      if ({}) t{tensor}[{}] = {}; }}",
+            "{ind}    {{ const {cty} v = {v};  // {}\n{ind}      if ({}) t{tensor}[{}] = {}; }}",
+            one_line(at),
             tensor_mask(*tensor, &idx),
             tensor_offset(*tensor, &idx),
             narrow(dtype, "v", ty)

@@ -23,17 +23,14 @@ fn main() -> ExitCode {
             .filter(|&n| n > 0)
             .unwrap_or(1)
     });
-    let port = match args.master_port {
-        0 => match launcher::free_port() {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("tilefuse-run: could not find a free port: {e}");
-                return ExitCode::from(1);
-            }
-        },
-        p => p,
+    let store = match launcher::reserve_store_port(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tilefuse-run: {e}");
+            return ExitCode::from(1);
+        }
     };
-    match launcher::run(&args, nproc, port) {
+    match launcher::run(&args, nproc, store) {
         Ok(outcome) => {
             match &outcome {
                 Outcome::Success => {}

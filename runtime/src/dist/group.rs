@@ -190,6 +190,7 @@ impl ProcessGroup {
                 if let Some(n) = self.nccl.get() {
                     n.abort();
                 }
+                self.device.mark_wedged();
                 return Err(Error::Timeout {
                     rank: self.rank(),
                     what: format!("its GPU work ({what})"),

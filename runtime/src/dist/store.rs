@@ -56,15 +56,50 @@ impl Drop for StoreServer {
     }
 }
 
+/// Set by `tilefuse-run` for rank 0: the descriptor of a socket already listening
+/// on the master port, so no other process can take the port before rank 0 runs.
+pub const STORE_FD_ENV: &str = "TILEFUSE_STORE_FD";
+
+/// The socket a launcher left listening on `port` for this process, taken once.
+fn inherited_listener(port: u16) -> Option<TcpListener> {
+    use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    let fd: RawFd = std::env::var(STORE_FD_ENV).ok()?.parse().ok()?;
+    if fd < 0 || TAKEN.swap(true, Ordering::SeqCst) {
+        return None;
+    }
+    // SAFETY: the launcher opened `fd` for this process alone and nothing else here
+    // refers to it (taken once, above); if it turns out not to be our listener it
+    // is released again below without being closed.
+    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    match l.local_addr() {
+        Ok(a) if a.port() == port && port != 0 => {
+            // The launcher's socket is close-on-exec no more: restore it.
+            // SAFETY: fcntl on a descriptor this process owns.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            Some(l)
+        }
+        _ => {
+            let _ = l.into_raw_fd();
+            None
+        }
+    }
+}
+
 impl StoreServer {
-    /// Listens on all interfaces at `port` (0: any free port).
+    /// Listens on all interfaces at `port` (0: any free port). Under `tilefuse-run`,
+    /// rank 0 takes the socket the launcher already bound ([`STORE_FD_ENV`]).
     pub fn start(port: u16) -> Result<StoreServer> {
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| Error::Store {
-            addr: format!("0.0.0.0:{port}"),
-            message: format!(
-                "rank 0 could not listen: {e} (is MASTER_PORT {port} taken? pick another, or 0 under tilefuse-run)"
-            ),
-        })?;
+        let listener = match inherited_listener(port) {
+            Some(l) => l,
+            None => TcpListener::bind(("0.0.0.0", port)).map_err(|e| Error::Store {
+                addr: format!("0.0.0.0:{port}"),
+                message: format!(
+                    "rank 0 could not listen: {e} (is MASTER_PORT {port} taken? pick another, or 0 under tilefuse-run)"
+                ),
+            })?,
+        };
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
         let state = Arc::new(State::default());
         let accepting = state.clone();
@@ -223,7 +258,10 @@ impl Store {
                     addr: addr.clone(),
                     message: format!("cannot resolve MASTER_ADDR `{host}`: {e}"),
                 })?
-                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).ok());
+                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).ok())
+                // On loopback, a connect to a port nobody listens on can pick that
+                // very port as its source and connect to itself: not the store.
+                .filter(|c| c.local_addr().ok() != c.peer_addr().ok());
             if let Some(c) = attempt {
                 break c;
             }

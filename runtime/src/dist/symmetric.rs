@@ -191,6 +191,9 @@ impl SymmetricMemory {
 
 impl Drop for SymmetricMemory {
     fn drop(&mut self) {
+        if self.dev.is_wedged() {
+            return; // See `Device::mark_wedged`: closing could wait forever.
+        }
         let _ = self.dev.context().bind_to_thread();
         for (r, &p) in self.bases.iter().enumerate() {
             if r != self.rank {

@@ -11,4 +11,4 @@ pub mod args;
 pub mod supervise;
 
 pub use args::{parse, LaunchArgs, USAGE};
-pub use supervise::{describe, free_port, run, Outcome};
+pub use supervise::{describe, reserve_store_port, run, Outcome, StorePort};

@@ -6,7 +6,10 @@
 //! left behind even if the launcher is killed outright.
 
 use super::args::LaunchArgs;
+use crate::dist::store::STORE_FD_ENV;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,16 +109,43 @@ fn relay(from: impl Read + Send + 'static, rank: usize, to_stderr: bool) -> Join
     })
 }
 
-/// Picks a free TCP port on this host (for `--master-port 0`).
-pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
+/// The store's port, bound by the launcher of node 0 before any rank starts and
+/// handed to rank 0 as an open socket ([`STORE_FD_ENV`]): no window in which
+/// another process (or a rank's own connect, which on loopback can connect a
+/// socket to itself) takes the port. Other nodes only get the port number.
+pub struct StorePort {
+    pub port: u16,
+    listener: Option<TcpListener>,
+}
+
+/// Binds the master port on node 0 (`--master-port 0`: any free port).
+pub fn reserve_store_port(a: &LaunchArgs) -> std::io::Result<StorePort> {
+    if a.node_rank != 0 {
+        return Ok(StorePort {
+            port: a.master_port,
+            listener: None,
+        });
+    }
+    let listener = TcpListener::bind(("0.0.0.0", a.master_port)).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "could not listen on the master port {}: {e} (is it taken? pick another, or 0 for any)",
+                a.master_port
+            ),
+        )
+    })?;
+    Ok(StorePort {
+        port: listener.local_addr()?.port(),
+        listener: Some(listener),
+    })
 }
 
 /// Runs the ranks of this node to the end. `nproc` is the resolved
-/// `--nproc-per-node`; `port` the resolved master port.
-pub fn run(a: &LaunchArgs, nproc: usize, port: u16) -> std::io::Result<Outcome> {
+/// `--nproc-per-node`; `store` the reserved master port.
+pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Outcome> {
+    let port = store.port;
+    let store_fd = store.listener.as_ref().map(|l| l.as_raw_fd());
     // Signals to pass on: the handler only records the last one.
     let got = Arc::new(AtomicUsize::new(0));
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
@@ -139,12 +169,23 @@ pub fn run(a: &LaunchArgs, nproc: usize, port: u16) -> std::io::Result<Outcome> 
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        // Rank 0 hosts the store on the launcher's socket.
+        let inherit = store_fd.filter(|_| rank == 0);
+        if let Some(fd) = inherit {
+            cmd.env(STORE_FD_ENV, fd.to_string());
+        }
         // SAFETY: the closure runs in the child between fork and exec and only makes
-        // an async-signal-safe system call.
+        // async-signal-safe system calls (on the child's own descriptor table).
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 // Die with the launcher, whatever kills it.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // Keep the store's socket open across exec (std opens it close-on-exec).
+                if let Some(fd) = inherit {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
@@ -175,6 +216,9 @@ pub fn run(a: &LaunchArgs, nproc: usize, port: u16) -> std::io::Result<Outcome> 
             status: None,
         });
     }
+    // Rank 0 holds the socket now; were the launcher to keep it too, connects
+    // after rank 0's death would wait in its backlog instead of being refused.
+    drop(store);
 
     let grace = Duration::from_secs_f64(a.grace_period_s);
     let mut failed: Option<(usize, ExitStatus)> = None;
