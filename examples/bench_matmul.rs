@@ -1,7 +1,7 @@
 //! Benchmark: the generated bf16 GEMM against cuBLAS, same run, same GPU.
 //!
 //! ```text
-//! cargo run --release --example bench_matmul [-- --sweep]
+//! cargo run --release --example bench_matmul [-- --sweep] [--tune]
 //! ```
 //!
 //! For each shape it times, sustained (each after 300 ms of running it), cuBLAS,
@@ -9,12 +9,14 @@
 //! (`tilefuse::runtime::split_tail`) and cuBLAS again (the faster cuBLAS counts);
 //! then cuBLAS and the default in a burst from an idle GPU; with `--sweep`, also
 //! a fixed list of configs (each checked against cuBLAS before it is timed),
-//! keeping the best.
+//! keeping the best; with `--tune`, the autotuner's pick for each shape
+//! (`TILEFUSE_AUTOTUNE`'s level, quick when unset or off), timed the same way.
 //! CUDA events, L2 flushed before each timed run, median of repeats. Ends with a
 //! markdown table of times, ratios and TFLOP/s.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
+use tilefuse::runtime::autotune::{self, Effort};
 use tilefuse::runtime::split_tail;
 use tilefuse::verify::{exit_code, random_tensor, rel_error_tensors};
 
@@ -69,10 +71,21 @@ struct Row {
     best_ms: f64,
     best_cfg: String,
     cublas_ms: f64,
+    /// With `--tune`: the tuned config, its time and the seconds tuning took.
+    tuned: Option<(String, f64, f64)>,
 }
 
 fn run() -> tilefuse::Result<bool> {
     let sweep = std::env::args().any(|a| a == "--sweep");
+    // --tune: also tune each shape (TILEFUSE_AUTOTUNE's level; quick if off) and
+    // time the winner the same way as the default.
+    let tune = std::env::args().any(|a| a == "--tune");
+    let level = match autotune::effort()? {
+        Effort::Off => Effort::Quick,
+        e => e,
+    };
+    // Everything else runs the configs it names.
+    autotune::set_effort(Some(Effort::Off));
     let dev = Device::current()?;
     println!(
         "device: {} ({}, {} SMs)",
@@ -94,15 +107,18 @@ fn run() -> tilefuse::Result<bool> {
         // and cuBLAS again; the faster cuBLAS time is the one compared against.
         // Each runs for a while before it is timed (see `settled`).
         let default = matmul::kernel().config_on(&dev)?;
-        let c = matmul(&a, &b)?;
+        let pinned = |f: &mut dyn FnMut() -> tilefuse::Result<()>| {
+            matmul::kernel().with_config(default.clone(), f)
+        };
+        let c = matmul::kernel().with_config(default.clone(), || matmul(&a, &b))?;
         let err = rel_error_tensors(&c, &reference)?;
         all_ok &= err <= 1e-2;
         let mut reference_out = Tensor::<bf16>::empty([m, n])?;
         let mut cublas_run = || tilefuse::cublas::matmul_into(&mut reference_out, &a, &b);
-        let mut default_run = || matmul(&a, &b).map(drop);
+        let mut default_run = || pinned(&mut || matmul(&a, &b).map(drop));
         let mut unsplit_run = || {
             split_tail::set_enabled(false);
-            let r = matmul(&a, &b).map(drop);
+            let r = pinned(&mut || matmul(&a, &b).map(drop));
             split_tail::set_enabled(true);
             r
         };
@@ -163,7 +179,31 @@ fn run() -> tilefuse::Result<bool> {
                 Err(e) => println!("  {m}x{n}x{k} {label}: skipped ({e})"),
             }
         }
+        let tuned = if tune {
+            autotune::set_effort(Some(level));
+            let t0 = std::time::Instant::now();
+            let c = matmul(&a, &b)?;
+            dev.synchronize()?;
+            let secs = t0.elapsed().as_secs_f64();
+            autotune::set_effort(Some(Effort::Off));
+            all_ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
+            let cfg = autotune::last_choice("matmul").unwrap_or_else(|| default.clone());
+            let t = matmul::kernel().with_config(cfg.clone(), || {
+                settled(&dev, reps, &mut || matmul(&a, &b).map(drop))
+            })?;
+            println!(
+                "  {m}x{n}x{k} tuned ({}, {secs:.1} s): {cfg} {:.3} ms ({:.0} TFLOP/s), {:.3}x the default",
+                level.name(),
+                t.median_ms,
+                tf(t.median_ms),
+                default_ms / t.median_ms
+            );
+            Some((cfg.to_string(), t.median_ms, secs))
+        } else {
+            None
+        };
         rows.push(Row {
+            tuned,
             shape,
             burst: (burst_default, burst_cublas),
             default_ms,
@@ -193,6 +233,27 @@ fn run() -> tilefuse::Result<bool> {
             100.0 * r.cublas_ms / r.best_ms,
             r.best_cfg
         );
+    }
+    if rows.iter().any(|r| r.tuned.is_some()) {
+        println!(
+            "\nTuned ({}; both timed sustained, same method):",
+            level.name()
+        );
+        println!("\n| M×N×K | default ms | tuned ms | default/tuned | tuned/cuBLAS | tuning s | tuned config |");
+        println!("|---|---|---|---|---|---|---|");
+        for r in &rows {
+            if let Some((cfg, ms, secs)) = &r.tuned {
+                println!(
+                    "| {}×{}×{} | {:.3} | {ms:.3} | {:.3} | {:.0}% | {secs:.1} | {cfg} |",
+                    r.shape[0],
+                    r.shape[1],
+                    r.shape[2],
+                    r.default_ms,
+                    r.default_ms / ms,
+                    100.0 * r.cublas_ms / ms
+                );
+            }
+        }
     }
     println!("\nBurst (each timed from an idle GPU):");
     println!("\n| M×N×K | tilefuse default ms | cuBLAS ms | default/cuBLAS | TFLOP/s (tilefuse / cuBLAS) |");

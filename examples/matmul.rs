@@ -34,7 +34,15 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
     let a = random_tensor::<bf16>([m, k], 1.0)?;
     let b = random_tensor::<bf16>([k, n], 1.0)?;
 
+    // The first launch compiles (or loads from the cache) and, unless a config is
+    // pinned or TILEFUSE_AUTOTUNE=off, tunes (or loads the tuned config).
     let c = matmul(&a, &b)?;
+    dev.synchronize()?;
+    println!(
+        "first launch done {:.0} ms after start ({})",
+        started().elapsed().as_secs_f64() * 1e3,
+        tilefuse::runtime::autotune::counters()
+    );
     let mut reference = poisoned::<bf16>([m, n])?;
     tilefuse::cublas::matmul_into(&mut reference, &a, &b)?;
     let err = rel_error_tensors(&c, &reference)?;
@@ -53,6 +61,13 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
     Ok(ok)
 }
 
+/// When the program started (set first thing in `main`).
+fn started() -> std::time::Instant {
+    static T: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *T.get_or_init(std::time::Instant::now)
+}
+
 fn main() -> ExitCode {
+    started();
     mnk_main("matmul", [4096, 4096, 4096], run)
 }

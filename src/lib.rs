@@ -71,8 +71,8 @@ pub use tilefuse_codegen::Config;
 pub use tilefuse_macros::fused_kernel;
 pub use tilefuse_runtime as runtime;
 pub use tilefuse_runtime::{
-    cublas, jit, time_gpu, verify, Device, Element, Error, KernelDef, Result, SideStream, Tensor,
-    Timing,
+    autotune, cache, cublas, jit, time_gpu, verify, Device, Element, Error, KernelDef, Result,
+    SideStream, Tensor, Timing,
 };
 
 /// What a kernel file needs: `use tilefuse::prelude::*;`.

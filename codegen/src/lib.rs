@@ -13,6 +13,7 @@ pub mod error;
 pub mod hash;
 pub mod ir;
 pub mod plan;
+pub mod space;
 pub mod spec;
 
 pub use check::check;
@@ -21,4 +22,5 @@ pub use dtype::DType;
 pub use emit::{lower, Lowered, Param, SplitTail};
 pub use error::CodegenError;
 pub use ir::Kernel;
+pub use space::{Axis, ConfigSpace};
 pub use spec::{ScalarKind, Spec, TensorSpec};

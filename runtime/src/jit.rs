@@ -3,6 +3,7 @@
 //! cudarc's safe NVRTC layer only returns PTX, so this goes through `nvrtc::result`
 //! and `nvrtc::sys` for the cubin. Works without a GPU: only libnvrtc is needed.
 
+use crate::cache::cubins;
 use crate::error::{Error, Result};
 use crate::libs;
 use cudarc::nvrtc::{result as nv, sys as nvsys};
@@ -12,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static COMPILES: AtomicU64 = AtomicU64::new(0);
 
-/// How many NVRTC compiles this process has run.
+/// How many NVRTC compiles this process has run (cubins taken from the disk cache
+/// are not compiles: see [`crate::cache::cubins::hits`]).
 pub fn compile_count() -> u64 {
     COMPILES.load(Ordering::Relaxed)
 }
@@ -66,10 +68,23 @@ fn program_log(prog: nvsys::nvrtcProgram) -> String {
     }
 }
 
-/// Compiles `source` to a cubin for `arch`. `kernel` names it in errors and dumps.
+/// Compiles `source` to a cubin for `arch`, or takes it from the disk cache
+/// ([`crate::cache::cubins`]); `kernel` names it in errors and dumps. With
+/// `TILEFUSE_DUMP_DIR` set it always compiles, to write the compiler's report.
 pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
-    let verbose = std::env::var_os("TILEFUSE_DUMP_DIR").is_some();
-    compile(kernel, source, arch, verbose)
+    if std::env::var_os("TILEFUSE_DUMP_DIR").is_some() {
+        return compile(kernel, source, arch, true);
+    }
+    let key = cubins::key(source, arch, &compile_options(arch), nvrtc_version()?);
+    if let Some(image) = cubins::load(&key) {
+        return Ok(Cubin {
+            image,
+            log: String::new(),
+        });
+    }
+    let c = compile(kernel, source, arch, false)?;
+    cubins::store(&key, &c.image);
+    Ok(c)
 }
 
 /// ptxas's resource report for `source` on `arch` (registers, shared memory, stack

@@ -350,57 +350,8 @@ impl KernelDef {
         if let Some(v) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(v.clone());
         }
-        let lowered = lower(k, &key.spec, &key.config)?;
-        if lowered.shared_bytes as usize > dev.max_shared_per_block() {
-            return Err(Error::Codegen(tilefuse_codegen::CodegenError::Config {
-                kernel: k.name.clone(),
-                config: key.config.to_string(),
-                message: format!(
-                    "it needs {} bytes of shared memory per block; {} allows {}",
-                    lowered.shared_bytes,
-                    dev.name(),
-                    dev.max_shared_per_block()
-                ),
-            }));
-        }
-        let arch = dev.arch();
-        let cubin = jit::compile_cubin(&k.name, &lowered.source, &arch)?;
-        tracing::debug!(kernel = %k.name, config = %key.config, path = lowered.path, "compiled for {arch}");
-        let module = dev
-            .ctx
-            .load_module(Ptx::from_binary(cubin.image))
-            .map_err(driver(format!("loading kernel `{}`", k.name)))?;
-        let function = module
-            .load_function(&lowered.entry)
-            .map_err(driver(format!("finding `{}` in its module", lowered.entry)))?;
-        // Dynamic shared memory plus the kernel's few static words may pass the
-        // 48 KB a launch gets by default even when the dynamic part alone does not.
-        if lowered.shared_bytes > 0 {
-            function
-                .set_attribute(
-                    FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    lowered.shared_bytes as i32,
-                )
-                .map_err(driver(format!(
-                    "raising the shared memory limit of `{}`",
-                    k.name
-                )))?;
-        }
-        let site_base = status::register(&k.name, &lowered.wait_sites);
-        let blocks_per_sm = function
-            .occupancy_max_active_blocks_per_multiprocessor(
-                lowered.threads,
-                lowered.shared_bytes as usize,
-                None,
-            )
-            .map_err(driver(format!("reading the occupancy of `{}`", k.name)))?
-            .max(1);
-        let v = Arc::new(Variant {
-            lowered,
-            function,
-            site_base,
-            blocks_per_sm,
-        });
+        let (lowered, cubin) = compile_variant(k, &key.spec, &key.config, dev)?;
+        let v = Arc::new(load_variant(dev, &k.name, lowered, cubin)?);
         map.lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, v.clone());
@@ -435,95 +386,233 @@ impl KernelDef {
         }
         let spec = self.spec_of(k, tensors, scalars, consts)?;
         self.check_sizes(k, tensors, scalars)?;
-        let config = self.config_on(&dev)?;
-        let v = self.variant(&dev, k, spec, config)?;
-        let mut blocks: u64 = 1;
-        for &(s, b) in &v.lowered.grid {
-            let ScalarArg::Int(ext) = scalars[s] else {
-                continue;
-            };
-            blocks = blocks.saturating_mul((ext.max(0) as u64).div_ceil(b as u64));
-        }
-        if blocks == 0 {
-            return Ok(());
-        }
-        if blocks > i32::MAX as u64 {
-            return Err(argument(
-                format!("kernel `{}`", k.name),
-                "(grid)",
-                format!("{blocks} programs exceed the launch limit; use larger blocks"),
-            ));
-        }
-        // GEMMs: split the last, partial wave of tiles along K.
-        let (mut split, mut scratch) = (
-            SplitPlan {
-                whole: blocks,
-                ways: 1,
-                split: 0,
-            },
-            (0, 0),
-        );
-        if let Some(st) = &v.lowered.split_tail {
-            let ext = |s: usize| match scalars[s] {
-                ScalarArg::Int(x) => x.max(0) as u64,
-                ScalarArg::Float(_) => 0,
-            };
-            let k_tiles = ext(st.k).div_ceil(st.bk as u64);
-            let slots = dev.sm_count() as u64 * u64::from(v.blocks_per_sm);
-            split = split_tail::plan(blocks, k_tiles, slots);
-            if split.ways > 1 {
-                let floats = split.split * split.ways * (st.bm * st.bn) as u64;
-                scratch = dev.split_scratch(floats as usize, split.split as usize)?;
-            }
-            blocks = split.programs();
-        }
-        let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
-        drop(guard);
-        let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
-        let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
-        for p in &v.lowered.params {
-            values.push(match *p {
-                Param::TensorPtr(t) => tensors[t].ptr,
-                Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
-                Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
-                Param::Scalar(s) => match scalars[s] {
-                    ScalarArg::Int(x) => x as u64,
-                    ScalarArg::Float(f) => u64::from(f.to_bits()),
+        let config = match self.chosen_config()? {
+            Some(c) => c,
+            None => crate::autotune::config_for(
+                self,
+                &crate::autotune::Launch {
+                    dev: &dev,
+                    kernel: k,
+                    spec: &spec,
+                    tensors,
+                    scalars,
                 },
-                Param::Status => status_ptr,
-                Param::WaitTimeoutNs => timeout_ns,
-                Param::SiteBase => v.site_base,
-                Param::SplitWhole => split.whole,
-                Param::SplitWays => split.ways,
-                Param::SplitPartials => scratch.0,
-                Param::SplitCounters => scratch.1,
-            });
-        }
-        let mut ptrs: Vec<*mut c_void> = values
-            .iter_mut()
-            .map(|x| x as *mut u64 as *mut c_void)
-            .collect();
-        dev.ctx
-            .bind_to_thread()
-            .map_err(driver("binding the GPU context"))?;
-        // SAFETY: `ptrs` holds one pointer per kernel parameter, in the order and with
-        // the C types `lower` declared (64-bit values; a float's bits in the low word,
-        // which is where a little-endian 4-byte read finds them). Tensor pointers come
-        // from live tensors on this device whose sizes were checked against the tile
-        // extents above; the kernel masks every access to those sizes.
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                v.function.cu_function(),
-                (blocks as u32, 1, 1),
-                (v.lowered.threads, 1, 1),
-                v.lowered.shared_bytes,
-                dev.stream.cu_stream(),
-                &mut ptrs,
-            )
-        }
-        .map_err(driver(format!("launching kernel `{}`", k.name)))?;
-        Ok(())
+            )?,
+        };
+        let v = self.variant(&dev, k, spec, config)?;
+        launch_variant(&dev, k, &v, tensors, scalars)
     }
+
+    /// The variant for a config, compiled (or taken from the caches) and loaded.
+    pub(crate) fn variant_for(
+        &self,
+        dev: &Arc<Device>,
+        k: &Kernel,
+        spec: &Spec,
+        config: &Config,
+    ) -> Result<Arc<Variant>> {
+        self.variant(dev, k, spec.clone(), config.clone())
+    }
+
+    /// Keeps a variant the autotuner compiled, so the launch after tuning reuses it.
+    pub(crate) fn keep_variant(&self, dev: &Device, spec: &Spec, config: &Config, v: Arc<Variant>) {
+        let key = VariantKey {
+            spec: spec.clone(),
+            config: config.clone(),
+            device: dev.ordinal(),
+        };
+        self.variants
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_insert(v);
+    }
+
+    /// Tunes this kernel over exactly these configs (the default config is always
+    /// measured too, as the reference), instead of the space derived from its IR;
+    /// an empty list goes back to that space.
+    ///
+    /// ```ignore
+    /// matmul::kernel().tune_over(vec![Config::new(&[128, 128, 64]).num_warps(4)]);
+    /// ```
+    pub fn tune_over(&self, configs: Vec<Config>) {
+        crate::autotune::set_candidates(self.name, configs);
+    }
+
+    /// The compiled variants cached in this process, by config (for tests and tools).
+    pub fn variant_count(&self) -> usize {
+        self.variants
+            .get()
+            .map_or(0, |m| m.lock().unwrap_or_else(|p| p.into_inner()).len())
+    }
+}
+
+/// Launches a loaded variant on `dev`'s launch stream with these arguments (checked
+/// against the kernel already).
+pub(crate) fn launch_variant(
+    dev: &Device,
+    k: &Kernel,
+    v: &Variant,
+    tensors: &[TensorArg],
+    scalars: &[ScalarArg],
+) -> Result<()> {
+    let mut blocks: u64 = 1;
+    for &(s, b) in &v.lowered.grid {
+        let ScalarArg::Int(ext) = scalars[s] else {
+            continue;
+        };
+        blocks = blocks.saturating_mul((ext.max(0) as u64).div_ceil(b as u64));
+    }
+    if blocks == 0 {
+        return Ok(());
+    }
+    if blocks > i32::MAX as u64 {
+        return Err(argument(
+            format!("kernel `{}`", k.name),
+            "(grid)",
+            format!("{blocks} programs exceed the launch limit; use larger blocks"),
+        ));
+    }
+    // GEMMs: split the last, partial wave of tiles along K.
+    let (mut split, mut scratch) = (
+        SplitPlan {
+            whole: blocks,
+            ways: 1,
+            split: 0,
+        },
+        (0, 0),
+    );
+    if let Some(st) = &v.lowered.split_tail {
+        let ext = |s: usize| match scalars[s] {
+            ScalarArg::Int(x) => x.max(0) as u64,
+            ScalarArg::Float(_) => 0,
+        };
+        let k_tiles = ext(st.k).div_ceil(st.bk as u64);
+        let slots = dev.sm_count() as u64 * u64::from(v.blocks_per_sm);
+        split = split_tail::plan(blocks, k_tiles, slots);
+        if split.ways > 1 {
+            let floats = split.split * split.ways * (st.bm * st.bn) as u64;
+            scratch = dev.split_scratch(floats as usize, split.split as usize)?;
+        }
+        blocks = split.programs();
+    }
+    let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
+    drop(guard);
+    let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
+    let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
+    for p in &v.lowered.params {
+        values.push(match *p {
+            Param::TensorPtr(t) => tensors[t].ptr,
+            Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
+            Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
+            Param::Scalar(s) => match scalars[s] {
+                ScalarArg::Int(x) => x as u64,
+                ScalarArg::Float(f) => u64::from(f.to_bits()),
+            },
+            Param::Status => status_ptr,
+            Param::WaitTimeoutNs => timeout_ns,
+            Param::SiteBase => v.site_base,
+            Param::SplitWhole => split.whole,
+            Param::SplitWays => split.ways,
+            Param::SplitPartials => scratch.0,
+            Param::SplitCounters => scratch.1,
+        });
+    }
+    let mut ptrs: Vec<*mut c_void> = values
+        .iter_mut()
+        .map(|x| x as *mut u64 as *mut c_void)
+        .collect();
+    dev.ctx
+        .bind_to_thread()
+        .map_err(driver("binding the GPU context"))?;
+    // SAFETY: `ptrs` holds one pointer per kernel parameter, in the order and with
+    // the C types `lower` declared (64-bit values; a float's bits in the low word,
+    // which is where a little-endian 4-byte read finds them). Tensor pointers come
+    // from live tensors on this device whose sizes were checked against the tile
+    // extents above; the kernel masks every access to those sizes.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            v.function.cu_function(),
+            (blocks as u32, 1, 1),
+            (v.lowered.threads, 1, 1),
+            v.lowered.shared_bytes,
+            dev.stream.cu_stream(),
+            &mut ptrs,
+        )
+    }
+    .map_err(driver(format!("launching kernel `{}`", k.name)))?;
+    Ok(())
+}
+
+/// Lowers and compiles one variant for `dev` (or takes its cubin from the disk
+/// cache). Needs no GPU context: the autotuner runs it on several threads.
+pub(crate) fn compile_variant(
+    k: &Kernel,
+    spec: &Spec,
+    config: &Config,
+    dev: &Device,
+) -> Result<(Lowered, jit::Cubin)> {
+    let lowered = lower(k, spec, config)?;
+    if lowered.shared_bytes as usize > dev.max_shared_per_block() {
+        return Err(Error::Codegen(tilefuse_codegen::CodegenError::Config {
+            kernel: k.name.clone(),
+            config: config.to_string(),
+            message: format!(
+                "it needs {} bytes of shared memory per block; {} allows {}",
+                lowered.shared_bytes,
+                dev.name(),
+                dev.max_shared_per_block()
+            ),
+        }));
+    }
+    let arch = dev.arch();
+    let cubin = jit::compile_cubin(&k.name, &lowered.source, &arch)?;
+    tracing::debug!(kernel = %k.name, config = %config, path = lowered.path, "compiled for {arch}");
+    Ok((lowered, cubin))
+}
+
+/// Loads a compiled variant into `dev`'s context.
+pub(crate) fn load_variant(
+    dev: &Device,
+    name: &str,
+    lowered: Lowered,
+    cubin: jit::Cubin,
+) -> Result<Variant> {
+    let module = dev
+        .ctx
+        .load_module(Ptx::from_binary(cubin.image))
+        .map_err(driver(format!("loading kernel `{name}`")))?;
+    let function = module
+        .load_function(&lowered.entry)
+        .map_err(driver(format!("finding `{}` in its module", lowered.entry)))?;
+    // Dynamic shared memory plus the kernel's few static words may pass the
+    // 48 KB a launch gets by default even when the dynamic part alone does not.
+    if lowered.shared_bytes > 0 {
+        function
+            .set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                lowered.shared_bytes as i32,
+            )
+            .map_err(driver(format!(
+                "raising the shared memory limit of `{name}`"
+            )))?;
+    }
+    let site_base = status::register(name, &lowered.wait_sites);
+    let blocks_per_sm = function
+        .occupancy_max_active_blocks_per_multiprocessor(
+            lowered.threads,
+            lowered.shared_bytes as usize,
+            None,
+        )
+        .map_err(driver(format!("reading the occupancy of `{name}`")))?
+        .max(1);
+    Ok(Variant {
+        lowered,
+        function,
+        site_base,
+        blocks_per_sm,
+    })
 }
 
 /// Reads a config written by the macro as JSON.

@@ -5,7 +5,9 @@
 //! no driver or no NVRTC gets an [`Error`], never a panic from the loader.
 
 pub mod args;
+pub mod autotune;
 pub mod buffer;
+pub mod cache;
 pub mod cublas;
 pub mod device;
 pub mod dist;

@@ -43,6 +43,12 @@ fn gpu_lock() -> &'static std::sync::RwLock<()> {
 }
 
 fn device_or_skip() -> Option<std::sync::Arc<tilefuse::Device>> {
+    // The suite tests the default and pinned configs; the autotuner's test turns
+    // tuning on for itself.
+    static NO_TUNING: std::sync::Once = std::sync::Once::new();
+    NO_TUNING.call_once(|| {
+        tilefuse::runtime::autotune::set_effort(Some(tilefuse::runtime::autotune::Effort::Off))
+    });
     match tilefuse::Device::current() {
         Ok(d) => Some(d),
         Err(e) => {

@@ -33,7 +33,7 @@ pub fn default_timeout() -> Duration {
 /// ```
 pub struct ProcessGroup {
     env: DistEnv,
-    store: Store,
+    store: Arc<Store>,
     _server: Option<StoreServer>,
     device: Arc<Device>,
     timeout: Duration,
@@ -63,7 +63,7 @@ impl ProcessGroup {
         } else {
             env.master_addr.as_str()
         };
-        let store = Store::connect(host, port, env.rank, timeout)?;
+        let store = Arc::new(Store::connect(host, port, env.rank, timeout)?);
         let gpus = Device::count()?;
         if env.local_rank >= gpus {
             return Err(Error::Distributed {
@@ -85,6 +85,13 @@ impl ProcessGroup {
             nccl: OnceLock::new(),
         };
         pg.barrier("init")?;
+        if pg.world_size() > 1 {
+            // One rank tunes; every rank launches its winner.
+            crate::autotune::set_coordinator(Some(Arc::new(TuneCoordinator {
+                store: pg.store.clone(),
+                rank: pg.rank(),
+            })));
+        }
         Ok(pg)
     }
 
@@ -201,5 +208,34 @@ impl ProcessGroup {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if self.world_size() > 1 {
+            crate::autotune::set_coordinator(None);
+        }
+    }
+}
+
+/// Tuning results through the store: rank 0 publishes, the others wait for them.
+struct TuneCoordinator {
+    store: Arc<Store>,
+    rank: usize,
+}
+
+impl crate::autotune::Coordinator for TuneCoordinator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn publish(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.store.set(key, value)
+    }
+
+    fn fetch(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.store
+            .get(key, timeout, "rank 0's autotuning result for a kernel")
     }
 }

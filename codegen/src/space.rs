@@ -1,0 +1,271 @@
+//! The autotuner's search space, derived from a kernel's IR: which block sizes,
+//! warps, stages and tile-order groupings a kernel of this shape can use, which of
+//! them fit a GPU (shared memory, registers, the lowering's own rules), a set of
+//! proven starting points, and the neighbours of a config for a local search.
+//! No GPU here: the runtime's tuner measures what this proposes.
+
+use crate::config::{default_config_within, Config};
+use crate::emit::lower;
+use crate::ir::{Kernel, Stmt};
+use crate::plan::{classify, GemmShape, Shape};
+use crate::spec::Spec;
+
+/// One tunable parameter and its values, in increasing order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// The block size of tile dimension `dim`.
+    Block {
+        dim: usize,
+        values: Vec<usize>,
+    },
+    Warps(Vec<usize>),
+    Stages(Vec<usize>),
+    GroupM(Vec<usize>),
+}
+
+impl Axis {
+    fn values(&self) -> &[usize] {
+        match self {
+            Axis::Block { values, .. } | Axis::Warps(values) => values,
+            Axis::Stages(v) | Axis::GroupM(v) => v,
+        }
+    }
+
+    fn get(&self, c: &Config) -> usize {
+        match self {
+            Axis::Block { dim, .. } => c.block_sizes[*dim],
+            Axis::Warps(_) => c.num_warps,
+            Axis::Stages(_) => c.num_stages,
+            Axis::GroupM(_) => c.group_m,
+        }
+    }
+
+    fn set(&self, c: &mut Config, v: usize) {
+        match self {
+            Axis::Block { dim, .. } => c.block_sizes[*dim] = v,
+            Axis::Warps(_) => c.num_warps = v,
+            Axis::Stages(_) => c.num_stages = v,
+            Axis::GroupM(_) => c.group_m = v,
+        }
+    }
+
+    /// The parameter's name, for logs.
+    pub fn name(&self) -> String {
+        match self {
+            Axis::Block { dim, .. } => format!("block_sizes[{dim}]"),
+            Axis::Warps(_) => "num_warps".into(),
+            Axis::Stages(_) => "num_stages".into(),
+            Axis::GroupM(_) => "group_m".into(),
+        }
+    }
+}
+
+/// The configs a kernel can be tuned over on one GPU.
+///
+/// ```
+/// # use tilefuse_codegen::ir::Kernel;
+/// # fn demo(kernel: &Kernel, spec: &tilefuse_codegen::Spec) {
+/// let space = tilefuse_codegen::ConfigSpace::new(kernel, 227 * 1024);
+/// let seeds = space.seeds(spec, true); // proven configs that fit, the default first
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConfigSpace {
+    kernel: Kernel,
+    shared_limit: usize,
+    axes: Vec<Axis>,
+    default: Config,
+    gemm: Option<GemmShape>,
+}
+
+const GEMM_BLOCKS_MN: [usize; 4] = [32, 64, 128, 256];
+const GEMM_BLOCKS_K: [usize; 3] = [32, 64, 128];
+
+impl ConfigSpace {
+    /// The space of `kernel` on a GPU allowing `shared_limit` bytes of shared
+    /// memory per block.
+    pub fn new(kernel: &Kernel, shared_limit: usize) -> ConfigSpace {
+        let default = default_config_within(kernel, shared_limit);
+        let gemm = match classify(kernel) {
+            Ok(Shape::Gemm(g)) => Some(g),
+            _ => None,
+        };
+        let axes = match &gemm {
+            Some(g) => vec![
+                Axis::Block {
+                    dim: g.m,
+                    values: GEMM_BLOCKS_MN.to_vec(),
+                },
+                Axis::Block {
+                    dim: g.n,
+                    values: GEMM_BLOCKS_MN.to_vec(),
+                },
+                Axis::Block {
+                    dim: g.k,
+                    values: GEMM_BLOCKS_K.to_vec(),
+                },
+                Axis::Warps(vec![2, 4, 8, 16]),
+                Axis::Stages(vec![2, 3, 4, 5, 6]),
+                Axis::GroupM(vec![1, 4, 8, 16]),
+            ],
+            None => pointwise_axes(kernel),
+        };
+        ConfigSpace {
+            kernel: kernel.clone(),
+            shared_limit,
+            axes,
+            default,
+            gemm,
+        }
+    }
+
+    pub fn axes(&self) -> &[Axis] {
+        &self.axes
+    }
+
+    /// The config used without tuning (fitted to the GPU's shared memory).
+    pub fn default_config(&self) -> &Config {
+        &self.default
+    }
+
+    /// How many configs the axes span, before pruning.
+    pub fn size(&self) -> usize {
+        self.axes.iter().map(|a| a.values().len()).product()
+    }
+
+    /// Why `c` cannot run on this GPU for `spec`, or `Ok` when it can: the lowering's
+    /// rules (block shapes, warp tiles, the accumulator register budget) and the
+    /// shared memory limit. Costs one lowering (no compile).
+    pub fn fits(&self, c: &Config, spec: &Spec) -> Result<(), String> {
+        let l = lower(&self.kernel, spec, c).map_err(|e| e.to_string())?;
+        if l.shared_bytes as usize > self.shared_limit {
+            return Err(format!(
+                "needs {} bytes of shared memory per block; the GPU allows {}",
+                l.shared_bytes, self.shared_limit
+            ));
+        }
+        Ok(())
+    }
+
+    /// Proven starting points that fit, the default first, without duplicates.
+    /// `quick` keeps the few that won most often on H100/H200 class GPUs.
+    pub fn seeds(&self, spec: &Spec, quick: bool) -> Vec<Config> {
+        let mut out = vec![self.default.clone()];
+        let proposals = match &self.gemm {
+            Some(g) => gemm_seeds(self.kernel.dims.len(), g, quick),
+            None => self.pointwise_seeds(),
+        };
+        for c in proposals {
+            if !out.contains(&c) && self.fits(&c, spec).is_ok() {
+                out.push(c);
+            }
+        }
+        if self.fits(&self.default, spec).is_err() {
+            out.remove(0);
+        }
+        out
+    }
+
+    /// The configs one step away from `c` along one axis (a pattern search's moves),
+    /// that fit.
+    pub fn neighbors(&self, c: &Config, spec: &Spec) -> Vec<Config> {
+        let mut out = Vec::new();
+        for axis in &self.axes {
+            let vals = axis.values();
+            let cur = axis.get(c);
+            // The nearest values below and above the current one (it may lie off the grid).
+            let below = vals.iter().rev().find(|&&v| v < cur);
+            let above = vals.iter().find(|&&v| v > cur);
+            for &v in below.into_iter().chain(above) {
+                let mut n = c.clone();
+                axis.set(&mut n, v);
+                if !out.contains(&n) && self.fits(&n, spec).is_ok() {
+                    out.push(n);
+                }
+            }
+        }
+        out
+    }
+
+    /// Pointwise: the contiguous dimension's block a quarter to four times the
+    /// default's, with 4 and 8 warps.
+    fn pointwise_seeds(&self) -> Vec<Config> {
+        let Some(Axis::Block { dim, values }) = self.axes.first() else {
+            return Vec::new();
+        };
+        let b0 = self.default.block_sizes[*dim];
+        let mut out = Vec::new();
+        for b in [b0, b0 * 2, b0 / 2, b0 * 4, b0 / 4] {
+            if values.contains(&b) {
+                for w in [4, 8] {
+                    let mut c = self.default.clone().num_warps(w);
+                    c.block_sizes[*dim] = b;
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Proven GEMM configs (M block, N block, K block, warps, stages), fastest first
+/// at large bf16 shapes on an H200 (docs/PERFORMANCE.md, the swept configs).
+fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
+    const PROVEN: [(usize, usize, usize, usize, usize); 12] = [
+        (128, 256, 64, 8, 4),
+        (256, 128, 64, 8, 4),
+        (128, 256, 32, 8, 4),
+        (128, 256, 64, 8, 3),
+        (256, 128, 32, 8, 4),
+        (128, 128, 64, 4, 3),
+        (128, 128, 32, 4, 4),
+        (128, 128, 64, 8, 4),
+        (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4),
+        (64, 64, 64, 4, 3),
+        (64, 256, 64, 8, 4),
+    ];
+    let take = if quick { 6 } else { PROVEN.len() };
+    PROVEN[..take]
+        .iter()
+        .map(|&(bm, bn, bk, w, s)| {
+            let mut bs = vec![64; dims];
+            bs[g.m] = bm;
+            bs[g.n] = bn;
+            bs[g.k] = bk;
+            Config::new(&bs).num_warps(w).num_stages(s)
+        })
+        .collect()
+}
+
+/// Pointwise kernels: the contiguous (stored last-index) dimension first, then the
+/// others; warps. Stages and grouping do not apply.
+fn pointwise_axes(kernel: &Kernel) -> Vec<Axis> {
+    let mut last = vec![false; kernel.dims.len()];
+    kernel.walk_stmts(&mut |s| {
+        if let Stmt::Store { index, .. } = s {
+            if let Some(&d) = index.last() {
+                last[d] = true;
+            }
+        }
+    });
+    let mut axes = Vec::new();
+    let one_d = kernel.dims.len() == 1;
+    for (dim, &l) in last.iter().enumerate() {
+        let values = if one_d {
+            vec![256, 512, 1024, 2048, 4096]
+        } else if l {
+            vec![32, 64, 128, 256, 512, 1024]
+        } else {
+            vec![1, 2, 4, 8, 16]
+        };
+        let axis = Axis::Block { dim, values };
+        if l || one_d {
+            axes.insert(0, axis);
+        } else {
+            axes.push(axis);
+        }
+    }
+    axes.push(Axis::Warps(vec![1, 2, 4, 8]));
+    axes
+}

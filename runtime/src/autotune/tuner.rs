@@ -1,0 +1,191 @@
+//! One tuning run: the space from the kernel's IR, the seeds, the pattern search;
+//! candidates compile on several CPU threads while the GPU benchmarks the ones
+//! already compiled. A candidate that fails to compile, to launch or the output
+//! check is dropped with its reason, never fails the tuning.
+
+use super::progress::Progress;
+use super::search::{pattern_search, Measured};
+use super::trial::Trial;
+use super::{Effort, Launch};
+use crate::cache::tuned::Tuned;
+use crate::kernel::{compile_variant, load_variant, KernelDef, Variant};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tilefuse_codegen::{Config, ConfigSpace};
+
+/// A winner must beat the default config by this fraction (timing noise is ~1%).
+const MIN_GAIN: f64 = 0.01;
+
+/// Tunes one launch; `None` when it cannot be tuned (said at debug level).
+pub(crate) fn tune(
+    def: &KernelDef,
+    launch: &Launch,
+    effort: Effort,
+    explicit: Option<Vec<Config>>,
+) -> Option<Tuned> {
+    let started = Instant::now();
+    let k = launch.kernel;
+    let space = ConfigSpace::new(k, launch.dev.max_shared_per_block());
+    let mut trial = match Trial::new(launch) {
+        Ok(t) => t,
+        Err(why) => {
+            tracing::debug!(kernel = %k.name, "not tuned: {why}");
+            return None;
+        }
+    };
+    let default = space.default_config().clone();
+    let default_v = match def.variant_for(launch.dev, k, launch.spec, &default) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(kernel = %k.name, "not tuned: the default config fails: {e}");
+            return None;
+        }
+    };
+    if let Err(e) = trial.set_reference(&default_v) {
+        tracing::debug!(kernel = %k.name, "not tuned: the default config's run failed: {e}");
+        return None;
+    }
+    let (seeds, rounds) = match explicit {
+        Some(c) => {
+            let mut c: Vec<Config> = c.into_iter().filter(|c| *c != default).collect();
+            c.insert(0, default.clone());
+            (c, 0)
+        }
+        None => (
+            space.seeds(launch.spec, effort == Effort::Quick),
+            if effort == Effort::Quick { 1 } else { 8 },
+        ),
+    };
+    let deadline = started + effort.budget();
+    let progress = Progress::start(&k.name, effort.name());
+    let mut variants: HashMap<Config, Arc<Variant>> = HashMap::new();
+    variants.insert(default.clone(), default_v);
+    let mut best_ms: Option<f64> = None;
+    let found = pattern_search(
+        seeds,
+        |c| space.neighbors(c, launch.spec),
+        |batch| {
+            progress.plan(batch.len());
+            measure_batch(
+                launch,
+                &trial,
+                batch,
+                &mut variants,
+                &progress,
+                &mut best_ms,
+            )
+        },
+        rounds,
+        deadline,
+    );
+    let tried = found.tried.len();
+    let dropped: Vec<&(Config, Measured)> = found
+        .tried
+        .iter()
+        .filter(|t| matches!(t.1, Measured::Dropped(_)))
+        .collect();
+    for (c, m) in &dropped {
+        if let Measured::Dropped(why) = m {
+            tracing::info!(kernel = %k.name, config = %c, "candidate dropped: {why}");
+        }
+    }
+    let default_ms = found.tried.iter().find_map(|(c, m)| match m {
+        Measured::Time(t) if *c == default => Some(*t),
+        _ => None,
+    });
+    let (Some((mut config, mut ms)), Some(default_ms)) = (found.best.clone(), default_ms) else {
+        progress.finish("no candidate could be measured; using the default config");
+        return None;
+    };
+    // Within timing noise of the default, keep the default.
+    if ms > default_ms * (1.0 - MIN_GAIN) {
+        (config, ms) = (default.clone(), default_ms);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    progress.finish(&format!(
+        "{config}: {ms:.3} ms, {:.2}x the default config ({default_ms:.3} ms); {tried} candidates ({} dropped) in {seconds:.1} s{}",
+        default_ms / ms,
+        dropped.len(),
+        if found.out_of_time { ", stopped at the time budget" } else { "" }
+    ));
+    if let Some(v) = variants.remove(&config) {
+        def.keep_variant(launch.dev, launch.spec, &config, v);
+    }
+    Some(Tuned {
+        config,
+        ms,
+        default_ms,
+        effort: effort.name().into(),
+        candidates: tried,
+        seconds,
+    })
+}
+
+/// Compiles the batch's new configs on worker threads and measures each as soon as
+/// it is ready (in the order they finish); returns outcomes in batch order.
+fn measure_batch(
+    launch: &Launch,
+    trial: &Trial,
+    batch: &[Config],
+    variants: &mut HashMap<Config, Arc<Variant>>,
+    progress: &Progress,
+    best_ms: &mut Option<f64>,
+) -> Vec<Measured> {
+    let mut out: Vec<Option<Measured>> = vec![None; batch.len()];
+    let mut record = |i: usize, m: Measured, best: &mut Option<f64>| {
+        if let Measured::Time(t) = m {
+            if best.is_none_or(|b| t < b) {
+                *best = Some(t);
+            }
+        }
+        progress.done_one(*best);
+        out[i] = Some(m);
+    };
+    let todo: Vec<usize> = (0..batch.len())
+        .filter(|&i| !variants.contains_key(&batch[i]))
+        .collect();
+    for i in (0..batch.len()).filter(|i| !todo.contains(i)) {
+        let m = trial.measure(&variants[&batch[i]]);
+        record(i, m, best_ms);
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8)
+        .min(todo.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (todo, next) = (&todo, &next);
+            s.spawn(move || loop {
+                let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&i) = todo.get(j) else { break };
+                let r = compile_variant(launch.kernel, launch.spec, &batch[i], launch.dev);
+                if tx.send((i, r)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        for (i, compiled) in rx {
+            let m = match compiled
+                .and_then(|(l, c)| load_variant(launch.dev, &launch.kernel.name, l, c))
+            {
+                Ok(v) => {
+                    let v = Arc::new(v);
+                    let m = trial.measure(&v);
+                    variants.insert(batch[i].clone(), v);
+                    m
+                }
+                Err(e) => Measured::Dropped(format!("does not compile or load: {e}")),
+            };
+            record(i, m, best_ms);
+        }
+    });
+    out.into_iter()
+        .map(|m| m.unwrap_or_else(|| Measured::Dropped("not measured".into())))
+        .collect()
+}
