@@ -211,7 +211,8 @@ impl<'a> Trial<'a> {
         Ok(())
     }
 
-    fn time(&self, v: &Variant) -> Result<Measured> {
+    /// Times a candidate (warm-up, then the median of `reps`, L2 flushed before each).
+    pub fn time(&self, v: &Variant) -> Result<Measured> {
         for _ in 0..self.warmup {
             self.run(v)?;
         }

@@ -91,11 +91,18 @@ pub(crate) fn tune(
             tracing::info!(kernel = %k.name, config = %c, "candidate dropped: {why}");
         }
     }
-    let default_ms = found.tried.iter().find_map(|(c, m)| match m {
-        Measured::Time(t) if *c == default => Some(*t),
-        _ => None,
-    });
-    let (Some((mut config, mut ms)), Some(default_ms)) = (found.best.clone(), default_ms) else {
+    let timed: Vec<(Config, f64)> = found
+        .tried
+        .iter()
+        .filter_map(|(c, m)| match m {
+            Measured::Time(t) => Some((c.clone(), *t)),
+            Measured::Dropped(_) => None,
+        })
+        .collect();
+    let confirmed = confirm(&trial, &variants, &timed, &default, &progress);
+    let default_ms = confirmed.iter().find(|c| c.0 == default).map(|c| c.1);
+    let best = confirmed.iter().min_by(|a, b| a.1.total_cmp(&b.1)).cloned();
+    let (Some((mut config, mut ms)), Some(default_ms)) = (best, default_ms) else {
         progress.finish("no candidate could be measured; using the default config");
         return None;
     };
@@ -121,6 +128,48 @@ pub(crate) fn tune(
         candidates: tried,
         seconds,
     })
+}
+
+/// The fastest few (and the default) timed again, in turns, three times each:
+/// the GPU's clocks drift with the load before a candidate, so a single timing
+/// per candidate can rank two close configs wrongly. Returns median times.
+fn confirm(
+    trial: &Trial,
+    variants: &HashMap<Config, Arc<Variant>>,
+    timed: &[(Config, f64)],
+    default: &Config,
+    progress: &Progress,
+) -> Vec<(Config, f64)> {
+    const FINALISTS: usize = 3;
+    const PASSES: usize = 3;
+    let mut by_time = timed.to_vec();
+    by_time.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut finalists: Vec<Config> = by_time
+        .iter()
+        .take(FINALISTS)
+        .map(|c| c.0.clone())
+        .collect();
+    if !finalists.contains(default) && timed.iter().any(|c| c.0 == *default) {
+        finalists.push(default.clone());
+    }
+    progress.plan(finalists.len() * PASSES);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); finalists.len()];
+    for _ in 0..PASSES {
+        for (i, c) in finalists.iter().enumerate() {
+            if let Some(Ok(Measured::Time(t))) = variants.get(c).map(|v| trial.time(v)) {
+                samples[i].push(t);
+            }
+            progress.done_one(None);
+        }
+    }
+    finalists
+        .into_iter()
+        .zip(samples)
+        .filter_map(|(c, mut s)| {
+            s.sort_by(f64::total_cmp);
+            s.get(s.len() / 2).map(|&m| (c, m))
+        })
+        .collect()
 }
 
 /// Compiles the batch's new configs on worker threads and measures each as soon as
