@@ -5,12 +5,14 @@
 //! ```
 //!
 //! For each shape it times, sustained (each after 300 ms of running it), cuBLAS,
-//! tilefuse's default config, the default with its last wave not split along K
+//! tilefuse's portable (`mma.sync`) default config, the default with its last wave not split along K
 //! (`tilefuse::runtime::split_tail`) and cuBLAS again (the faster cuBLAS counts);
 //! then cuBLAS and the default in a burst from an idle GPU; with `--sweep`, also
 //! a fixed list of configs (each checked against cuBLAS before it is timed),
 //! keeping the best; with `--tune`, the autotuner's pick for each shape
-//! (`TILEFUSE_AUTOTUNE`'s level, quick when unset or off), timed the same way.
+//! (`TILEFUSE_AUTOTUNE`'s level, quick when unset or off), timed the same way;
+//! on an sm_90 GPU, the Hopper path's default config (TMA + wgmma, the default
+//! there for specializations it takes), sustained and burst.
 //! CUDA events, L2 flushed before each timed run, median of repeats. Ends with a
 //! markdown table of times, ratios and TFLOP/s.
 
@@ -73,6 +75,8 @@ struct Row {
     cublas_ms: f64,
     /// With `--tune`: the tuned config, its time and the seconds tuning took.
     tuned: Option<(String, f64, f64)>,
+    /// On sm_90: the Hopper path's config and its time (sustained, burst).
+    hopper: Option<(String, f64, f64)>,
 }
 
 fn run() -> tilefuse::Result<bool> {
@@ -202,7 +206,41 @@ fn run() -> tilefuse::Result<bool> {
         } else {
             None
         };
+        let hopper = if dev.compute_capability().0 == 9 {
+            let cfg = Config::new(&[128, 256, 64])
+                .num_warps(8)
+                .num_stages(4)
+                .wgmma(true);
+            let r = matmul::kernel().with_config(cfg.clone(), || -> tilefuse::Result<_> {
+                let c = matmul(&a, &b)?;
+                let err = rel_error_tensors(&c, &reference)?;
+                let mut run = || matmul(&a, &b).map(drop);
+                let t = settled(&dev, reps, &mut run)?.median_ms;
+                let b_ms = burst(&dev, reps, &mut run)?.median_ms;
+                Ok((err, t, b_ms))
+            });
+            match r {
+                Ok((err, t, b_ms)) => {
+                    all_ok &= err <= 1e-2;
+                    println!(
+                        "  {m}x{n}x{k} wgmma {cfg}: {t:.3} ms ({:.0} TFLOP/s, {:.0}% of cuBLAS; burst {b_ms:.3} ms, {:.0}% of cuBLAS's burst), rel err {err:.1e}",
+                        tf(t),
+                        100.0 * cublas_ms / t,
+                        100.0 * burst_cublas / b_ms
+                    );
+                    Some((cfg.to_string(), t, b_ms))
+                }
+                Err(e) => {
+                    println!("  {m}x{n}x{k} wgmma {cfg}: FAILED ({e})");
+                    all_ok = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
         rows.push(Row {
+            hopper,
             tuned,
             shape,
             burst: (burst_default, burst_cublas),
@@ -215,7 +253,7 @@ fn run() -> tilefuse::Result<bool> {
     }
     let tflops = |s: [usize; 3], ms: f64| 2.0 * (s[0] * s[1] * s[2]) as f64 / ms / 1e9;
     println!("\nSustained (each timed after 300 ms of running):");
-    println!("\n| M×N×K | tilefuse default ms | cuBLAS ms | default/cuBLAS | TFLOP/s (tilefuse / cuBLAS) | default, no split ms | best swept ms | best/cuBLAS | best config |");
+    println!("\n| M×N×K | portable default ms | cuBLAS ms | portable/cuBLAS | TFLOP/s (tilefuse / cuBLAS) | default, no split ms | best swept ms | best/cuBLAS | best config |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
@@ -239,7 +277,7 @@ fn run() -> tilefuse::Result<bool> {
             "\nTuned ({}; both timed sustained, same method):",
             level.name()
         );
-        println!("\n| M×N×K | default ms | tuned ms | default/tuned | tuned/cuBLAS | tuning s | tuned config |");
+        println!("\n| M×N×K | portable default ms | tuned ms | portable/tuned | tuned/cuBLAS | tuning s | tuned config |");
         println!("|---|---|---|---|---|---|---|");
         for r in &rows {
             if let Some((cfg, ms, secs)) = &r.tuned {
@@ -255,8 +293,27 @@ fn run() -> tilefuse::Result<bool> {
             }
         }
     }
+    if rows.iter().any(|r| r.hopper.is_some()) {
+        println!("\nHopper path (TMA + wgmma), same run:");
+        println!("\n| M×N×K | wgmma ms | cuBLAS ms | wgmma/cuBLAS | burst: wgmma ms | cuBLAS ms | wgmma/cuBLAS | config |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            if let Some((cfg, t, b)) = &r.hopper {
+                println!(
+                    "| {}×{}×{} | {t:.3} | {:.3} | {:.0}% | {b:.3} | {:.3} | {:.0}% | {cfg} |",
+                    r.shape[0],
+                    r.shape[1],
+                    r.shape[2],
+                    r.cublas_ms,
+                    100.0 * r.cublas_ms / t,
+                    r.burst.1,
+                    100.0 * r.burst.1 / b
+                );
+            }
+        }
+    }
     println!("\nBurst (each timed from an idle GPU):");
-    println!("\n| M×N×K | tilefuse default ms | cuBLAS ms | default/cuBLAS | TFLOP/s (tilefuse / cuBLAS) |");
+    println!("\n| M×N×K | portable default ms | cuBLAS ms | portable/cuBLAS | TFLOP/s (tilefuse / cuBLAS) |");
     println!("|---|---|---|---|---|");
     for r in &rows {
         let (d, c) = r.burst;

@@ -112,3 +112,52 @@ fn all_gather_matmul_compiles() {
     ];
     compile_all(def, &[spec], &configs);
 }
+
+/// The Hopper path (TMA + wgmma) compiles for sm_90a without spills, for the
+/// plain matmul and the fused bias + GELU epilogue, at the configs it is tuned over.
+#[test]
+fn wgmma_matmul_compiles_for_sm_90a() {
+    if !common::nvrtc_or_skip() {
+        return;
+    }
+    let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("TILEFUSE_SKIP_CACHE", "1");
+    let configs = [
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true),
+        Config::new(&[128, 128, 64])
+            .num_warps(8)
+            .num_stages(5)
+            .wgmma(true),
+        Config::new(&[64, 256, 64])
+            .num_warps(4)
+            .num_stages(4)
+            .wgmma(true),
+    ];
+    for def in [
+        matmul::matmul::kernel(),
+        bias_gelu::matmul_bias_gelu::kernel(),
+    ] {
+        let spec = def.declared_spec().expect("declared dtypes");
+        for cfg in &configs {
+            let lowered = def
+                .lower(&spec, cfg)
+                .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            assert_eq!(lowered.path, "gemm/wgmma");
+            let t = std::time::Instant::now();
+            let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
+                .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            eprintln!(
+                "{} {cfg}: {:.0} ms\n{log}",
+                def.name(),
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            assert!(
+                log.contains(" 0 bytes spill stores"),
+                "{cfg} spills:\n{log}"
+            );
+        }
+    }
+}

@@ -19,6 +19,10 @@ pub struct Config {
     /// Output tiles are visited in groups of this many tile rows, so blocks that run
     /// together share rows of A and columns of B in L2.
     pub group_m: usize,
+    /// Matmuls: the Hopper path (TMA + `wgmma`, sm_90a only); `num_warps` then counts
+    /// the consumer warps, and a producer warpgroup comes on top.
+    #[serde(default)]
+    pub wgmma: bool,
 }
 
 impl Config {
@@ -28,6 +32,7 @@ impl Config {
             num_warps: 4,
             num_stages: 3,
             group_m: 8,
+            wgmma: false,
         }
     }
 
@@ -46,6 +51,12 @@ impl Config {
         self
     }
 
+    /// The Hopper (`wgmma`) lowering for a matmul; see [`Config::wgmma`].
+    pub fn wgmma(mut self, on: bool) -> Config {
+        self.wgmma = on;
+        self
+    }
+
     /// Threads per block.
     pub fn threads(&self) -> usize {
         self.num_warps * 32
@@ -56,8 +67,12 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "block_sizes={:?}, num_warps={}, num_stages={}, group_m={}",
-            self.block_sizes, self.num_warps, self.num_stages, self.group_m
+            "block_sizes={:?}, num_warps={}, num_stages={}, group_m={}{}",
+            self.block_sizes,
+            self.num_warps,
+            self.num_stages,
+            self.group_m,
+            if self.wgmma { ", wgmma" } else { "" }
         )
     }
 }
@@ -76,6 +91,51 @@ pub fn default_config_within(kernel: &crate::ir::Kernel, shared_limit: usize) ->
         }
     }
     c
+}
+
+/// What the lowering may use on the GPU in hand (facts, no device handle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Shared memory one block may use, in bytes.
+    pub shared_limit: usize,
+    /// The Hopper instructions (TMA, `wgmma`, `setmaxnreg`: sm_90a).
+    pub wgmma: bool,
+}
+
+/// The Hopper path's default matmul config: 128x256x64 blocks, two consumer
+/// warpgroups, 4 stages (3 where shared memory is short); 95-96% of cuBLAS at
+/// large bf16 shapes on an H200 (docs/PERFORMANCE.md).
+pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> Option<Config> {
+    let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel).ok()? else {
+        return None;
+    };
+    let mut bs = vec![64; kernel.dims.len()];
+    bs[g.m] = 128;
+    bs[g.n] = 256;
+    bs[g.k] = 64;
+    let per_stage = (128 + 256) * 64 * 2;
+    let stages = (2..=4)
+        .rev()
+        .find(|s| s * per_stage + 2048 <= shared_limit)?;
+    Some(Config::new(&bs).num_warps(8).num_stages(stages).wgmma(true))
+}
+
+/// The config a launch uses without tuning: on a [`Target`] with `wgmma`, the
+/// Hopper path when this specialization can take it (16-bit operands with rows
+/// TMA can load), else [`default_config_within`].
+pub fn default_config_for(
+    kernel: &crate::ir::Kernel,
+    spec: &crate::spec::Spec,
+    target: Target,
+) -> Config {
+    if target.wgmma {
+        if let Some(c) = default_wgmma_config(kernel, target.shared_limit) {
+            if crate::emit::lower(kernel, spec, &c).is_ok() {
+                return c;
+            }
+        }
+    }
+    default_config_within(kernel, target.shared_limit)
 }
 
 /// A config that works for `kernel` without tuning.

@@ -17,7 +17,9 @@ pub mod space;
 pub mod spec;
 
 pub use check::check;
-pub use config::{default_config, default_config_within, Config};
+pub use config::{
+    default_config, default_config_for, default_config_within, default_wgmma_config, Config, Target,
+};
 pub use dtype::DType;
 pub use emit::{lower, Lowered, Param, SplitTail};
 pub use error::CodegenError;

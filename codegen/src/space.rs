@@ -4,7 +4,7 @@
 //! proven starting points, and the neighbours of a config for a local search.
 //! No GPU here: the runtime's tuner measures what this proposes.
 
-use crate::config::{default_config_within, Config};
+use crate::config::{default_config_for, Config, Target};
 use crate::emit::lower;
 use crate::ir::{Kernel, Stmt};
 use crate::plan::{classify, GemmShape, Shape};
@@ -65,7 +65,8 @@ impl Axis {
 /// ```
 /// # use tilefuse_codegen::ir::Kernel;
 /// # fn demo(kernel: &Kernel, spec: &tilefuse_codegen::Spec) {
-/// let space = tilefuse_codegen::ConfigSpace::new(kernel, 227 * 1024);
+/// let target = tilefuse_codegen::Target { shared_limit: 227 * 1024, wgmma: true };
+/// let space = tilefuse_codegen::ConfigSpace::new(kernel, spec, target);
 /// let seeds = space.seeds(spec, true); // proven configs that fit, the default first
 /// # }
 /// ```
@@ -76,16 +77,18 @@ pub struct ConfigSpace {
     axes: Vec<Axis>,
     default: Config,
     gemm: Option<GemmShape>,
+    wgmma: bool,
 }
 
 const GEMM_BLOCKS_MN: [usize; 4] = [32, 64, 128, 256];
 const GEMM_BLOCKS_K: [usize; 3] = [32, 64, 128];
 
 impl ConfigSpace {
-    /// The space of `kernel` on a GPU allowing `shared_limit` bytes of shared
-    /// memory per block.
-    pub fn new(kernel: &Kernel, shared_limit: usize) -> ConfigSpace {
-        let default = default_config_within(kernel, shared_limit);
+    /// The space of `kernel` for `spec` on `target`: with `wgmma`, matmuls also get
+    /// the Hopper path's configs.
+    pub fn new(kernel: &Kernel, spec: &Spec, target: Target) -> ConfigSpace {
+        let shared_limit = target.shared_limit;
+        let default = default_config_for(kernel, spec, target);
         let gemm = match classify(kernel) {
             Ok(Shape::Gemm(g)) => Some(g),
             _ => None,
@@ -116,6 +119,7 @@ impl ConfigSpace {
             axes,
             default,
             gemm,
+            wgmma: target.wgmma,
         }
     }
 
@@ -152,7 +156,14 @@ impl ConfigSpace {
     pub fn seeds(&self, spec: &Spec, quick: bool) -> Vec<Config> {
         let mut out = vec![self.default.clone()];
         let proposals = match &self.gemm {
-            Some(g) => gemm_seeds(self.kernel.dims.len(), g, quick),
+            Some(g) => {
+                let mut p = Vec::new();
+                if self.wgmma {
+                    p.extend(wgmma_seeds(self.kernel.dims.len(), g, quick));
+                }
+                p.extend(gemm_seeds(self.kernel.dims.len(), g, quick));
+                p
+            }
             None => self.pointwise_seeds(),
         };
         for c in proposals {
@@ -234,6 +245,30 @@ fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
             bs[g.n] = bn;
             bs[g.k] = bk;
             Config::new(&bs).num_warps(w).num_stages(s)
+        })
+        .collect()
+}
+
+/// Hopper configs (M block, N block, consumer warps, stages): BK is 64 and the M
+/// block 16 x warps on this path.
+fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
+    const PROVEN: [(usize, usize, usize, usize); 6] = [
+        (128, 256, 8, 4),
+        (128, 256, 8, 3),
+        (128, 128, 8, 5),
+        (64, 256, 4, 4),
+        (128, 192, 8, 4),
+        (128, 128, 8, 6),
+    ];
+    let take = if quick { 4 } else { PROVEN.len() };
+    PROVEN[..take]
+        .iter()
+        .map(|&(bm, bn, w, s)| {
+            let mut bs = vec![64; dims];
+            bs[g.m] = bm;
+            bs[g.n] = bn;
+            bs[g.k] = 64;
+            Config::new(&bs).num_warps(w).num_stages(s).wgmma(true)
         })
         .collect()
 }

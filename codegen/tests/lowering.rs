@@ -1339,3 +1339,52 @@ fn matmul_grid_starting_at_rotates_the_tile_order() {
     );
     assert!(src.contains("const long long tb0 = tile_m * 128;"), "{src}");
 }
+
+#[test]
+fn lower_matmul_on_the_wgmma_path() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let cfg = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true);
+    let l = lowered(&k, &spec, &cfg);
+    assert_eq!(l.path, "gemm/wgmma");
+    assert_eq!(l.threads, 384, "a producer and two consumer warpgroups");
+    assert!(l
+        .source
+        .contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"));
+    assert!(l.source.contains("cp.async.bulk.tensor.2d"));
+    assert!(l.source.contains("setmaxnreg.dec.sync.aligned.u32 40"));
+    assert!(l.split_tail.is_none());
+    let maps: Vec<_> = l
+        .params
+        .iter()
+        .filter(|p| matches!(p, tilefuse_codegen::Param::TensorMap { .. }))
+        .collect();
+    assert_eq!(
+        maps,
+        [
+            &tilefuse_codegen::Param::TensorMap {
+                tensor: A,
+                box_inner: 64,
+                box_outer: 128
+            },
+            &tilefuse_codegen::Param::TensorMap {
+                tensor: B,
+                box_inner: 64,
+                box_outer: 64
+            }
+        ]
+    );
+    // 4 stages of 48 KB, barriers and the alignment slack.
+    assert_eq!(l.shared_bytes as usize, 4 * 48 * 1024 + 64 + 1024);
+
+    expect_config_err(lower(&k, &spec, &cfg.clone().num_warps(4)), "M block");
+    let mut bad = cfg.clone();
+    bad.block_sizes[TK] = 32;
+    expect_config_err(lower(&k, &spec, &bad), "K block of 64");
+    let mut ragged = spec.clone();
+    ragged.tensors[A].align = 2;
+    expect_config_err(lower(&k, &ragged, &cfg), "TMA");
+}

@@ -3,14 +3,22 @@
 mod common;
 
 use common::*;
-use tilefuse_codegen::{Axis, ConfigSpace};
+use tilefuse_codegen::{Axis, ConfigSpace, Target};
 
 const H200_SHARED: usize = 227 * 1024;
+
+/// A GPU with `shared` bytes per block and no Hopper instructions.
+fn portable(shared: usize) -> Target {
+    Target {
+        shared_limit: shared,
+        wgmma: false,
+    }
+}
 
 #[test]
 fn gemm_space_has_block_warp_stage_and_group_axes() {
     let k = matmul();
-    let space = ConfigSpace::new(&k, H200_SHARED);
+    let space = ConfigSpace::new(&k, &declared_spec(&k), portable(H200_SHARED));
     let names: Vec<String> = space.axes().iter().map(Axis::name).collect();
     assert_eq!(
         names,
@@ -31,7 +39,7 @@ fn gemm_space_has_block_warp_stage_and_group_axes() {
 fn seeds_start_with_the_default_and_all_fit() {
     let k = matmul();
     let spec = declared_spec(&k);
-    let space = ConfigSpace::new(&k, H200_SHARED);
+    let space = ConfigSpace::new(&k, &spec, portable(H200_SHARED));
     let seeds = space.seeds(&spec, false);
     assert_eq!(seeds[0], default_config(&k));
     assert!(seeds.len() >= 8, "{seeds:?}");
@@ -51,7 +59,7 @@ fn pruning_names_what_does_not_fit() {
     let spec = declared_spec(&k);
     // An A100-class limit: 128x256x64 with 4 stages (192 KB) does not fit, and the
     // default drops to 3 stages.
-    let space = ConfigSpace::new(&k, 164 * 1024);
+    let space = ConfigSpace::new(&k, &spec, portable(164 * 1024));
     assert_eq!(space.default_config().num_stages, 3);
     let big = Config::new(&[128, 256, 64]).num_warps(8).num_stages(4);
     let e = space.fits(&big, &spec).unwrap_err();
@@ -78,7 +86,7 @@ fn pruning_names_what_does_not_fit() {
 fn neighbors_are_one_step_along_one_axis_and_fit() {
     let k = matmul();
     let spec = declared_spec(&k);
-    let space = ConfigSpace::new(&k, H200_SHARED);
+    let space = ConfigSpace::new(&k, &spec, portable(H200_SHARED));
     let c = Config::new(&[128, 128, 64]).num_warps(4).num_stages(3);
     let ns = space.neighbors(&c, &spec);
     assert!(!ns.is_empty());
@@ -110,7 +118,7 @@ fn neighbors_are_one_step_along_one_axis_and_fit() {
 fn pointwise_space_tunes_the_contiguous_block_and_warps() {
     let k = pointwise_2d();
     let spec = pointwise_2d_spec();
-    let space = ConfigSpace::new(&k, H200_SHARED);
+    let space = ConfigSpace::new(&k, &spec, portable(H200_SHARED));
     assert!(space
         .axes()
         .iter()
@@ -121,4 +129,33 @@ fn pointwise_space_tunes_the_contiguous_block_and_warps() {
     for c in &seeds {
         assert!(space.fits(c, &spec).is_ok(), "{c}");
     }
+}
+
+#[test]
+fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let h200 = Target {
+        shared_limit: H200_SHARED,
+        wgmma: true,
+    };
+    let space = ConfigSpace::new(&k, &spec, h200);
+    assert!(space.default_config().wgmma, "{}", space.default_config());
+    let seeds = space.seeds(&spec, true);
+    assert!(seeds.iter().filter(|c| c.wgmma).count() >= 3, "{seeds:?}");
+    assert!(
+        seeds.iter().any(|c| !c.wgmma),
+        "the portable path stays in the space"
+    );
+    for c in &seeds {
+        assert!(space.fits(c, &spec).is_ok(), "{c}");
+    }
+    // Rows TMA cannot load (2-byte alignment): the portable default, no wgmma seeds.
+    let mut ragged = spec.clone();
+    for t in &mut ragged.tensors {
+        t.align = 2;
+    }
+    let space = ConfigSpace::new(&k, &ragged, h200);
+    assert!(!space.default_config().wgmma);
+    assert!(space.seeds(&ragged, false).iter().all(|c| !c.wgmma));
 }

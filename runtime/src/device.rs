@@ -154,6 +154,15 @@ impl Device {
         }
     }
 
+    /// What generated code may use here: the shared memory per block, and the
+    /// Hopper instructions (TMA, `wgmma`) on compute capability 9.0.
+    pub fn target(&self) -> tilefuse_codegen::Target {
+        tilefuse_codegen::Target {
+            shared_limit: self.max_shared_per_block(),
+            wgmma: self.cc == (9, 0),
+        }
+    }
+
     pub fn sm_count(&self) -> usize {
         self.sm_count
     }

@@ -16,7 +16,8 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 use tilefuse_codegen::ir::{Expr, Kernel, Stmt};
 use tilefuse_codegen::{
-    default_config, default_config_within, lower, Config, Lowered, Param, Spec, TensorSpec,
+    default_config, default_config_for, default_config_within, lower, Config, Lowered, Param, Spec,
+    TensorSpec,
 };
 
 /// A compiled kernel for one specialization, config and device.
@@ -43,6 +44,8 @@ pub struct KernelDef {
     pinned: Option<&'static str>,
     ir: OnceLock<std::result::Result<Kernel, String>>,
     variants: OnceLock<Mutex<HashMap<VariantKey, Arc<Variant>>>>,
+    /// The untuned default per specialization and GPU ordinal.
+    defaults: OnceLock<Mutex<HashMap<(Spec, usize), Config>>>,
 }
 
 thread_local! {
@@ -120,6 +123,7 @@ impl KernelDef {
             pinned,
             ir: OnceLock::new(),
             variants: OnceLock::new(),
+            defaults: OnceLock::new(),
         }
     }
 
@@ -151,8 +155,29 @@ impl KernelDef {
         })
     }
 
-    /// The config a launch on `dev` uses now: like [`KernelDef::config`], with the
-    /// default fitted to the device's shared memory ([`default_config_within`]).
+    /// The config an untuned launch on `dev` with `spec` uses: an override or the
+    /// pinned config, else [`default_config_for`] (the Hopper path where the GPU and
+    /// the specialization allow it), decided once per specialization and GPU.
+    pub fn default_for(&self, dev: &Device, spec: &Spec) -> Result<Config> {
+        if let Some(c) = self.chosen_config()? {
+            return Ok(c);
+        }
+        let key = (spec.clone(), dev.ordinal());
+        let map = self.defaults.get_or_init(Default::default);
+        if let Some(c) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(c.clone());
+        }
+        let c = default_config_for(self.ir()?, spec, dev.target());
+        map.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// The portable path's config a launch on `dev` uses now: like
+    /// [`KernelDef::config`], with the default fitted to the device's shared memory
+    /// ([`default_config_within`]). See [`KernelDef::default_for`] for the default
+    /// of a given specialization.
     pub fn config_on(&self, dev: &Device) -> Result<Config> {
         match self.chosen_config()? {
             Some(c) => Ok(c),
@@ -500,9 +525,27 @@ pub(crate) fn launch_variant(
     let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
     drop(guard);
     let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
+    // TMA descriptors, passed by value (128 bytes each).
+    let mut maps: Vec<cudarc::driver::sys::CUtensorMap> = Vec::new();
+    for p in &v.lowered.params {
+        if let Param::TensorMap {
+            tensor,
+            box_inner,
+            box_outer,
+        } = *p
+        {
+            maps.push(crate::tma::tensor_map_2d(
+                &tensors[tensor],
+                &k.tensors[tensor].name,
+                box_inner,
+                box_outer,
+            )?);
+        }
+    }
     let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
     for p in &v.lowered.params {
         values.push(match *p {
+            Param::TensorMap { .. } => 0,
             Param::TensorPtr(t) => tensors[t].ptr,
             Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
             Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
@@ -519,16 +562,24 @@ pub(crate) fn launch_variant(
             Param::SplitCounters => scratch.1,
         });
     }
+    let mut next_map = maps.iter_mut();
     let mut ptrs: Vec<*mut c_void> = values
         .iter_mut()
-        .map(|x| x as *mut u64 as *mut c_void)
+        .zip(&v.lowered.params)
+        .map(|(x, p)| match p {
+            Param::TensorMap { .. } => next_map
+                .next()
+                .map_or(std::ptr::null_mut(), |m| m as *mut _ as *mut c_void),
+            _ => x as *mut u64 as *mut c_void,
+        })
         .collect();
     dev.ctx
         .bind_to_thread()
         .map_err(driver("binding the GPU context"))?;
     // SAFETY: `ptrs` holds one pointer per kernel parameter, in the order and with
     // the C types `lower` declared (64-bit values; a float's bits in the low word,
-    // which is where a little-endian 4-byte read finds them). Tensor pointers come
+    // which is where a little-endian 4-byte read finds them; TMA descriptors point
+    // at 64-byte aligned `CUtensorMap`s that live until the launch is queued). Tensor pointers come
     // from live tensors on this device whose sizes were checked against the tile
     // extents above; the kernel masks every access to those sizes.
     unsafe {

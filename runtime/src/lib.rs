@@ -22,6 +22,7 @@ pub mod split_tail;
 pub mod status;
 pub mod tensor;
 pub mod timing;
+mod tma;
 pub mod verify;
 
 pub use buffer::Memory;

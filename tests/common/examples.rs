@@ -6,3 +6,6 @@ pub mod matmul;
 
 #[path = "../../examples/all_gather_matmul.rs"]
 pub mod all_gather_matmul;
+
+#[path = "../../examples/matmul_bias_gelu.rs"]
+pub mod bias_gelu;

@@ -12,3 +12,4 @@ mod matmul;
 mod pointwise;
 mod split_tail;
 mod wait;
+mod wgmma;

@@ -15,17 +15,19 @@ use crate::ir::*;
 use crate::plan::GemmShape;
 use std::fmt::Write;
 
-/// Block and warp geometry derived from the config.
-struct Geometry {
-    bm: usize,
-    bn: usize,
-    bk: usize,
-    wm: usize,
-    wn: usize,
-    mi: usize,
-    ni: usize,
-    threads: usize,
-    stages: usize,
+/// Block and warp geometry derived from the config. The accumulator is
+/// `acc[mi][ni][4]` per thread in the `mma.sync` C-fragment layout, the warp's tile
+/// starting at (`wm0`, `wn0`) in the block's (the `wgmma` layout is the same).
+pub(super) struct Geometry {
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
+    pub wm: usize,
+    pub wn: usize,
+    pub mi: usize,
+    pub ni: usize,
+    pub threads: usize,
+    pub stages: usize,
 }
 
 fn geometry(e: &Emitter, g: &GemmShape) -> Result<Geometry, CodegenError> {
@@ -101,7 +103,7 @@ fn swizzle_fn(name: &str, cpr: usize) -> String {
     format!("__device__ __forceinline__ int {name}(int row, int ch) {{ return {body}; }}\n")
 }
 
-fn operand_check(e: &Emitter, t: TensorId, role: &str) -> Result<bool, CodegenError> {
+pub(super) fn operand_check(e: &Emitter, t: TensorId, role: &str) -> Result<bool, CodegenError> {
     let ts = &e.spec.tensors[t];
     if !ts.last_contiguous {
         return Err(CodegenError::Argument {
@@ -196,45 +198,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         rotate = rotate,
     );
 
-    // Statements before the K loop, in order: block-level ones, the accumulator's
-    // init (at its `let`), tile lets, stores.
-    let body = e.k.body.clone();
-    let mut acc_ready = false;
-    for s in &body[..g.k_loop] {
-        if e.block_stmt(s, "  ")? {
-            continue;
-        }
-        match s {
-            Stmt::Let { var, value, .. } if *var == g.acc => {
-                init_accumulator(e, value, &geo, g)?;
-                acc_ready = true;
-            }
-            Stmt::Let { var, value, at } => {
-                if reads_var(value, g.acc) {
-                    return Err(CodegenError::Unsupported {
-                        kernel: e.k.name.clone(),
-                        at: at.clone(),
-                        message: format!(
-                            "`{}` reads the accumulator before the K loop; compute it after the loop, or from the tensors the accumulator starts from",
-                            e.k.vars[*var].name
-                        ),
-                    });
-                }
-                e.bind_inline(*var, value);
-            }
-            Stmt::Store { .. } => fragment_stores(e, std::slice::from_ref(s), &geo, g)?,
-            other => {
-                return Err(CodegenError::Unsupported {
-                    kernel: e.k.name.clone(),
-                    at: stmt_at(other),
-                    message: "this statement is not supported before the K loop of a matmul".into(),
-                })
-            }
-        }
-    }
-    if !acc_ready {
-        init_accumulator(e, &Expr::Float(0.0), &geo, g)?;
-    }
+    before_loop(e, g, &geo, Some("  "))?;
     // Only the first part of a split tile starts from the accumulator's init.
     let _ = writeln!(
         e.out,
@@ -264,7 +228,79 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
 
     split_fixup(&mut e.out, mi, ni, nt);
 
-    // After the loop: the epilogue.
+    after_loop(e, g, &geo, "  ")?;
+    e.out.push_str("}\n");
+    let mut lowered = e.finish(params, nt, shared, "gemm/mma.sync");
+    lowered.split_tail = Some(SplitTail {
+        m: ext_m,
+        n: ext_n,
+        k: ext_k,
+        bm,
+        bn,
+        bk,
+    });
+    Ok(lowered)
+}
+
+/// The statements before the K loop, in order: block-level ones (emitted at
+/// `block_indent`; with `None`, `wait`s are skipped, emitted earlier by the
+/// caller for every thread), the accumulator's init (at its `let`), tile lets, stores.
+pub(super) fn before_loop(
+    e: &mut Emitter,
+    g: &GemmShape,
+    geo: &Geometry,
+    block_indent: Option<&str>,
+) -> Result<(), CodegenError> {
+    let body = e.k.body.clone();
+    let mut acc_ready = false;
+    for s in &body[..g.k_loop] {
+        if block_indent.is_none() && matches!(s, Stmt::Wait { .. }) {
+            continue;
+        }
+        if e.block_stmt(s, block_indent.unwrap_or("    "))? {
+            continue;
+        }
+        match s {
+            Stmt::Let { var, value, .. } if *var == g.acc => {
+                init_accumulator(e, value, geo, g)?;
+                acc_ready = true;
+            }
+            Stmt::Let { var, value, at } => {
+                if reads_var(value, g.acc) {
+                    return Err(CodegenError::Unsupported {
+                        kernel: e.k.name.clone(),
+                        at: at.clone(),
+                        message: format!(
+                            "`{}` reads the accumulator before the K loop; compute it after the loop, or from the tensors the accumulator starts from",
+                            e.k.vars[*var].name
+                        ),
+                    });
+                }
+                e.bind_inline(*var, value);
+            }
+            Stmt::Store { .. } => fragment_stores(e, std::slice::from_ref(s), geo, g)?,
+            other => {
+                return Err(CodegenError::Unsupported {
+                    kernel: e.k.name.clone(),
+                    at: stmt_at(other),
+                    message: "this statement is not supported before the K loop of a matmul".into(),
+                })
+            }
+        }
+    }
+    if !acc_ready {
+        init_accumulator(e, &Expr::Float(0.0), geo, g)?;
+    }
+    Ok(())
+}
+
+/// The statements after the K loop: the epilogue, on the accumulator fragments.
+pub(super) fn after_loop(
+    e: &mut Emitter,
+    g: &GemmShape,
+    geo: &Geometry,
+    block_indent: &str,
+) -> Result<(), CodegenError> {
     let rest: Vec<Stmt> = e.k.body[g.k_loop + 1..].to_vec();
     let mut pending: Vec<Stmt> = Vec::new();
     for s in &rest {
@@ -273,10 +309,10 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             continue;
         }
         if !pending.is_empty() {
-            fragment_stores(e, &pending, &geo, g)?;
+            fragment_stores(e, &pending, geo, g)?;
             pending.clear();
         }
-        if e.block_stmt(s, "  ")? {
+        if e.block_stmt(s, block_indent)? {
             continue;
         }
         match s {
@@ -301,19 +337,9 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         }
     }
     if !pending.is_empty() {
-        fragment_stores(e, &pending, &geo, g)?;
+        fragment_stores(e, &pending, geo, g)?;
     }
-    e.out.push_str("}\n");
-    let mut lowered = e.finish(params, nt, shared, "gemm/mma.sync");
-    lowered.split_tail = Some(SplitTail {
-        m: ext_m,
-        n: ext_n,
-        k: ext_k,
-        bm,
-        bn,
-        bk,
-    });
-    Ok(lowered)
+    Ok(())
 }
 
 /// The parts of a split tile meet here: each writes its partial accumulators to
@@ -377,7 +403,12 @@ fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
 /// `tile([m, n]).starting_at([i, j])`: the tile order starts at the tiles holding
 /// row `i` and column `j` and wraps around (an all-gather matmul starts on the
 /// rank's own rows, which are there first).
-fn grid_rotation(e: &Emitter, g: &GemmShape, bm: usize, bn: usize) -> Result<String, CodegenError> {
+pub(super) fn grid_rotation(
+    e: &Emitter,
+    g: &GemmShape,
+    bm: usize,
+    bn: usize,
+) -> Result<String, CodegenError> {
     let k = e.k;
     if k.grid_start.is_empty() {
         return Ok(String::new());

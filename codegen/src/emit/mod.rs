@@ -3,6 +3,7 @@
 
 mod expr;
 mod gemm;
+mod gemm_hopper;
 mod gemm_mainloop;
 mod pointwise;
 pub mod prelude;
@@ -46,6 +47,14 @@ pub enum Param {
     SplitPartials,
     /// Split tail: one arrival counter per split tile, zero at launch (`unsigned*`).
     SplitCounters,
+    /// A TMA descriptor (`CUtensorMap`, 128 bytes, passed by value) of a 2-D tensor
+    /// with its last dimension contiguous: boxes of `box_outer` rows by `box_inner`
+    /// elements, 128-byte swizzle, zeros outside the tensor.
+    TensorMap {
+        tensor: TensorId,
+        box_inner: usize,
+        box_outer: usize,
+    },
 }
 
 /// A GEMM whose last, partial wave of output tiles can be split along K: the
@@ -116,6 +125,7 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
     }
     let mut e = Emitter::new(kernel, spec, &checked, config);
     match classify(kernel)? {
+        Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
         Shape::Gemm(g) => gemm::emit(&mut e, &g),
         Shape::Pointwise => pointwise::emit(&mut e),
     }

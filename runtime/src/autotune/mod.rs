@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tilefuse_codegen::ir::Kernel;
-use tilefuse_codegen::{default_config_within, Config, Spec};
+use tilefuse_codegen::{Config, Spec};
 
 /// How hard to tune.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,7 +262,7 @@ fn key(launch: &Launch, explicit: Option<&[Config]>) -> Result<String> {
 /// The config a launch without a pinned config uses: tuned (from this process,
 /// the cache, rank 0, or tuned now), or the default when tuning is off or fails.
 pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
-    let default = default_config_within(launch.kernel, launch.dev.max_shared_per_block());
+    let default = def.default_for(launch.dev, launch.spec)?;
     let effort = effort()?;
     if effort == Effort::Off {
         return Ok(default);

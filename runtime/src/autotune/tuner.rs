@@ -27,7 +27,7 @@ pub(crate) fn tune(
 ) -> Option<Tuned> {
     let started = Instant::now();
     let k = launch.kernel;
-    let space = ConfigSpace::new(k, launch.dev.max_shared_per_block());
+    let space = ConfigSpace::new(k, launch.spec, launch.dev.target());
     let mut trial = match Trial::new(launch) {
         Ok(t) => t,
         Err(why) => {

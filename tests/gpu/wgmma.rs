@@ -1,0 +1,131 @@
+//! The Hopper path (TMA + wgmma, `Config::wgmma`) against cuBLAS on an sm_90 GPU:
+//! bf16 and f16, ragged M, N and K (rows stay 16-byte aligned, as TMA needs),
+//! a fused epilogue, and a clear error for rows TMA cannot load.
+
+use crate::common::examples::bias_gelu::matmul_bias_gelu;
+use crate::common::{err_vs, gpu, host};
+use crate::matmul::mm_bf16;
+use tilefuse::prelude::*;
+use tilefuse::verify::{poisoned, random_tensor};
+
+fn configs() -> Vec<Config> {
+    vec![
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true),
+        Config::new(&[128, 128, 64])
+            .num_warps(8)
+            .num_stages(5)
+            .wgmma(true),
+        Config::new(&[64, 256, 64])
+            .num_warps(4)
+            .num_stages(3)
+            .wgmma(true),
+        Config::new(&[128, 64, 64])
+            .num_warps(8)
+            .num_stages(2)
+            .wgmma(true),
+    ]
+}
+
+fn hopper() -> Option<crate::common::Gpu> {
+    let dev = gpu()?;
+    if dev.compute_capability().0 != 9 {
+        eprintln!(
+            "SKIPPED: the wgmma path needs an sm_90 GPU, this is {} ({})",
+            dev.name(),
+            dev.arch()
+        );
+        return None;
+    }
+    Some(dev)
+}
+
+#[fused_kernel]
+fn mm_f16_h(a: &Tensor<f16>, b: &Tensor<f16>, out: &Tensor<f16>) {
+    let [m, k] = a.shape();
+    let [_, n] = b.shape();
+    for (tm, tn) in tile([m, n]) {
+        let mut acc = zeros::<f32>([tm, tn]);
+        for tk in tile(k) {
+            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
+        }
+        out[(tm, tn)] = acc.cast();
+    }
+}
+
+#[test]
+fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
+    let Some(_dev) = hopper() else { return };
+    for (m, n, k) in [
+        (1, 8, 8),
+        (127, 264, 72),
+        (1000, 520, 336),
+        (1024, 1024, 1024),
+        (4096, 6656, 16384),
+    ] {
+        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+        let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        for cfg in configs() {
+            let out = poisoned::<bf16>([m, n]).unwrap();
+            mm_bf16::kernel()
+                .with_config(cfg.clone(), || mm_bf16(&a, &b, &out))
+                .unwrap_or_else(|e| panic!("{m}x{n}x{k} {cfg}: {e}"));
+            let err = err_vs(&out, &reference);
+            assert!(err <= 1e-2, "{m}x{n}x{k} {cfg}: rel err {err}");
+        }
+    }
+    let (m, n, k) = (333, 392, 264);
+    let a = random_tensor::<f16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<f16>([k, n], 1.0).unwrap();
+    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+    for cfg in configs() {
+        let out = poisoned::<f16>([m, n]).unwrap();
+        mm_f16_h::kernel()
+            .with_config(cfg.clone(), || mm_f16_h(&a, &b, &out))
+            .unwrap();
+        let err = err_vs(&out, &reference);
+        assert!(err <= 1e-2, "f16 {cfg}: rel err {err}");
+    }
+}
+
+#[test]
+fn wgmma_gemm_runs_the_fused_epilogue() {
+    let Some(_dev) = hopper() else { return };
+    let (m, n, k) = (1000, 776, 520);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let bias = random_tensor::<bf16>([n], 1.0).unwrap();
+    let base = matmul_bias_gelu::kernel()
+        .with_config(Config::new(&[128, 128, 32]).num_warps(4), || {
+            matmul_bias_gelu(&a, &b, &bias)
+        })
+        .unwrap();
+    let reference = host(&base);
+    for cfg in configs() {
+        let out = matmul_bias_gelu::kernel()
+            .with_config(cfg.clone(), || matmul_bias_gelu(&a, &b, &bias))
+            .unwrap();
+        let err = err_vs(&out, &reference);
+        assert!(
+            err <= 1e-2,
+            "{cfg}: rel err {err} against the portable path"
+        );
+    }
+}
+
+#[test]
+fn rows_tma_cannot_load_are_an_error_naming_the_operand() {
+    let Some(_dev) = hopper() else { return };
+    // K = 333: rows of 666 bytes, not a multiple of 16.
+    let a = random_tensor::<bf16>([64, 333], 1.0).unwrap();
+    let b = random_tensor::<bf16>([333, 64], 1.0).unwrap();
+    let out = poisoned::<bf16>([64, 64]).unwrap();
+    let e = mm_bf16::kernel()
+        .with_config(configs()[0].clone(), || mm_bf16(&a, &b, &out))
+        .expect_err("unaligned rows");
+    let msg = e.to_string();
+    assert!(msg.contains("`a`") && msg.contains("16-byte"), "{msg}");
+}
