@@ -184,18 +184,12 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     tf_part = (int)(u % tf_ways);
     tf_w = tf_ways;
   }}
-  const long long group_width = {gm}ll * tiles_n;
-  const long long first_m = (pid / group_width) * {gm}ll;
-  const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
-  long long tile_m = first_m + (pid % group_width) % group_rows, tile_n = (pid % group_width) / group_rows;
-{rotate}  const long long tb{dm} = tile_m * {bm};
-  const long long tb{dn} = tile_n * {bn};
-  const int wm0 = (warp / {wn}) * {wtm}, wn0 = (warp % {wn}) * {wtn};
+{tile}  const int wm0 = (warp / {wn}) * {wtm}, wn0 = (warp % {wn}) * {wtn};
   float acc[{mi}][{ni}][4];
 "#,
         wtm = bm / geo.wm,
         wtn = bn / wn,
-        rotate = rotate,
+        tile = grouped_tile(gm, &rotate, g, bm, bn),
     );
 
     before_loop(e, g, &geo, Some("  "))?;
@@ -398,6 +392,22 @@ fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
 "#,
         tile_floats = count * nt,
     );
+}
+
+/// The program's output tile from `pid`: tile rows visited in groups of `gm` (blocks
+/// that run together share rows of A and columns of B in L2), then `rotate`
+/// (`starting_at`); defines `tile_m`, `tile_n` and the tile's first row and column.
+pub(super) fn grouped_tile(gm: usize, rotate: &str, g: &GemmShape, bm: usize, bn: usize) -> String {
+    let (dm, dn) = (g.m, g.n);
+    format!(
+        r#"  const long long group_width = {gm}ll * tiles_n;
+  const long long first_m = (pid / group_width) * {gm}ll;
+  const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
+  long long tile_m = first_m + (pid % group_width) % group_rows, tile_n = (pid % group_width) / group_rows;
+{rotate}  const long long tb{dm} = tile_m * {bm};
+  const long long tb{dn} = tile_n * {bn};
+"#
+    )
 }
 
 /// `tile([m, n]).starting_at([i, j])`: the tile order starts at the tiles holding

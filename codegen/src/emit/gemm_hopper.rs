@@ -14,7 +14,7 @@
 //! transposed (`imm-trans-b`). Rows and K beyond the tensors are zero-filled by
 //! the TMA unit, so ragged shapes need no masks in the K loop.
 
-use super::gemm::{after_loop, before_loop, grid_rotation, Geometry};
+use super::gemm::{after_loop, before_loop, grid_rotation, grouped_tile, Geometry};
 use super::{config_err, Emitter, Lowered, Param};
 use crate::dtype::DType;
 use crate::error::CodegenError;
@@ -176,13 +176,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   const long long M = s{ext_m}, N = s{ext_n}, K = s{ext_k};
   const long long tiles_m = (M + {bm} - 1) / {bm}, tiles_n = (N + {bn} - 1) / {bn};
   const long long pid = blockIdx.x;
-  const long long group_width = {gm}ll * tiles_n;
-  const long long first_m = (pid / group_width) * {gm}ll;
-  const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
-  long long tile_m = first_m + (pid % group_width) % group_rows, tile_n = (pid % group_width) / group_rows;
-{rotate}  const long long tb{dm} = tile_m * {bm};
-  const long long tb{dn} = tile_n * {bn};
-  // The ring: stage s holds A at sA + s * {a_stage} and B's {slabs} slabs of 64 columns
+{tile}  // The ring: stage s holds A at sA + s * {a_stage} and B's {slabs} slabs of 64 columns
   // at sB + s * {b_stage}; full[s] / empty[s] barriers after it.
   const tf_u32 tf_base = (tf_smem_u32(tf_smem) + {atom_m1}u) & ~{atom_m1}u;
   const tf_u32 sA = tf_base, sB = tf_base + {a_ring}u, tf_full = tf_base + {tiles_bytes}u, tf_empty = tf_full + {bar_bytes}u;
@@ -201,6 +195,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         a_ring = stages * a_stage,
         bar_bytes = stages * 8,
         consumer_threads = 128 * consumers,
+        tile = grouped_tile(gm, &rotate, g, bm, bn),
     );
     // Block-level statements before the K loop (`wait`s, scalar lets): every thread.
     let body = e.k.body.clone();
