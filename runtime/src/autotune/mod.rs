@@ -36,7 +36,7 @@ use tilefuse_codegen::ir::Kernel;
 use tilefuse_codegen::{Config, Spec};
 
 /// How hard to tune.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Effort {
     Off,
     Quick,
@@ -200,11 +200,12 @@ pub(crate) fn set_candidates(name: &str, configs: Vec<Config>) {
     }
 }
 
-/// The config the latest launch of each kernel got from the autotuner (tuned now,
-/// from the cache, or from rank 0), by kernel name.
+/// The config each kernel got when the autotuner last chose one (tuned now, from
+/// the cache, or from rank 0), by kernel name.
 static LAST: Mutex<Option<HashMap<String, Config>>> = Mutex::new(None);
 
-/// The config the autotuner last chose for kernel `name` in this process.
+/// The config the autotuner last chose for kernel `name` in this process (a
+/// launch answered from this process's memo does not change it).
 pub fn last_choice(name: &str) -> Option<Config> {
     LAST.lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -212,8 +213,34 @@ pub fn last_choice(name: &str) -> Option<Config> {
         .and_then(|m| m.get(name).cloned())
 }
 
-/// Winners found or loaded in this process, by tuning key.
-static CHOSEN: Mutex<Option<HashMap<String, Config>>> = Mutex::new(None);
+/// What decides a launch's tuned config within this process; cheap to hash, so a
+/// launch after the first costs no key string (the full key, with the IR and the
+/// versions, is built only to look up the caches).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Memo {
+    kernel: String,
+    spec: Spec,
+    buckets: Vec<u64>,
+    device: usize,
+    effort: Effort,
+    explicit: Option<Vec<Config>>,
+}
+
+/// Winners found or loaded in this process.
+static CHOSEN: Mutex<Option<HashMap<Memo, Config>>> = Mutex::new(None);
+
+/// Each tile extent rounded up to a power of two.
+fn shape_buckets(launch: &Launch) -> Vec<u64> {
+    launch
+        .kernel
+        .dims
+        .iter()
+        .map(|d| match launch.scalars[d.extent] {
+            ScalarArg::Int(x) => (x.max(1) as u64).next_power_of_two(),
+            ScalarArg::Float(_) => 0,
+        })
+        .collect()
+}
 
 fn driver_version() -> i32 {
     let mut v = 0;
@@ -223,16 +250,8 @@ fn driver_version() -> i32 {
 }
 
 /// The tuning key of a launch: everything a winner depends on.
-fn key(launch: &Launch, explicit: Option<&[Config]>) -> Result<String> {
+fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<String> {
     let k = launch.kernel;
-    let buckets: Vec<u64> = k
-        .dims
-        .iter()
-        .map(|d| match launch.scalars[d.extent] {
-            ScalarArg::Int(x) => (x.max(1) as u64).next_power_of_two(),
-            ScalarArg::Float(_) => 0,
-        })
-        .collect();
     let (cc, nvrtc) = (
         launch.dev.compute_capability(),
         crate::jit::nvrtc_version()?,
@@ -268,15 +287,23 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
         return Ok(default);
     }
     let explicit = candidates_of(&launch.kernel.name);
-    let key = key(launch, explicit.as_deref())?;
+    let memo = Memo {
+        kernel: launch.kernel.name.clone(),
+        spec: launch.spec.clone(),
+        buckets: shape_buckets(launch),
+        device: launch.dev.ordinal(),
+        effort,
+        explicit: explicit.clone(),
+    };
     if let Some(c) = CHOSEN
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
-        .and_then(|m| m.get(&key))
+        .and_then(|m| m.get(&memo))
     {
         return Ok(c.clone());
     }
+    let key = key(launch, &memo.buckets, explicit.as_deref())?;
     let coordinator = COORDINATOR
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -311,7 +338,7 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert_with(HashMap::new)
-        .insert(key, config.clone());
+        .insert(memo, config.clone());
     Ok(config)
 }
 
