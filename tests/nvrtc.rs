@@ -122,20 +122,7 @@ fn wgmma_matmul_compiles_for_sm_90a() {
     }
     let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
     std::env::set_var("TILEFUSE_SKIP_CACHE", "1");
-    let configs = [
-        Config::new(&[128, 256, 64])
-            .num_warps(8)
-            .num_stages(4)
-            .wgmma(true),
-        Config::new(&[128, 128, 64])
-            .num_warps(8)
-            .num_stages(5)
-            .wgmma(true),
-        Config::new(&[64, 256, 64])
-            .num_warps(4)
-            .num_stages(4)
-            .wgmma(true),
-    ];
+    let configs = common::wgmma_configs();
     for def in [
         matmul::matmul::kernel(),
         bias_gelu::matmul_bias_gelu::kernel(),

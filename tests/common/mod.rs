@@ -98,3 +98,27 @@ pub fn host<T: tilefuse::Element>(t: &tilefuse::Tensor<T>) -> Vec<f64> {
         .map(T::to_f64)
         .collect()
 }
+
+/// Hopper-path configs the tests run: both consumer counts, 64- to 256-wide N
+/// blocks, 2 to 5 stages.
+pub fn wgmma_configs() -> Vec<tilefuse::Config> {
+    use tilefuse::Config;
+    vec![
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true),
+        Config::new(&[128, 128, 64])
+            .num_warps(8)
+            .num_stages(5)
+            .wgmma(true),
+        Config::new(&[64, 256, 64])
+            .num_warps(4)
+            .num_stages(3)
+            .wgmma(true),
+        Config::new(&[128, 64, 64])
+            .num_warps(8)
+            .num_stages(2)
+            .wgmma(true),
+    ]
+}

@@ -19,7 +19,7 @@ pub(crate) fn mm_bf16(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>) {
 }
 
 #[fused_kernel]
-fn mm_f16(a: &Tensor<f16>, b: &Tensor<f16>, out: &Tensor<f16>) {
+pub(crate) fn mm_f16(a: &Tensor<f16>, b: &Tensor<f16>, out: &Tensor<f16>) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]) {

@@ -3,31 +3,11 @@
 //! a fused epilogue, and a clear error for rows TMA cannot load.
 
 use crate::common::examples::bias_gelu::matmul_bias_gelu;
+use crate::common::wgmma_configs as configs;
 use crate::common::{err_vs, gpu, host};
-use crate::matmul::mm_bf16;
+use crate::matmul::{mm_bf16, mm_f16};
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
-
-fn configs() -> Vec<Config> {
-    vec![
-        Config::new(&[128, 256, 64])
-            .num_warps(8)
-            .num_stages(4)
-            .wgmma(true),
-        Config::new(&[128, 128, 64])
-            .num_warps(8)
-            .num_stages(5)
-            .wgmma(true),
-        Config::new(&[64, 256, 64])
-            .num_warps(4)
-            .num_stages(3)
-            .wgmma(true),
-        Config::new(&[128, 64, 64])
-            .num_warps(8)
-            .num_stages(2)
-            .wgmma(true),
-    ]
-}
 
 fn hopper() -> Option<crate::common::Gpu> {
     let dev = gpu()?;
@@ -40,19 +20,6 @@ fn hopper() -> Option<crate::common::Gpu> {
         return None;
     }
     Some(dev)
-}
-
-#[fused_kernel]
-fn mm_f16_h(a: &Tensor<f16>, b: &Tensor<f16>, out: &Tensor<f16>) {
-    let [m, k] = a.shape();
-    let [_, n] = b.shape();
-    for (tm, tn) in tile([m, n]) {
-        let mut acc = zeros::<f32>([tm, tn]);
-        for tk in tile(k) {
-            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
-        }
-        out[(tm, tn)] = acc.cast();
-    }
 }
 
 #[test]
@@ -83,8 +50,8 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
     let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
     for cfg in configs() {
         let out = poisoned::<f16>([m, n]).unwrap();
-        mm_f16_h::kernel()
-            .with_config(cfg.clone(), || mm_f16_h(&a, &b, &out))
+        mm_f16::kernel()
+            .with_config(cfg.clone(), || mm_f16(&a, &b, &out))
             .unwrap();
         let err = err_vs(&out, &reference);
         assert!(err <= 1e-2, "f16 {cfg}: rel err {err}");
