@@ -5,6 +5,7 @@
 //! ```text
 //! cargo build --release --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/all_gather_matmul [M N K] [--bench]
+//!     [--splits-per-rank S] [--config JSON]
 //! ```
 //!
 //! Checks on every rank: the gathered A equals NCCL's all-gather bit for bit, and C
@@ -56,12 +57,15 @@ struct Args {
     k: usize,
     bench: bool,
     splits: usize,
+    /// `--config JSON`: the GEMM's config, instead of the default or the tuned one.
+    config: Option<Config>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut nums = Vec::new();
     let mut bench = false;
     let mut splits = 4;
+    let mut config = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -71,6 +75,12 @@ fn parse_args() -> Result<Args, String> {
                     .next()
                     .and_then(|v| v.parse().ok())
                     .ok_or("--splits-per-rank needs a positive integer")?
+            }
+            "--config" => {
+                let json = it.next().ok_or("--config needs a JSON config")?;
+                config = Some(serde_json::from_str(&json).map_err(|e| {
+                    format!("--config `{json}`: {e}; e.g. {{\"block_sizes\":[128,256,64],\"num_warps\":8,\"num_stages\":4,\"group_m\":8,\"wgmma\":true,\"persistent\":true}}")
+                })?)
             }
             s => nums.push(
                 s.parse::<usize>()
@@ -89,6 +99,7 @@ fn parse_args() -> Result<Args, String> {
         k,
         bench,
         splits,
+        config,
     })
 }
 
@@ -98,6 +109,13 @@ fn run() -> tilefuse::Result<bool> {
         arg: "command line".into(),
         message: e,
     })?;
+    match args.config.clone() {
+        Some(c) => ag_matmul::kernel().with_config(c, || run_with(args)),
+        None => run_with(args),
+    }
+}
+
+fn run_with(args: Args) -> tilefuse::Result<bool> {
     let pg = ProcessGroup::init()?;
     let (rank, world) = (pg.rank(), pg.world_size());
     let Args { m, n, k, .. } = args;

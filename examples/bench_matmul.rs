@@ -11,8 +11,9 @@
 //! a fixed list of configs (each checked against cuBLAS before it is timed),
 //! keeping the best; with `--tune`, the autotuner's pick for each shape
 //! (`TILEFUSE_AUTOTUNE`'s level, quick when unset or off), timed the same way;
-//! on an sm_90 GPU, the Hopper path's default config (TMA + wgmma, the default
-//! there for specializations it takes), sustained and burst.
+//! on an sm_90 GPU, the Hopper path (TMA + wgmma, the default there for
+//! specializations it takes) at the configs of `hopper_configs` (one block per
+//! tile or persistent, clusters of one or two blocks), sustained and burst.
 //! CUDA events, L2 flushed before each timed run, median of repeats. Ends with a
 //! markdown table of times, ratios and TFLOP/s.
 
@@ -63,6 +64,30 @@ fn sweep_configs() -> Vec<Config> {
     ]
 }
 
+/// The Hopper configs timed on sm_90 (M block, N block, stages, persistent,
+/// blocks per cluster, last wave split along K).
+fn hopper_configs() -> Vec<(Config, bool)> {
+    [
+        (128, 256, 4, true, 2, true),
+        (128, 256, 4, true, 2, false),
+        (128, 256, 4, false, 2, true),
+        (128, 256, 4, true, 1, true),
+        (128, 256, 4, false, 1, true),
+        (128, 192, 4, true, 1, true),
+    ]
+    .iter()
+    .map(|&(bm, bn, s, p, cl, split)| {
+        let c = Config::new(&[bm, bn, 64])
+            .num_warps(8)
+            .num_stages(s)
+            .wgmma(true)
+            .persistent(p)
+            .cluster_m(cl);
+        (c, split)
+    })
+    .collect()
+}
+
 struct Row {
     shape: [usize; 3],
     /// (default, cuBLAS) from an idle GPU.
@@ -75,8 +100,8 @@ struct Row {
     cublas_ms: f64,
     /// With `--tune`: the tuned config, its time and the seconds tuning took.
     tuned: Option<(String, f64, f64)>,
-    /// On sm_90: the Hopper path's config and its time (sustained, burst).
-    hopper: Option<(String, f64, f64)>,
+    /// On sm_90: the Hopper path's configs and their times (sustained, burst).
+    hopper: Vec<(String, f64, f64)>,
 }
 
 fn run() -> tilefuse::Result<bool> {
@@ -206,39 +231,44 @@ fn run() -> tilefuse::Result<bool> {
         } else {
             None
         };
-        let hopper = if dev.compute_capability().0 == 9 {
-            let cfg = Config::new(&[128, 256, 64])
-                .num_warps(8)
-                .num_stages(4)
-                .wgmma(true);
-            let r = matmul::kernel().with_config(cfg.clone(), || -> tilefuse::Result<_> {
-                let c = matmul(&a, &b)?;
-                let err = rel_error_tensors(&c, &reference)?;
-                let mut run = || matmul(&a, &b).map(drop);
-                let t = settled(&dev, reps, &mut run)?.median_ms;
-                let b_ms = burst(&dev, reps, &mut run)?.median_ms;
-                Ok((err, t, b_ms))
-            });
-            match r {
-                Ok((err, t, b_ms)) => {
-                    all_ok &= err <= 1e-2;
-                    println!(
-                        "  {m}x{n}x{k} wgmma {cfg}: {t:.3} ms ({:.0} TFLOP/s, {:.0}% of cuBLAS; burst {b_ms:.3} ms, {:.0}% of cuBLAS's burst), rel err {err:.1e}",
-                        tf(t),
-                        100.0 * cublas_ms / t,
-                        100.0 * burst_cublas / b_ms
-                    );
-                    Some((cfg.to_string(), t, b_ms))
-                }
-                Err(e) => {
-                    println!("  {m}x{n}x{k} wgmma {cfg}: FAILED ({e})");
-                    all_ok = false;
-                    None
+        // The Hopper path: persistent or one block per tile, clusters of two blocks
+        // or one, the last wave split along K or not, and a narrower N block.
+        let mut hopper = Vec::new();
+        if dev.compute_capability().0 == 9 {
+            for (cfg, split) in hopper_configs() {
+                split_tail::set_enabled(split);
+                let r = matmul::kernel().with_config(cfg.clone(), || -> tilefuse::Result<_> {
+                    let c = matmul(&a, &b)?;
+                    let err = rel_error_tensors(&c, &reference)?;
+                    let mut run = || matmul(&a, &b).map(drop);
+                    let t = settled(&dev, reps, &mut run)?.median_ms;
+                    let b_ms = burst(&dev, reps, &mut run)?.median_ms;
+                    Ok((err, t, b_ms))
+                });
+                split_tail::set_enabled(true);
+                let cfg = if split {
+                    cfg.to_string()
+                } else {
+                    format!("{cfg}, last wave not split")
+                };
+                match r {
+                    Ok((err, t, b_ms)) => {
+                        all_ok &= err <= 1e-2;
+                        println!(
+                            "  {m}x{n}x{k} wgmma {cfg}: {t:.3} ms ({:.0} TFLOP/s, {:.0}% of cuBLAS; burst {b_ms:.3} ms, {:.0}% of cuBLAS's burst), rel err {err:.1e}",
+                            tf(t),
+                            100.0 * cublas_ms / t,
+                            100.0 * burst_cublas / b_ms
+                        );
+                        hopper.push((cfg, t, b_ms));
+                    }
+                    Err(e) => {
+                        println!("  {m}x{n}x{k} wgmma {cfg}: FAILED ({e})");
+                        all_ok = false;
+                    }
                 }
             }
-        } else {
-            None
-        };
+        }
         rows.push(Row {
             hopper,
             tuned,
@@ -293,12 +323,12 @@ fn run() -> tilefuse::Result<bool> {
             }
         }
     }
-    if rows.iter().any(|r| r.hopper.is_some()) {
+    if rows.iter().any(|r| !r.hopper.is_empty()) {
         println!("\nHopper path (TMA + wgmma), same run:");
         println!("\n| M×N×K | wgmma ms | cuBLAS ms | wgmma/cuBLAS | burst: wgmma ms | cuBLAS ms | wgmma/cuBLAS | config |");
         println!("|---|---|---|---|---|---|---|---|");
         for r in &rows {
-            if let Some((cfg, t, b)) = &r.hopper {
+            for (cfg, t, b) in &r.hopper {
                 println!(
                     "| {}×{}×{} | {t:.3} | {:.3} | {:.0}% | {b:.3} | {:.3} | {:.0}% | {cfg} |",
                     r.shape[0],

@@ -95,7 +95,7 @@ fn default_gemm_config_does_not_spill() {
         let log = tilefuse::jit::resource_report(def.name(), &lowered.source, arch)
             .unwrap_or_else(|e| panic!("{cfg} for {arch}: {e}"));
         assert!(
-            log.contains(" 0 bytes spill stores"),
+            kernel_does_not_spill(&log),
             "{cfg} for {arch} spills:\n{log}"
         );
     }
@@ -114,7 +114,8 @@ fn all_gather_matmul_compiles() {
 }
 
 /// The Hopper path (TMA + wgmma) compiles for sm_90a without spills, for the
-/// plain matmul and the fused bias + GELU epilogue, at the configs it is tuned over.
+/// plain matmul, the fused bias + GELU epilogue and the seed's GEMM (its `wait`s
+/// run in the producer), at the configs it is tuned over, persistent or not.
 #[test]
 fn wgmma_matmul_compiles_for_sm_90a() {
     if !common::nvrtc_or_skip() {
@@ -126,13 +127,26 @@ fn wgmma_matmul_compiles_for_sm_90a() {
     for def in [
         matmul::matmul::kernel(),
         bias_gelu::matmul_bias_gelu::kernel(),
+        all_gather_matmul::ag_matmul::kernel(),
     ] {
         let spec = def.declared_spec().expect("declared dtypes");
+        let mut seen = std::collections::HashSet::new();
         for cfg in &configs {
             let lowered = def
                 .lower(&spec, cfg)
                 .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
             assert_eq!(lowered.path, "gemm/wgmma");
+            // Persistent or not is the same code launched on another grid; NVRTC
+            // may then skip ptxas (an empty report), so each code is checked once.
+            let code: String = lowered
+                .source
+                .lines()
+                .filter(|l| !l.starts_with("// kernel `"))
+                .collect();
+            if !seen.insert(code) {
+                eprintln!("{} {cfg}: the same code as an earlier config", def.name());
+                continue;
+            }
             let t = std::time::Instant::now();
             let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
                 .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
@@ -141,10 +155,21 @@ fn wgmma_matmul_compiles_for_sm_90a() {
                 def.name(),
                 t.elapsed().as_secs_f64() * 1e3
             );
-            assert!(
-                log.contains(" 0 bytes spill stores"),
-                "{cfg} spills:\n{log}"
-            );
+            assert!(kernel_does_not_spill(&log), "{cfg} spills:\n{log}");
         }
     }
+}
+
+/// Whether ptxas's report says the kernel (`tf_…`, not a helper function) has
+/// no spill stores.
+fn kernel_does_not_spill(log: &str) -> bool {
+    let mut lines = log.lines();
+    while let Some(l) = lines.next() {
+        if l.contains("Function properties for tf_") {
+            return lines
+                .next()
+                .is_some_and(|l| l.contains(" 0 bytes spill stores"));
+        }
+    }
+    false
 }

@@ -23,6 +23,20 @@ pub struct Config {
     /// the consumer warps, and a producer warpgroup comes on top.
     #[serde(default)]
     pub wgmma: bool,
+    /// Hopper matmuls: a persistent grid (one block per SM, each looping over output
+    /// tiles), so the producer loads the next tile while the consumers run the
+    /// epilogue; otherwise one block per tile.
+    #[serde(default)]
+    pub persistent: bool,
+    /// Hopper matmuls: blocks per thread-block cluster along M (1 or 2). A pair of
+    /// blocks computes vertically adjacent tiles, and each loads half of their
+    /// common B tile for both (TMA multicast): a third less L2 traffic.
+    #[serde(default = "one")]
+    pub cluster_m: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Config {
@@ -33,6 +47,8 @@ impl Config {
             num_stages: 3,
             group_m: 8,
             wgmma: false,
+            persistent: false,
+            cluster_m: 1,
         }
     }
 
@@ -57,6 +73,18 @@ impl Config {
         self
     }
 
+    /// A persistent grid on the Hopper path; see [`Config::persistent`].
+    pub fn persistent(mut self, on: bool) -> Config {
+        self.persistent = on;
+        self
+    }
+
+    /// Blocks per cluster along M on the Hopper path; see [`Config::cluster_m`].
+    pub fn cluster_m(mut self, n: usize) -> Config {
+        self.cluster_m = n;
+        self
+    }
+
     /// Threads per block.
     pub fn threads(&self) -> usize {
         self.num_warps * 32
@@ -67,13 +95,18 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "block_sizes={:?}, num_warps={}, num_stages={}, group_m={}{}",
+            "block_sizes={:?}, num_warps={}, num_stages={}, group_m={}{}{}",
             self.block_sizes,
             self.num_warps,
             self.num_stages,
             self.group_m,
-            if self.wgmma { ", wgmma" } else { "" }
-        )
+            if self.wgmma { ", wgmma" } else { "" },
+            if self.persistent { ", persistent" } else { "" }
+        )?;
+        if self.cluster_m != 1 {
+            write!(f, ", cluster_m={}", self.cluster_m)?;
+        }
+        Ok(())
     }
 }
 
@@ -103,8 +136,10 @@ pub struct Target {
 }
 
 /// The Hopper path's default matmul config: 128x256x64 blocks, two consumer
-/// warpgroups, 4 stages (3 where shared memory is short); 95-96% of cuBLAS at
-/// large bf16 shapes on an H200 (docs/PERFORMANCE.md).
+/// warpgroups, 4 stages (3 where shared memory is short), a persistent grid of
+/// block pairs that share B tiles through multicast: 97-98% of cuBLAS at large
+/// bf16 shapes on an H200, the fastest of the Hopper configs measured there
+/// (docs/PERFORMANCE.md).
 pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> Option<Config> {
     let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel).ok()? else {
         return None;
@@ -117,7 +152,14 @@ pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> 
     let stages = (2..=4)
         .rev()
         .find(|s| s * per_stage + 2048 <= shared_limit)?;
-    Some(Config::new(&bs).num_warps(8).num_stages(stages).wgmma(true))
+    Some(
+        Config::new(&bs)
+            .num_warps(8)
+            .num_stages(stages)
+            .wgmma(true)
+            .persistent(true)
+            .cluster_m(2),
+    )
 }
 
 /// The config a launch uses without tuning: on a [`Target`] with `wgmma`, the

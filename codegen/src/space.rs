@@ -21,13 +21,18 @@ pub enum Axis {
     Warps(Vec<usize>),
     Stages(Vec<usize>),
     GroupM(Vec<usize>),
+    /// Hopper matmuls: one block per tile (0) or a persistent grid (1).
+    Persistent,
+    /// Hopper matmuls: blocks per cluster along M (B tiles multicast in a pair).
+    ClusterM(Vec<usize>),
 }
 
 impl Axis {
     fn values(&self) -> &[usize] {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
-            Axis::Stages(v) | Axis::GroupM(v) => v,
+            Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) => v,
+            Axis::Persistent => &[0, 1],
         }
     }
 
@@ -37,6 +42,8 @@ impl Axis {
             Axis::Warps(_) => c.num_warps,
             Axis::Stages(_) => c.num_stages,
             Axis::GroupM(_) => c.group_m,
+            Axis::Persistent => usize::from(c.persistent),
+            Axis::ClusterM(_) => c.cluster_m,
         }
     }
 
@@ -46,6 +53,8 @@ impl Axis {
             Axis::Warps(_) => c.num_warps = v,
             Axis::Stages(_) => c.num_stages = v,
             Axis::GroupM(_) => c.group_m = v,
+            Axis::Persistent => c.persistent = v != 0,
+            Axis::ClusterM(_) => c.cluster_m = v,
         }
     }
 
@@ -56,6 +65,8 @@ impl Axis {
             Axis::Warps(_) => "num_warps".into(),
             Axis::Stages(_) => "num_stages".into(),
             Axis::GroupM(_) => "group_m".into(),
+            Axis::Persistent => "persistent".into(),
+            Axis::ClusterM(_) => "cluster_m".into(),
         }
     }
 }
@@ -93,7 +104,7 @@ impl ConfigSpace {
             Ok(Shape::Gemm(g)) => Some(g),
             _ => None,
         };
-        let axes = match &gemm {
+        let mut axes = match &gemm {
             Some(g) => vec![
                 Axis::Block {
                     dim: g.m,
@@ -113,6 +124,10 @@ impl ConfigSpace {
             ],
             None => pointwise_axes(kernel),
         };
+        if gemm.is_some() && target.wgmma {
+            axes.push(Axis::Persistent);
+            axes.push(Axis::ClusterM(vec![1, 2]));
+        }
         ConfigSpace {
             kernel: kernel.clone(),
             shared_limit,
@@ -249,26 +264,34 @@ fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
         .collect()
 }
 
-/// Hopper configs (M block, N block, consumer warps, stages): BK is 64 and the M
-/// block 16 x warps on this path.
+/// Hopper configs (M block, N block, consumer warps, stages, persistent, blocks
+/// per cluster), fastest first on an H200: BK is 64 and the M block 16 x warps.
 fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
-    const PROVEN: [(usize, usize, usize, usize); 6] = [
-        (128, 256, 8, 4),
-        (128, 256, 8, 3),
-        (128, 128, 8, 5),
-        (64, 256, 4, 4),
-        (128, 192, 8, 4),
-        (128, 128, 8, 6),
+    const PROVEN: [(usize, usize, usize, usize, bool, usize); 9] = [
+        (128, 256, 8, 4, true, 2),
+        (128, 256, 8, 4, false, 1),
+        (128, 192, 8, 4, true, 1),
+        (128, 256, 8, 4, false, 2),
+        (128, 128, 8, 6, true, 2),
+        (128, 256, 8, 3, false, 1),
+        (128, 128, 8, 5, false, 1),
+        (64, 256, 4, 4, false, 1),
+        (128, 192, 8, 4, false, 1),
     ];
     let take = if quick { 4 } else { PROVEN.len() };
     PROVEN[..take]
         .iter()
-        .map(|&(bm, bn, w, s)| {
+        .map(|&(bm, bn, w, s, p, cl)| {
             let mut bs = vec![64; dims];
             bs[g.m] = bm;
             bs[g.n] = bn;
             bs[g.k] = 64;
-            Config::new(&bs).num_warps(w).num_stages(s).wgmma(true)
+            Config::new(&bs)
+                .num_warps(w)
+                .num_stages(s)
+                .wgmma(true)
+                .persistent(p)
+                .cluster_m(cl)
         })
         .collect()
 }

@@ -1355,8 +1355,15 @@ fn lower_matmul_on_the_wgmma_path() {
         .source
         .contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"));
     assert!(l.source.contains("cp.async.bulk.tensor.2d"));
-    assert!(l.source.contains("setmaxnreg.dec.sync.aligned.u32 40"));
-    assert!(l.split_tail.is_none());
+    assert!(l.source.contains("setmaxnreg.dec.sync.aligned.u32 56"));
+    assert!(!l.persistent && l.cluster == 1);
+    // The last wave is split along K as on the portable path (the parts meet among
+    // the consumer warps).
+    assert_eq!(
+        l.split_tail.as_ref().map(|t| (t.bm, t.bn)),
+        Some((128, 256))
+    );
+    assert!(l.source.contains("bar.sync 1, 256;"));
     let maps: Vec<_> = l
         .params
         .iter()
@@ -1387,4 +1394,66 @@ fn lower_matmul_on_the_wgmma_path() {
     let mut ragged = spec.clone();
     ragged.tensors[A].align = 2;
     expect_config_err(lower(&k, &ragged, &cfg), "TMA");
+}
+
+/// Persistent blocks loop over the tiles; a cluster of two blocks along M shares
+/// B through multicast, and the grid counts cluster tiles (256 rows each).
+#[test]
+fn lower_wgmma_persistent_and_clustered() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let cfg = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true)
+        .persistent(true);
+    let l = lowered(&k, &spec, &cfg);
+    assert!(l.persistent);
+    assert!(l
+        .source
+        .contains("for (long long unit = blockIdx.x; unit < tf_units; unit += gridDim.x)"));
+    assert!(!l.source.contains("__cluster_dims__"));
+
+    let l = lowered(&k, &spec, &cfg.clone().cluster_m(2));
+    assert_eq!(l.cluster, 2);
+    assert!(l.source.contains("__cluster_dims__(2, 1, 1)"));
+    assert!(l.source.contains(".multicast::cluster"));
+    assert!(l
+        .source
+        .contains("unit = blockIdx.x / 2; unit < tf_units; unit += gridDim.x / 2"));
+    // Split-tile scratch per cluster tile holds both blocks' accumulators.
+    assert_eq!(l.split_tail.as_ref().map(|t| t.bm), Some(256));
+    assert!(l
+        .source
+        .contains("tf_mbar_arrive_in(tf_empty + prev * 8, r)"));
+    // Both blocks' consumer warps release a stage.
+    assert!(l.source.contains("tf_mbar_init(tf_empty + s * 8, 16)"));
+    assert!(
+        l.source.ends_with("  tf_cluster_sync();\n}\n"),
+        "{}",
+        l.source
+    );
+    let m_block: Vec<usize> = l.grid.iter().map(|&(_, b)| b).collect();
+    assert_eq!(
+        m_block,
+        [256, 256],
+        "M block doubled for the pair, N block as is"
+    );
+
+    let mut narrow = cfg.clone().cluster_m(2);
+    narrow.block_sizes[TN] = 192;
+    expect_config_err(lower(&k, &spec, &narrow), "128 or 256");
+    expect_config_err(
+        lower(&k, &spec, &cfg.clone().cluster_m(4)),
+        "cluster_m takes 1, or 2",
+    );
+    let portable = Config::new(&[128, 256, 64]).num_warps(8);
+    expect_config_err(
+        lower(&k, &spec, &portable.clone().persistent(true)),
+        "persistent grid",
+    );
+    expect_config_err(
+        lower(&k, &spec, &portable.cluster_m(2)),
+        "cluster_m takes 1, or 2",
+    );
 }

@@ -25,8 +25,9 @@ pub struct Variant {
     pub lowered: Lowered,
     function: CudaFunction,
     site_base: u64,
-    /// Blocks of this kernel one SM holds at once (for the split-tail plan).
-    blocks_per_sm: u32,
+    /// Blocks of this kernel the whole GPU holds at once (a persistent grid's size):
+    /// clusters need their blocks on SMs of one GPC, so not every SM may take one.
+    resident_blocks: u64,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -499,6 +500,10 @@ pub(crate) fn launch_variant(
             format!("{blocks} programs exceed the launch limit; use larger blocks"),
         ));
     }
+    // `blocks` counts programs (output tiles; a cluster's tile on the clustered
+    // path) until the launch below.
+    let cluster = u64::from(v.lowered.cluster.max(1));
+    let resident_programs = (v.resident_blocks / cluster).max(1);
     // GEMMs: split the last, partial wave of tiles along K.
     let (mut split, mut scratch) = (
         SplitPlan {
@@ -514,14 +519,19 @@ pub(crate) fn launch_variant(
             ScalarArg::Float(_) => 0,
         };
         let k_tiles = ext(st.k).div_ceil(st.bk as u64);
-        let slots = dev.sm_count() as u64 * u64::from(v.blocks_per_sm);
-        split = split_tail::plan(blocks, k_tiles, slots);
+        split = split_tail::plan(blocks, k_tiles, resident_programs);
         if split.ways > 1 {
+            // Scratch per program: its blocks' tiles (`st.bm` spans the cluster).
             let floats = split.split * split.ways * (st.bm * st.bn) as u64;
-            scratch = dev.split_scratch(floats as usize, split.split as usize)?;
+            scratch = dev.split_scratch(floats as usize, (split.split * cluster) as usize)?;
         }
         blocks = split.programs();
     }
+    // A persistent kernel loops over its work: one wave of programs is enough.
+    if v.lowered.persistent {
+        blocks = blocks.min(resident_programs);
+    }
+    blocks = blocks.saturating_mul(cluster);
     let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
     drop(guard);
     let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
@@ -658,11 +668,27 @@ pub(crate) fn load_variant(
         )
         .map_err(driver(format!("reading the occupancy of `{name}`")))?
         .max(1);
+    let cluster = lowered.cluster.max(1);
+    let resident_blocks = if cluster > 1 {
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (cluster, 1, 1),
+            block_dim: (lowered.threads, 1, 1),
+            shared_mem_bytes: lowered.shared_bytes,
+        };
+        let clusters = function
+            .occupancy_max_active_clusters(cfg, &dev.stream)
+            .map_err(driver(format!(
+                "reading how many clusters of `{name}` fit at once"
+            )))?;
+        u64::from(clusters.max(1)) * u64::from(cluster)
+    } else {
+        dev.sm_count() as u64 * u64::from(blocks_per_sm)
+    };
     Ok(Variant {
         lowered,
         function,
         site_base,
-        blocks_per_sm,
+        resident_blocks,
     })
 }
 

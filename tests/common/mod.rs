@@ -120,5 +120,26 @@ pub fn wgmma_configs() -> Vec<tilefuse::Config> {
             .num_warps(8)
             .num_stages(2)
             .wgmma(true),
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true)
+            .persistent(true),
+        Config::new(&[64, 128, 64])
+            .num_warps(4)
+            .num_stages(6)
+            .wgmma(true)
+            .persistent(true),
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true)
+            .cluster_m(2),
+        Config::new(&[128, 128, 64])
+            .num_warps(8)
+            .num_stages(5)
+            .wgmma(true)
+            .persistent(true)
+            .cluster_m(2),
     ]
 }

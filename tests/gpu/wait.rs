@@ -31,10 +31,36 @@ fn gated_matmul(
     }
 }
 
+/// The lowerings a `wait` runs in on this GPU: the portable GEMM, and on Hopper
+/// the wgmma GEMM with one block per tile and with a persistent grid (there the
+/// producer thread waits and the consumers never see the flags).
+fn wait_configs(dev: &Device) -> Vec<Config> {
+    let mut out = vec![Config::new(&[64, 128, 32]).num_warps(4).num_stages(3)];
+    if dev.compute_capability().0 == 9 {
+        for persistent in [false, true] {
+            out.push(
+                Config::new(&[128, 128, 64])
+                    .num_warps(8)
+                    .num_stages(4)
+                    .wgmma(true)
+                    .persistent(persistent),
+            );
+        }
+    }
+    out
+}
+
 // One test, run in order: the timeout setting is process-wide.
 #[test]
 fn wait_released_by_stream_write_then_timeout_then_recovery() {
     let Some(dev) = gpu_alone() else { return };
+    for cfg in wait_configs(&dev) {
+        eprintln!("wait: {cfg}");
+        gated_matmul::kernel().with_config(cfg, || released_timeout_recovery(&dev));
+    }
+}
+
+fn released_timeout_recovery(dev: &std::sync::Arc<Device>) {
     let (m, n, k, chunk) = (1024, 512, 256, 256);
     let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
     let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
@@ -42,7 +68,7 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
 
     // Stream memory operations reject pooled memory: a clear error, not a driver code.
     let pooled = Tensor::<u32>::zeros([4]).unwrap();
-    let side = SideStream::new(&dev, true).unwrap();
+    let side = SideStream::new(dev, true).unwrap();
     let e = side
         .write_flag(&pooled, 0, 1)
         .expect_err("pooled flags are refused");
@@ -143,6 +169,13 @@ fn range_gated_matmul(
 #[test]
 fn wait_on_a_range_holds_until_its_middle_chunk_arrives() {
     let Some(dev) = gpu_alone() else { return };
+    for cfg in wait_configs(&dev) {
+        eprintln!("range wait: {cfg}");
+        range_gated_matmul::kernel().with_config(cfg, || range_held_then_timeout(&dev));
+    }
+}
+
+fn range_held_then_timeout(dev: &std::sync::Arc<Device>) {
     // Ragged M; chunks of 16 rows are smaller than any GEMM block, so the first
     // program's rows span chunks 0, 1, ...: only chunk 1 is held back.
     let (m, n, k, chunk) = (1000, 384, 192, 16);
@@ -154,7 +187,7 @@ fn wait_on_a_range_holds_until_its_middle_chunk_arrives() {
     init[1] = 0;
     let mut flags = Tensor::<u32>::flags(chunks).unwrap();
     flags.copy_from_slice(&init).unwrap();
-    let side = SideStream::new(&dev, true).unwrap();
+    let side = SideStream::new(dev, true).unwrap();
     let out = poisoned::<bf16>([m, n]).unwrap();
     dev.synchronize().unwrap();
     let t0 = Instant::now();

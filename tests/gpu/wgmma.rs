@@ -30,6 +30,12 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
         (127, 264, 72),
         (1000, 520, 336),
         (1024, 1024, 1024),
+        // More tiles than SMs at small blocks: persistent blocks loop, the ring's
+        // phases carry from tile to tile.
+        (2000, 1544, 200),
+        // Fewer tiles than SMs and 16 K tiles: the last (only) wave is split along
+        // K, the parts meet in scratch.
+        (1000, 1544, 1000),
         (4096, 6656, 16384),
     ] {
         let a = random_tensor::<bf16>([m, k], 1.0).unwrap();

@@ -189,7 +189,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
 "#,
         wtm = bm / geo.wm,
         wtn = bn / wn,
-        tile = grouped_tile(gm, &rotate, g, bm, bn),
+        tile = grouped_tile(gm, &rotate, g, (bm, bn), ""),
     );
 
     before_loop(e, g, &geo, Some("  "))?;
@@ -220,7 +220,22 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         },
     );
 
-    split_fixup(&mut e.out, mi, ni, nt);
+    split_fixup(
+        &mut e.out,
+        mi,
+        ni,
+        nt,
+        &FixupSite {
+            head: "  if ((long long)blockIdx.x >= tf_whole && tf_ways > 1) {\n    \
+                   // Recomputed from blockIdx rather than kept live through the K loop, where\n    \
+                   // every register is taken (keeping them cost 150 bytes of spills).\n    \
+                   const long long u = (long long)blockIdx.x - tf_whole, slot = u / tf_ways;\n    \
+                   const int tf_part = (int)(u % tf_ways), tf_w = tf_ways;",
+            tid: "tid",
+            sync: "__syncthreads();",
+            leave: "return;",
+        },
+    );
 
     after_loop(e, g, &geo, "  ")?;
     e.out.push_str("}\n");
@@ -336,20 +351,37 @@ pub(super) fn after_loop(
     Ok(())
 }
 
+/// Where a split tile's parts meet: what differs between the portable path (one
+/// program per part, done with `return`) and the Hopper consumers (a loop over
+/// work units, done with `continue`).
+pub(super) struct FixupSite<'a> {
+    /// Opens the fix-up (`if (...) {`) and defines `slot` (the part's tile in the
+    /// scratch and counters), `tf_part` and `tf_w` unless already in scope.
+    pub head: &'a str,
+    /// This thread's index among the threads holding accumulators.
+    pub tid: &'a str,
+    /// A barrier over those threads.
+    pub sync: &'a str,
+    /// Leaves when another part will finish the tile.
+    pub leave: &'a str,
+}
+
 /// The parts of a split tile meet here: each writes its partial accumulators to
 /// scratch (fragment order, coalesced), the last to arrive adds all parts in part
 /// order from there (so the sum does not depend on arrival order) and runs the
 /// epilogue; the others are done. The classic fence / counter handshake: writes, fence, barrier,
 /// one atomic; then the last block fences again before reading.
-fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
+pub(super) fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize, site: &FixupSite) {
     let count = mi * ni * 4;
+    let FixupSite {
+        head,
+        tid,
+        sync,
+        leave,
+    } = site;
     let _ = write!(
         o,
-        r#"  if ((long long)blockIdx.x >= tf_whole && tf_ways > 1) {{
-    // Recomputed from blockIdx rather than kept live through the K loop, where
-    // every register is taken (keeping them cost 150 bytes of spills).
-    const long long u = (long long)blockIdx.x - tf_whole, slot = u / tf_ways;
-    const int tf_part = (int)(u % tf_ways), tf_w = tf_ways;
+        r#"{head}
     float* tf_p = tf_partials + slot * tf_ways * {tile_floats}ll;
     #pragma unroll
     for (int i = 0; i < {mi}; ++i)
@@ -357,13 +389,13 @@ fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
     for (int j = 0; j < {ni}; ++j)
     #pragma unroll
     for (int r = 0; r < 4; ++r)
-      tf_st_cg(tf_p + ((long long)tf_part * {count} + (i * {ni} + j) * 4 + r) * {nt} + tid, acc[i][j][r]);
+      tf_st_cg(tf_p + ((long long)tf_part * {count} + (i * {ni} + j) * 4 + r) * {nt} + {tid}, acc[i][j][r]);
     __threadfence();
-    __syncthreads();
+    {sync}
     __shared__ int tf_last;
-    if (tid == 0) tf_last = atomicAdd(tf_counters + slot, 1u) == (unsigned)(tf_w - 1);
-    __syncthreads();
-    if (!tf_last) return;
+    if ({tid} == 0) tf_last = atomicAdd(tf_counters + slot, 1u) == (unsigned)(tf_w - 1);
+    {sync}
+    if (!tf_last) {leave}
     __threadfence();
     // Every part, this one's too, is read back from scratch in part order into
     // the accumulators (dead since they were written out). Part 0 is peeled so
@@ -376,10 +408,10 @@ fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
     for (int j = 0; j < {ni}; ++j)
     #pragma unroll
     for (int r = 0; r < 4; ++r)
-      acc[i][j][r] = tf_ld_cg(tf_p + ((i * {ni} + j) * 4 + r) * {nt} + tid);
+      acc[i][j][r] = tf_ld_cg(tf_p + ((i * {ni} + j) * 4 + r) * {nt} + {tid});
     #pragma unroll 1
     for (int q = 1; q < tf_w; ++q) {{
-      const float* src = tf_p + (long long)q * {count} * {nt} + tid;
+      const float* src = tf_p + (long long)q * {count} * {nt} + {tid};
       #pragma unroll
       for (int i = 0; i < {mi}; ++i)
       #pragma unroll
@@ -396,15 +428,22 @@ fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize) {
 
 /// The program's output tile from `pid`: tile rows visited in groups of `gm` (blocks
 /// that run together share rows of A and columns of B in L2), then `rotate`
-/// (`starting_at`); defines `tile_m`, `tile_n` and the tile's first row and column.
-pub(super) fn grouped_tile(gm: usize, rotate: &str, g: &GemmShape, bm: usize, bn: usize) -> String {
+/// (`starting_at`); defines `tile_m`, `tile_n` and the tile's first row and column
+/// (plus `m_offset`, an expression: the block's rows within a cluster's tile).
+pub(super) fn grouped_tile(
+    gm: usize,
+    rotate: &str,
+    g: &GemmShape,
+    (bm, bn): (usize, usize),
+    m_offset: &str,
+) -> String {
     let (dm, dn) = (g.m, g.n);
     format!(
         r#"  const long long group_width = {gm}ll * tiles_n;
   const long long first_m = (pid / group_width) * {gm}ll;
   const long long group_rows = tf_min_i(tiles_m - first_m, {gm}ll);
   long long tile_m = first_m + (pid % group_width) % group_rows, tile_n = (pid % group_width) / group_rows;
-{rotate}  const long long tb{dm} = tile_m * {bm};
+{rotate}  const long long tb{dm} = tile_m * {bm}{m_offset};
   const long long tb{dn} = tile_n * {bn};
 "#
     )

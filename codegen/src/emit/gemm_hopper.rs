@@ -1,9 +1,18 @@
 //! The Hopper GEMM (sm_90a): TMA loads into a ring of 128-byte-swizzled shared
 //! memory stages, `mbarrier` handshakes, and `wgmma` from shared-memory
-//! descriptors, with warp specialization: warpgroup 0 produces (one thread issues
-//! the TMA loads), warpgroups 1..=C consume (each a 64-row slice of the block's
-//! tile, `wgmma.m64nBNk16`). The kernel's statements before and after the K loop
-//! are the portable path's, on the same fragment layout.
+//! descriptors, with warp specialization: warpgroup 0 produces (one thread runs
+//! the tile's `wait`s, then issues its TMA loads), warpgroups 1..=C consume (each
+//! a 64-row slice of the block's tile, `wgmma.m64nBNk16`, one wgmma group kept in
+//! flight). The kernel's statements before and after the K loop are the portable
+//! path's, on the same fragment layout.
+//!
+//! Work: blocks walk work units (`unit += gridDim.x`): one per output tile, and
+//! for the tiles of the last, partial wave one per contiguous part of K, the parts
+//! meeting in scratch (the portable path's split tail). One block per unit, or a
+//! persistent grid (`Config::persistent`: the producer loads the next tile while
+//! the consumers run the epilogue). With `cluster_m = 2`, a cluster of two blocks
+//! takes two vertically adjacent tiles and each loads half of their common B
+//! tile into both blocks (TMA multicast); both blocks' consumers release a stage.
 //!
 //! Config: `wgmma = true`; `num_warps` counts the consumer warps (4 or 8: BM = 64
 //! or 128), the producer warpgroup comes on top; BK = 64 (one 128-byte swizzle row
@@ -14,8 +23,10 @@
 //! transposed (`imm-trans-b`). Rows and K beyond the tensors are zero-filled by
 //! the TMA unit, so ragged shapes need no masks in the K loop.
 
-use super::gemm::{after_loop, before_loop, grid_rotation, grouped_tile, Geometry};
-use super::{config_err, Emitter, Lowered, Param};
+use super::gemm::{
+    after_loop, before_loop, grid_rotation, grouped_tile, split_fixup, FixupSite, Geometry,
+};
+use super::{config_err, Emitter, Lowered, Param, SplitTail};
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -46,6 +57,19 @@ __device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) { while 
 __device__ __forceinline__ void tf_tma_2d(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+// Clusters: this block's rank, a barrier over every thread of the cluster, an
+// arrive on the barrier at the same offset in block `rank`, and a TMA load that
+// lands at the same offset (and completes the same barrier) in every block of `mask`.
+__device__ __forceinline__ tf_u32 tf_cluster_rank() { tf_u32 r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+__device__ __forceinline__ void tf_cluster_sync() { asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory"); }
+__device__ __forceinline__ void tf_mbar_arrive_in(tf_u32 bar, tf_u32 rank) {
+  asm volatile("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [ra]; }"
+               :: "r"(bar), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void tf_tma_2d_multicast(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar, tf_u16 mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
 }
 // A shared-memory matrix descriptor: 128-byte swizzle, byte offsets >> 4.
 __device__ __forceinline__ tf_u64 tf_wgmma_desc(tf_u32 addr, tf_u32 lbo, tf_u32 sbo) {
@@ -98,6 +122,12 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     }
     if !(2..=8).contains(&c.num_stages) {
         return Err(err(format!("num_stages ({}) must be 2..=8", c.num_stages)));
+    }
+    let cl = c.cluster_m;
+    if cl == 2 && bn % 128 != 0 {
+        return Err(err(format!(
+            "cluster_m 2 splits the B tile's 64-column slabs between the pair; the N block must be 128 or 256, got {bn}"
+        )));
     }
     let dtype = e.spec.tensors[g.a].dtype;
     for (t, role) in [(g.a, "first"), (g.b, "second")] {
@@ -165,85 +195,174 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
                 },
                 "const __grid_constant__ tf_tmap tf_map_b",
             ),
+            (Param::SplitWhole, "long long tf_whole"),
+            (Param::SplitWays, "int tf_ways"),
+            (Param::SplitPartials, "float* tf_partials"),
+            (Param::SplitCounters, "unsigned* tf_counters"),
         ],
     );
-    let rotate = grid_rotation(e, g, bm, bn)?;
+    // A cluster computes `cl` vertically adjacent tiles: the tile order walks the
+    // clusters' tiles (bm * cl rows), each block takes its rows of one.
+    let rotate = grid_rotation(e, g, bm * cl, bn)?;
     let gm = c.group_m.max(1);
+    let m_offset = if cl > 1 {
+        // Read where used (a special register): a variable held through the K loop
+        // cost a 4-byte spill.
+        format!(" + (long long)tf_cluster_rank() * {bm}")
+    } else {
+        String::new()
+    };
+    let tile = indent(&grouped_tile(gm, &rotate, g, (bm * cl, bn), &m_offset), 4);
+    let (tiles_m, first_pid, pid_step) = if cl > 1 {
+        (
+            format!("((M + {bm} - 1) / {bm} + {cl} - 1) / {cl}"),
+            format!("blockIdx.x / {cl}"),
+            format!("gridDim.x / {cl}"),
+        )
+    } else {
+        (
+            format!("(M + {bm} - 1) / {bm}"),
+            "blockIdx.x".to_string(),
+            "gridDim.x".to_string(),
+        )
+    };
+    let sync = if cl > 1 {
+        // The peer's barriers must be initialized before a multicast or an arrive reaches them.
+        "tf_cluster_sync();"
+    } else {
+        "__syncthreads();"
+    };
     let _ = write!(
         e.out,
         r#"  extern __shared__ __align__(1024) unsigned char tf_smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long M = s{ext_m}, N = s{ext_n}, K = s{ext_k};
-  const long long tiles_m = (M + {bm} - 1) / {bm}, tiles_n = (N + {bn} - 1) / {bn};
-  const long long pid = blockIdx.x;
-{tile}  // The ring: stage s holds A at sA + s * {a_stage} and B's {slabs} slabs of 64 columns
-  // at sB + s * {b_stage}; full[s] / empty[s] barriers after it.
+  const long long tiles_m = {tiles_m}, tiles_n = (N + {bn} - 1) / {bn};
+  const long long tf_tiles = tiles_m * tiles_n;
+  // Work units: tiles [0, tf_whole) one each; each later tile (the last, partial
+  // wave) as tf_ways units, one per contiguous part of K.
+  const long long tf_units = tf_whole + (tf_tiles - tf_whole) * tf_ways;
+
+  // The ring: stage s holds A at sA + s * {a_stage} and B's {slabs} slabs of 64 columns
+  // at sB + s * {b_stage}; full[s] / empty[s] barriers after it. Producer and
+  // consumers walk the same tiles and count k-steps over all of them (`it`), so
+  // stage and phase carry from one tile to the next.
   const tf_u32 tf_base = (tf_smem_u32(tf_smem) + {atom_m1}u) & ~{atom_m1}u;
   const tf_u32 sA = tf_base, sB = tf_base + {a_ring}u, tf_full = tf_base + {tiles_bytes}u, tf_empty = tf_full + {bar_bytes}u;
   const int KT = (int)((K + {bk} - 1) / {bk});
+  // Set by the producer when a `wait` timed out (the status block says which): it
+  // stops waiting, the consumers stop storing, and the kernel ends.
+  __shared__ volatile int tf_failed;
   if (tid == 0) {{
+    tf_failed = 0;
     for (int s = 0; s < {stages}; ++s) {{
       tf_mbar_init(tf_full + s * 8, 1);
-      tf_mbar_init(tf_empty + s * 8, {consumer_threads});
+      tf_mbar_init(tf_empty + s * 8, {consumer_warps});
     }}
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }}
-  __syncthreads();
+  {sync}
 "#,
         slabs = bn / 64,
         atom_m1 = ATOM - 1,
         a_ring = stages * a_stage,
         bar_bytes = stages * 8,
-        consumer_threads = 128 * consumers,
-        tile = grouped_tile(gm, &rotate, g, bm, bn),
+        consumer_warps = 4 * consumers * cl,
     );
-    // Block-level statements before the K loop (`wait`s, scalar lets): every thread.
+    // The producer runs the block-level statements before the K loop (scalar lets,
+    // `wait`s) per tile, before it issues the tile's loads; consumers are gated by
+    // the full barriers, so they never spin on flags.
     let body = e.k.body.clone();
+    let mut waits = String::new();
+    let kernel_so_far = std::mem::take(&mut e.out);
     for s in &body[..g.k_loop] {
-        if matches!(s, Stmt::Wait { .. }) {
-            e.block_stmt(s, "  ")?;
+        match s {
+            Stmt::Wait { at, .. } => {
+                let test = e.wait_test(s, "          ", "tf_failed")?;
+                let _ = write!(
+                    waits,
+                    "        {{  // {}\n{test}        }}\n",
+                    super::one_line(at)
+                );
+            }
+            // Scalar lets (tile lets are the consumers' business and emit nothing here).
+            Stmt::Let { .. } => {
+                e.block_stmt(s, "      ")?;
+            }
+            _ => {}
         }
     }
-    let has_wait = body[..g.k_loop]
-        .iter()
-        .any(|s| matches!(s, Stmt::Wait { .. }));
-    let proxy_fence = if has_wait {
-        // Flags acquired by a generic load; the TMA unit reads through the async proxy.
-        "      asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");\n"
+    let producer_lets = std::mem::replace(&mut e.out, kernel_so_far);
+    let acquire = if waits.is_empty() {
+        String::new()
     } else {
-        ""
+        // Flags acquired by a generic load; the TMA unit reads through the async proxy.
+        format!(
+            "      if (!tf_failed) {{\n{waits}      }}\n      asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");\n"
+        )
     };
-    let b_loads: String = (0..bn / 64)
-        .map(|j| {
-            format!(
-                "      tf_tma_2d(sB + s * {b_stage}u + {off}u, &tf_map_b, (int)(tb{dn} + {col}), kt * {bk}, tf_full + s * 8);\n",
-                off = j * slab,
-                col = j * 64
-            )
-        })
-        .collect();
+    let b_loads: String = if cl > 1 {
+        // Each block of the pair loads half of B's slabs into both blocks.
+        let half = bn / 64 / cl;
+        format!(
+            "        for (int j = (int)tf_cluster_rank() * {half}; j < ((int)tf_cluster_rank() + 1) * {half}; ++j)\n          tf_tma_2d_multicast(sB + s * {b_stage}u + j * {slab}u, &tf_map_b, (int)(tb{dn} + j * 64), kt * {bk}, tf_full + s * 8, (tf_u16){mask});\n",
+            mask = (1u32 << cl) - 1
+        )
+    } else {
+        (0..bn / 64)
+            .map(|j| {
+                format!(
+                    "        tf_tma_2d(sB + s * {b_stage}u + {off}u, &tf_map_b, (int)(tb{dn} + {col}), kt * {bk}, tf_full + s * 8);\n",
+                    off = j * slab,
+                    col = j * 64
+                )
+            })
+            .collect()
+    };
     let _ = write!(
         e.out,
         r#"  if (warp < 4) {{
     // Producer warpgroup: one thread issues the loads.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 {minreg};");
     if (tid == 0) {{
-{proxy_fence}      for (int kt = 0; kt < KT; ++kt) {{
-        const int s = kt % {stages};
-        if (kt >= {stages}) tf_mbar_wait(tf_empty + s * 8, ((kt / {stages}) & 1) ^ 1);
+      int it = 0;
+      for (long long unit = {first_pid}; unit < tf_units; unit += {pid_step}) {{
+        long long pid = unit;
+        int tf_part = 0, tf_w = 1;
+        if (unit >= tf_whole) {{
+          pid = tf_whole + (unit - tf_whole) / tf_ways;
+          tf_part = (int)((unit - tf_whole) % tf_ways);
+          tf_w = tf_ways;
+        }}
+        const int kt_lo = (int)((long long)tf_part * KT / tf_w), kt_hi = (int)((long long)(tf_part + 1) * KT / tf_w);
+{tile}{producer_lets}{acquire}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
+        const int s = it % {stages};
+        if (it >= {stages}) tf_mbar_wait(tf_empty + s * 8, ((it / {stages}) & 1) ^ 1);
         tf_mbar_expect_tx(tf_full + s * 8, {stage_bytes}u);
         tf_tma_2d(sA + s * {a_stage}u, &tf_map_a, kt * {bk}, (int)tb{dm}, tf_full + s * 8);
 {b_loads}      }}
+      }}
     }}
   }} else {{
     asm volatile("setmaxnreg.inc.sync.aligned.u32 {maxreg};");
     // Consumer warp w (0..{cw}) owns rows 16w..16w+15 of the block's tile.
     const int wm0 = (warp - 4) * 16, wn0 = 0;
     const int wg = (warp - 4) >> 2;
-    float acc[1][{ni}][4];
+    int it = 0;
+    for (long long unit = {first_pid}; unit < tf_units; unit += {pid_step}) {{
+      long long pid = unit;
+      int tf_part = 0, tf_w = 1;
+      if (unit >= tf_whole) {{
+        pid = tf_whole + (unit - tf_whole) / tf_ways;
+        tf_part = (int)((unit - tf_whole) % tf_ways);
+        tf_w = tf_ways;
+      }}
+      const int kt_lo = (int)((long long)tf_part * KT / tf_w), kt_hi = (int)((long long)(tf_part + 1) * KT / tf_w);
+{tile}    float acc[1][{ni}][4];
 "#,
         stage_bytes = a_stage + b_stage,
-        maxreg = if consumers == 2 { 232 } else { 240 },
+        minreg = 56,
+        maxreg = if consumers == 2 { 224 } else { 240 },
         cw = 4 * consumers - 1,
         ni = bn / 8,
     );
@@ -259,6 +378,12 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         stages,
     };
     before_loop(e, g, &geo, None)?;
+    // Only the first part of a split tile starts from the accumulator's init.
+    e.out.push_str(
+        "    if (tf_part > 0) {\n    #pragma unroll\n    for (int j = 0; j < NI; ++j)\n    #pragma unroll\n    for (int r = 0; r < 4; ++r) acc[0][j][r] = 0.f;\n    }\n"
+            .replace("NI", &(bn / 8).to_string())
+            .as_str(),
+    );
     let mut kk = String::new();
     for k16 in 0..bk / 16 {
         let _ = writeln!(
@@ -268,21 +393,85 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             k16 * 16 * 128
         );
     }
+    // One wgmma group stays in flight: a stage is released when the group after it
+    // has been issued and its own has completed; in a cluster, in every block (the
+    // peer's producer writes into this block's stages too).
+    let release = if cl > 1 {
+        format!(
+            "if (prev >= 0 && lane == 0) for (int r = 0; r < {cl}; ++r) tf_mbar_arrive_in(tf_empty + prev * 8, r);"
+        )
+    } else {
+        "if (prev >= 0 && lane == 0) tf_mbar_arrive(tf_empty + prev * 8);".to_string()
+    };
     let _ = write!(
         e.out,
-        r#"    for (int kt = 0; kt < KT; ++kt) {{
-      const int s = kt % {stages};
-      tf_mbar_wait(tf_full + s * 8, (kt / {stages}) & 1);
+        r#"    int prev = -1;
+    for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
+      const int s = it % {stages};
+      tf_mbar_wait(tf_full + s * 8, (it / {stages}) & 1);
       const tf_u32 a_s = sA + s * {a_stage}u + wg * {wg_rows}u, b_s = sB + s * {b_stage}u;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 {kk}      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      tf_mbar_arrive(tf_empty + s * 8);
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      {release}
+      prev = s;
     }}
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    {release}
+    if (tf_failed) continue;
 "#,
         wg_rows = 64 * 128,
     );
+    let head = format!(
+        "    if (tf_w > 1) {{\n      const long long slot = (pid - tf_whole) * {cl}{rank};",
+        rank = if cl > 1 { " + tf_cluster_rank()" } else { "" }
+    );
+    split_fixup(
+        &mut e.out,
+        1,
+        bn / 8,
+        128 * consumers,
+        &FixupSite {
+            head: &head,
+            tid: "(tid - 128)",
+            // Named barrier 1 over the consumer warps (the producer is elsewhere).
+            sync: &format!(
+                "asm volatile(\"bar.sync 1, {};\" ::: \"memory\");",
+                128 * consumers
+            ),
+            leave: "continue;",
+        },
+    );
     after_loop(e, g, &geo, "    ")?;
-    e.out.push_str("  }\n}\n");
-    Ok(e.finish(params, threads, shared, "gemm/wgmma"))
+    e.out.push_str("    }\n  }\n");
+    if cl > 1 {
+        // No block leaves while its peer may still arrive on its barriers.
+        e.out.push_str("  tf_cluster_sync();\n");
+    }
+    e.out.push_str("}\n");
+    let mut l = e.finish(params, threads, shared, "gemm/wgmma");
+    l.persistent = c.persistent;
+    l.cluster = cl as u32;
+    // A program (a cluster's tile) holds `cl` blocks' accumulators in scratch.
+    l.split_tail = Some(SplitTail {
+        m: ext_m,
+        n: ext_n,
+        k: ext_k,
+        bm: bm * cl,
+        bn,
+        bk,
+    });
+    // One program per cluster tile; the launch multiplies by the cluster size.
+    for (&d, (_, b)) in e.k.grid.iter().zip(&mut l.grid) {
+        if d == g.m {
+            *b *= cl;
+        }
+    }
+    Ok(l)
+}
+
+/// `text` with every line indented `n` more spaces.
+fn indent(text: &str, n: usize) -> String {
+    let pad = " ".repeat(n);
+    text.lines().map(|l| format!("{pad}{l}\n")).collect()
 }

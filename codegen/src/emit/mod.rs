@@ -91,6 +91,12 @@ pub struct Lowered {
     pub path: &'static str,
     /// Set for GEMMs that take the split-tail parameters.
     pub split_tail: Option<SplitTail>,
+    /// The blocks loop over the grid's tiles (`pid += gridDim.x`): launch at most as
+    /// many as fit on the GPU at once.
+    pub persistent: bool,
+    /// Blocks per cluster (compiled in with `__cluster_dims__`): the grid holds
+    /// this many blocks per program of [`Lowered::grid`].
+    pub cluster: u32,
 }
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`.
@@ -121,6 +127,20 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             kernel,
             config,
             format!("block size {b} is outside 1..=4096"),
+        ));
+    }
+    if config.cluster_m != 1 && !(config.wgmma && config.cluster_m == 2) {
+        return Err(config_err(
+            kernel,
+            config,
+            "cluster_m takes 1, or 2 on the Hopper (wgmma) matmul path",
+        ));
+    }
+    if config.persistent && !config.wgmma {
+        return Err(config_err(
+            kernel,
+            config,
+            "a persistent grid is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `persistent`",
         ));
     }
     let mut e = Emitter::new(kernel, spec, &checked, config);
@@ -276,9 +296,14 @@ impl<'a> Emitter<'a> {
                 self.k.dims[d].name
             );
         }
+        // Clusters are compiled in, so a plain launch forms them.
+        let cluster = match self.cfg.cluster_m {
+            1 => String::new(),
+            n => format!("__cluster_dims__({n}, 1, 1) "),
+        };
         let _ = writeln!(
             self.out,
-            "\nextern \"C\" __global__ void __launch_bounds__({threads}, {min_blocks}) {}(\n    {}) {{",
+            "\nextern \"C\" __global__ void {cluster}__launch_bounds__({threads}, {min_blocks}) {}(\n    {}) {{",
             self.entry(),
             sig.join(",\n    ")
         );
@@ -301,50 +326,16 @@ impl<'a> Emitter<'a> {
                 self.named_vars.insert(*var, name);
                 Ok(true)
             }
-            Stmt::Wait {
-                tensor,
-                index,
-                end,
-                value,
-                at,
-            } => {
-                if !self.spec.tensors[*tensor].last_contiguous {
-                    return Err(CodegenError::Argument {
-                        kernel: self.k.name.clone(),
-                        arg: self.k.tensors[*tensor].name.clone(),
-                        message: "flags passed to `wait` must be contiguous (stride 1)".into(),
-                    });
-                }
-                let site = self.wait_sites.len();
-                self.wait_sites.push(at.clone());
-                let (ic, _) = self.ctx(&[]).emit(index, at)?;
-                let (vc, _) = self.ctx(&[]).emit(value, at)?;
-                let flags = format!("(const tf_u32*)t{tensor}, t{tensor}_n0");
-                let site = format!("tf_site_base + {site}ull");
-                // One thread spins; a range is waited flag by flag (every flag must
-                // pass, so their order does not matter) and stops at the first timeout.
-                let test = match end {
-                    None => format!(
-                        "if (threadIdx.x == 0) tf_abort = !tf_wait_flag({flags}, {ic}, {vc}, tf_timeout_ns, tf_st, {site});"
-                    ),
-                    Some(end) => {
-                        let (ec, _) = self.ctx(&[]).emit(end, at)?;
-                        format!(
-                            "if (threadIdx.x == 0) {{\n\
-                             {indent}    tf_abort = 0;\n\
-                             {indent}    const long long tf_hi = {ec};\n\
-                             {indent}    for (long long tf_i = {ic}; tf_i < tf_hi && !tf_abort; ++tf_i)\n\
-                             {indent}      tf_abort = !tf_wait_flag({flags}, tf_i, {vc}, tf_timeout_ns, tf_st, {site});\n\
-                             {indent}  }}"
-                        )
-                    }
-                };
+            Stmt::Wait { at, .. } => {
+                let test = self.wait_test(s, &format!("{indent}  "), "tf_abort")?;
                 let at = one_line(at);
                 let _ = writeln!(
                     self.out,
                     "{indent}{{  // {at}\n\
                      {indent}  __shared__ int tf_abort;\n\
-                     {indent}  {test}\n\
+                     {indent}  if (threadIdx.x == 0) {{\n\
+                     {test}\
+                     {indent}  }}\n\
                      {indent}  __syncthreads();\n\
                      {indent}  if (tf_abort) return;\n\
                      {indent}}}"
@@ -353,6 +344,55 @@ impl<'a> Emitter<'a> {
             }
             _ => Ok(false),
         }
+    }
+
+    /// The code of one thread's bounded spin for a `wait` statement: it sets `failed`
+    /// (an int lvalue) to 1 when a flag did not arrive in time (the status block then
+    /// says which), else to 0. A range is waited flag by flag (every flag must pass,
+    /// so their order does not matter) and stops at the first timeout.
+    pub fn wait_test(
+        &mut self,
+        s: &Stmt,
+        indent: &str,
+        failed: &str,
+    ) -> Result<String, CodegenError> {
+        let Stmt::Wait {
+            tensor,
+            index,
+            end,
+            value,
+            at,
+        } = s
+        else {
+            return Ok(String::new());
+        };
+        if !self.spec.tensors[*tensor].last_contiguous {
+            return Err(CodegenError::Argument {
+                kernel: self.k.name.clone(),
+                arg: self.k.tensors[*tensor].name.clone(),
+                message: "flags passed to `wait` must be contiguous (stride 1)".into(),
+            });
+        }
+        let site = self.wait_sites.len();
+        self.wait_sites.push(at.clone());
+        let (ic, _) = self.ctx(&[]).emit(index, at)?;
+        let (vc, _) = self.ctx(&[]).emit(value, at)?;
+        let flags = format!("(const tf_u32*)t{tensor}, t{tensor}_n0");
+        let site = format!("tf_site_base + {site}ull");
+        Ok(match end {
+            None => format!(
+                "{indent}  {failed} = !tf_wait_flag({flags}, {ic}, {vc}, tf_timeout_ns, tf_st, {site});\n"
+            ),
+            Some(end) => {
+                let (ec, _) = self.ctx(&[]).emit(end, at)?;
+                format!(
+                    "{indent}  {failed} = 0;\n\
+                     {indent}  const long long tf_hi = {ec};\n\
+                     {indent}  for (long long tf_i = {ic}; tf_i < tf_hi && !{failed}; ++tf_i)\n\
+                     {indent}    {failed} = !tf_wait_flag({flags}, tf_i, {vc}, tf_timeout_ns, tf_st, {site});\n"
+                )
+            }
+        })
     }
 
     /// Binds a tile `let`: its expression with the current values of the other
@@ -385,6 +425,8 @@ impl<'a> Emitter<'a> {
             wait_sites: std::mem::take(&mut self.wait_sites),
             path,
             split_tail: None,
+            persistent: false,
+            cluster: 1,
         }
     }
 }
