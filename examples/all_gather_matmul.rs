@@ -13,7 +13,8 @@
 //! symmetric memory) it falls back to NCCL's all-gather + the same GEMM and says so.
 //! `--bench` also times, in one run: cuBLAS on the full A on one GPU (the floor),
 //! the tilefuse GEMM alone on the gathered A, NCCL's all-gather alone, NCCL
-//! all-gather then cuBLAS, and the fused op.
+//! all-gather then cuBLAS, and the fused op: interleaved rounds (each variant a
+//! few runs per round, L2 flushed before each), the median of the rounds' medians.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -226,7 +227,7 @@ fn bench(
     b: &Tensor<bf16>,
     shard: &Tensor<bf16>,
     gathered_ref: &Tensor<bf16>,
-    ag: Option<&mut AllGather<bf16>>,
+    mut ag: Option<&mut AllGather<bf16>>,
     gathered: &Tensor<bf16>,
     progress: &Tensor<u32>,
     rows_per_chunk: usize,
@@ -235,47 +236,63 @@ fn bench(
     let (m, n, k) = (args.m, args.n, args.k);
     let nccl = pg.nccl()?;
     let mut c = Tensor::<bf16>::empty([m, n])?;
-    let reps = 20;
-    let time = |f: &mut dyn FnMut() -> tilefuse::Result<()>| -> tilefuse::Result<f64> {
-        pg.barrier("bench")?;
-        Ok(tilefuse::time_gpu(&dev, 5, reps, true, f)?.median_ms)
-    };
-    let floor = time(&mut || tilefuse::cublas::matmul_into(&mut c, gathered_ref, b))?;
     // The flags hold the last call's epoch: the GEMM's waits pass at once.
     let first_row = pg.rank() * m / pg.world_size();
     let done_epoch = progress.to_vec()?.into_iter().min().unwrap_or(0) as usize;
-    let gemm_alone = time(&mut || {
-        ag_matmul(
-            gathered,
-            b,
-            &c,
-            progress,
-            rows_per_chunk,
-            done_epoch,
-            first_row,
-        )
-    })?;
-    let ag_alone = time(&mut || nccl.all_gather(shard, gathered_ref))?;
-    let unfused = time(&mut || {
-        nccl.all_gather(shard, gathered_ref)?;
-        tilefuse::cublas::matmul_into(&mut c, gathered_ref, b)
-    })?;
-    let fused = match ag {
-        Some(a) => Some(time(&mut || {
-            let e = a.start()?;
-            ag_matmul(
-                a.gathered(),
+    let fused_too = ag.is_some();
+    // 0 floor, 1 tilefuse GEMM alone, 2 NCCL all-gather alone, 3 unfused, 4 fused.
+    let mut run = |i: usize| -> tilefuse::Result<()> {
+        match i {
+            0 => tilefuse::cublas::matmul_into(&mut c, gathered_ref, b),
+            1 => ag_matmul(
+                gathered,
                 b,
                 &c,
-                a.progress(),
+                progress,
                 rows_per_chunk,
-                e as usize,
+                done_epoch,
                 first_row,
-            )?;
-            a.finish()
-        })?),
-        None => None,
+            ),
+            2 => nccl.all_gather(shard, gathered_ref),
+            3 => {
+                nccl.all_gather(shard, gathered_ref)?;
+                tilefuse::cublas::matmul_into(&mut c, gathered_ref, b)
+            }
+            _ => {
+                let Some(a) = ag.as_mut() else { return Ok(()) };
+                let e = a.start()?;
+                ag_matmul(
+                    a.gathered(),
+                    b,
+                    &c,
+                    a.progress(),
+                    rows_per_chunk,
+                    e as usize,
+                    first_row,
+                )?;
+                a.finish()
+            }
+        }
     };
+    // Interleaved rounds, so that clocks drifting through the run (the GPU heats
+    // up) do not favour whichever is timed first; the median of the rounds'
+    // medians. Every rank times the same variant at once (a barrier before each).
+    let variants = if fused_too { 5 } else { 4 };
+    let (rounds, reps) = (6, 5);
+    let mut medians = vec![Vec::with_capacity(rounds); variants];
+    for _ in 0..rounds {
+        for (i, out) in medians.iter_mut().enumerate() {
+            pg.barrier("bench")?;
+            out.push(tilefuse::time_gpu(&dev, 2, reps, true, || run(i))?.median_ms);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    let times: Vec<f64> = medians.iter_mut().map(median).collect();
+    let (floor, gemm_alone, ag_alone, unfused) = (times[0], times[1], times[2], times[3]);
+    let fused = times.get(4).copied();
     if pg.rank() == 0 {
         let tf = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
         println!(

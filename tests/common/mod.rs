@@ -100,7 +100,7 @@ pub fn host<T: tilefuse::Element>(t: &tilefuse::Tensor<T>) -> Vec<f64> {
 }
 
 /// Hopper-path configs the tests run: both consumer counts, 64- to 256-wide N
-/// blocks, 2 to 5 stages.
+/// blocks, 2 to 6 stages, one block per tile or persistent, clusters of one or two.
 pub fn wgmma_configs() -> Vec<tilefuse::Config> {
     use tilefuse::Config;
     vec![
