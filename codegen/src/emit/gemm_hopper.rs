@@ -319,6 +319,20 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             })
             .collect()
     };
+    // Producer and consumers walk the same work units: the unit's tile (`pid`) and
+    // its K tiles [kt_lo, kt_hi) (all of them, or its part of a split tile).
+    let units = format!(
+        r#"for (long long unit = {first_pid}; unit < tf_units; unit += {pid_step}) {{
+  long long pid = unit;
+  int tf_part = 0, tf_w = 1;
+  if (unit >= tf_whole) {{
+    pid = tf_whole + (unit - tf_whole) / tf_ways;
+    tf_part = (int)((unit - tf_whole) % tf_ways);
+    tf_w = tf_ways;
+  }}
+  const int kt_lo = (int)((long long)tf_part * KT / tf_w), kt_hi = (int)((long long)(tf_part + 1) * KT / tf_w);
+"#
+    );
     let _ = write!(
         e.out,
         r#"  if (warp < 4) {{
@@ -326,16 +340,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     asm volatile("setmaxnreg.dec.sync.aligned.u32 {minreg};");
     if (tid == 0) {{
       int it = 0;
-      for (long long unit = {first_pid}; unit < tf_units; unit += {pid_step}) {{
-        long long pid = unit;
-        int tf_part = 0, tf_w = 1;
-        if (unit >= tf_whole) {{
-          pid = tf_whole + (unit - tf_whole) / tf_ways;
-          tf_part = (int)((unit - tf_whole) % tf_ways);
-          tf_w = tf_ways;
-        }}
-        const int kt_lo = (int)((long long)tf_part * KT / tf_w), kt_hi = (int)((long long)(tf_part + 1) * KT / tf_w);
-{tile}{producer_lets}{acquire}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
+{producer_units}{tile}{producer_lets}{acquire}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
         const int s = it % {stages};
         if (it >= {stages}) tf_mbar_wait(tf_empty + s * 8, ((it / {stages}) & 1) ^ 1);
         tf_mbar_expect_tx(tf_full + s * 8, {stage_bytes}u);
@@ -349,17 +354,10 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     const int wm0 = (warp - 4) * 16, wn0 = 0;
     const int wg = (warp - 4) >> 2;
     int it = 0;
-    for (long long unit = {first_pid}; unit < tf_units; unit += {pid_step}) {{
-      long long pid = unit;
-      int tf_part = 0, tf_w = 1;
-      if (unit >= tf_whole) {{
-        pid = tf_whole + (unit - tf_whole) / tf_ways;
-        tf_part = (int)((unit - tf_whole) % tf_ways);
-        tf_w = tf_ways;
-      }}
-      const int kt_lo = (int)((long long)tf_part * KT / tf_w), kt_hi = (int)((long long)(tf_part + 1) * KT / tf_w);
-{tile}    float acc[1][{ni}][4];
+{consumer_units}{tile}    float acc[1][{ni}][4];
 "#,
+        producer_units = indent(&units, 6),
+        consumer_units = indent(&units, 4),
         stage_bytes = a_stage + b_stage,
         minreg = 56,
         maxreg = if consumers == 2 { 224 } else { 240 },
