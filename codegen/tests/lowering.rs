@@ -1456,4 +1456,10 @@ fn lower_wgmma_persistent_and_clustered() {
         lower(&k, &spec, &portable.cluster_m(2)),
         "cluster_m takes 1, or 2",
     );
+    // Matmul options on an elementwise kernel: an error, not a cluster launch that
+    // the driver refuses.
+    let pw = pointwise_2d();
+    let pw_spec = pointwise_2d_spec();
+    let pw_cfg = Config::new(&[4, 256]).wgmma(true).cluster_m(2);
+    expect_config_err(lower(&pw, &pw_spec, &pw_cfg), "elementwise");
 }

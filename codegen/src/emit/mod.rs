@@ -143,8 +143,18 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "a persistent grid is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `persistent`",
         ));
     }
+    let shape = classify(kernel)?;
+    if matches!(shape, Shape::Pointwise)
+        && (config.wgmma || config.persistent || config.cluster_m != 1)
+    {
+        return Err(config_err(
+            kernel,
+            config,
+            "`wgmma`, `persistent` and `cluster_m` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
+        ));
+    }
     let mut e = Emitter::new(kernel, spec, &checked, config);
-    match classify(kernel)? {
+    match shape {
         Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
         Shape::Gemm(g) => gemm::emit(&mut e, &g),
         Shape::Pointwise => pointwise::emit(&mut e),
