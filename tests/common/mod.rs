@@ -99,6 +99,18 @@ pub fn host<T: tilefuse::Element>(t: &tilefuse::Tensor<T>) -> Vec<f64> {
         .collect()
 }
 
+/// Fresh random A [m, k] and B [k, n], and cuBLAS's A·B on the host as the reference.
+pub fn gemm_operands<T: tilefuse::Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+) -> (tilefuse::Tensor<T>, tilefuse::Tensor<T>, Vec<f64>) {
+    let a = tilefuse::verify::random_tensor::<T>([m, k], 1.0).expect("random A");
+    let b = tilefuse::verify::random_tensor::<T>([k, n], 1.0).expect("random B");
+    let reference = host(&tilefuse::cublas::matmul(&a, &b).expect("cuBLAS reference"));
+    (a, b, reference)
+}
+
 /// Hopper-path configs the tests run: both consumer counts, 64- to 256-wide N
 /// blocks, 2 to 6 stages, one block per tile or persistent, clusters of one or two.
 pub fn wgmma_configs() -> Vec<tilefuse::Config> {

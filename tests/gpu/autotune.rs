@@ -22,9 +22,7 @@ fn quick_tuning_picks_a_checked_config_and_caches_it() {
     autotune::set_effort(Some(Effort::Quick));
     let result = std::panic::catch_unwind(|| {
         let (m, n, k) = (1000, 1500, 700);
-        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-        let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
 
         let before = autotune::counters();
         let t0 = std::time::Instant::now();
@@ -97,9 +95,7 @@ fn a_waiting_kernel_is_tuned_on_set_flags_of_its_own() {
     autotune::set_effort(Some(Effort::Quick));
     let result = std::panic::catch_unwind(|| {
         let (m, n, k) = (512, 512, 256);
-        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-        let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
         // The flags are set: tuning must neither wait on nor change them.
         let flags = Tensor::<u32>::full([m / 256], 1).unwrap();
         let out = tilefuse::verify::poisoned::<bf16>([m, n]).unwrap();

@@ -49,9 +49,7 @@ fn mm_from_row(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>, first_row
 fn tile_order_starting_at_any_row_gives_the_same_product() {
     let Some(_dev) = gpu() else { return };
     let (m, n, k) = (1000, 520, 333);
-    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+    let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
     for first_row in [0, 1, 128, 500, 999, 5000] {
         let out = poisoned::<bf16>([m, n]).unwrap();
         mm_from_row(&a, &b, &out, first_row).unwrap();

@@ -2,11 +2,11 @@
 //! the same bits every run (parts are added in a fixed order), and the same
 //! result as the unsplit kernel up to rounding.
 
-use crate::common::{err_vs, gpu_alone, host};
+use crate::common::{err_vs, gpu_alone};
 use crate::matmul::mm_bf16;
 use tilefuse::prelude::*;
 use tilefuse::runtime::split_tail;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse::verify::poisoned;
 
 /// Shapes whose last wave the portable default config splits on a 132-SM H100/H200
 /// (the test pins that config: the Hopper path does not split):
@@ -32,9 +32,7 @@ fn split_runs(dev: &tilefuse::Device, cfg: &Config) {
         // occupancy only changes how many ways).
         split_tail::set_enabled(true);
         let planned = split_tail::plan(tiles, k.div_ceil(bk) as u64, dev.sm_count() as u64);
-        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-        let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
 
         let split1 = poisoned::<bf16>([m, n]).unwrap();
         mm_bf16(&a, &b, &split1).unwrap();

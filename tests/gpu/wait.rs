@@ -2,11 +2,11 @@
 //! writes with `cuStreamWriteValue32` after a delay; a wait that times out is an
 //! error naming the site, and the device stays usable after it.
 
-use crate::common::{err_vs, gpu_alone, host};
+use crate::common::{err_vs, gpu_alone};
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
 use tilefuse::runtime::status::set_wait_timeout_ms;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse::verify::poisoned;
 use tilefuse::SideStream;
 
 /// Rows of A arrive in chunks of `rows_per_chunk`; each program waits for the
@@ -62,9 +62,7 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
 
 fn released_timeout_recovery(dev: &std::sync::Arc<Device>) {
     let (m, n, k, chunk) = (1024, 512, 256, 256);
-    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+    let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
 
     // Stream memory operations reject pooled memory: a clear error, not a driver code.
     let pooled = Tensor::<u32>::zeros([4]).unwrap();
@@ -179,9 +177,7 @@ fn range_held_then_timeout(dev: &std::sync::Arc<Device>) {
     // Ragged M; chunks of 16 rows are smaller than any GEMM block, so the first
     // program's rows span chunks 0, 1, ...: only chunk 1 is held back.
     let (m, n, k, chunk) = (1000, 384, 192, 16);
-    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+    let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
     let chunks = m.div_ceil(chunk);
     let mut init = vec![1u32; chunks];
     init[1] = 0;

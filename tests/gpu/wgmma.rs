@@ -38,9 +38,7 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
         (1000, 1544, 1000),
         (4096, 6656, 16384),
     ] {
-        let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
-        let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-        let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
         for cfg in configs() {
             let out = poisoned::<bf16>([m, n]).unwrap();
             mm_bf16::kernel()
@@ -51,9 +49,7 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
         }
     }
     let (m, n, k) = (333, 392, 264);
-    let a = random_tensor::<f16>([m, k], 1.0).unwrap();
-    let b = random_tensor::<f16>([k, n], 1.0).unwrap();
-    let reference = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+    let (a, b, reference) = crate::common::gemm_operands::<f16>(m, n, k);
     for cfg in configs() {
         let out = poisoned::<f16>([m, n]).unwrap();
         mm_f16::kernel()
