@@ -65,6 +65,12 @@
 //!
 //! `TILEFUSE_DUMP_DIR=dir` writes every generated `.cu`, its NVRTC log and its cubin to `dir`.
 
+// The kernels of `ops` are written with `#[fused_kernel]`, whose code names
+// `::tilefuse::…`.
+extern crate self as tilefuse;
+
+pub mod ops;
+
 pub use half::{bf16, f16};
 pub use tilefuse_codegen as codegen;
 pub use tilefuse_codegen::Config;

@@ -173,3 +173,51 @@ fn kernel_does_not_spill(log: &str) -> bool {
     }
     false
 }
+
+/// The fused ops' kernels (waits, addends, two stores, in-place bias) compile
+/// for both archs at their default config and, on sm_90a, without spills at the
+/// Hopper configs.
+#[test]
+fn op_kernels_compile() {
+    use tilefuse::ops::kernels::*;
+    let defs = [
+        gemm_wait::kernel(),
+        gemm_wait_add::kernel(),
+        gemm_wait_add_dual::kernel(),
+        gemm_dual::kernel(),
+    ];
+    for def in defs {
+        let spec = def.declared_spec().expect("declared dtypes");
+        let configs = [
+            def.config().expect("default config"),
+            Config::new(&[64, 64, 32]).num_warps(4).num_stages(2),
+        ];
+        compile_all(def, &[spec], &configs);
+    }
+    let def = add_bias::kernel();
+    compile_all(
+        def,
+        &[def.declared_spec().expect("declared dtypes")],
+        &[def.config().expect("default config")],
+    );
+    if !common::nvrtc_or_skip() {
+        return;
+    }
+    let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
+    for def in defs {
+        let spec = def.declared_spec().expect("declared dtypes");
+        for cfg in common::wgmma_configs().iter().step_by(3) {
+            let lowered = def
+                .lower(&spec, cfg)
+                .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            assert_eq!(lowered.path, "gemm/wgmma", "{} {cfg}", def.name());
+            let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
+                .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            assert!(
+                kernel_does_not_spill(&log),
+                "{} {cfg} spills:\n{log}",
+                def.name()
+            );
+        }
+    }
+}

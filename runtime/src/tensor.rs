@@ -86,13 +86,19 @@ impl<T: Element> Tensor<T> {
         })
     }
 
-    /// A contiguous view of `shape` at byte 0 of `buf` (which must be large
-    /// enough: the callers size it).
-    pub(crate) fn from_buffer(buf: Arc<Buffer>, shape: &[usize]) -> Tensor<T> {
-        debug_assert!(shape.iter().product::<usize>() * std::mem::size_of::<T>() <= buf.bytes);
+    /// A contiguous view of `shape` starting `byte_offset` bytes into `buf` (a
+    /// multiple of the element size; the callers check the end is inside).
+    pub(crate) fn from_buffer_at(
+        buf: Arc<Buffer>,
+        byte_offset: usize,
+        shape: &[usize],
+    ) -> Tensor<T> {
+        let elem = std::mem::size_of::<T>();
+        debug_assert!(byte_offset % elem == 0);
+        debug_assert!(byte_offset + shape.iter().product::<usize>() * elem <= buf.bytes);
         Tensor {
             buf,
-            offset: 0,
+            offset: byte_offset / elem,
             strides: contiguous_strides(shape),
             shape: shape.to_vec(),
             _t: PhantomData,
@@ -116,7 +122,12 @@ impl<T: Element> Tensor<T> {
 
     /// A tensor of zeros on the current device.
     pub fn zeros(shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
-        let t = Tensor::empty(shape)?;
+        Tensor::zeros_on(&Device::current()?, shape)
+    }
+
+    /// A zeroed contiguous tensor on `device`.
+    pub fn zeros_on(device: &Arc<Device>, shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+        let t = Tensor::empty_on(device, shape)?;
         t.buf.fill_bytes(0)?;
         Ok(t)
     }
@@ -302,6 +313,81 @@ impl<T: Element> Tensor<T> {
     /// Device address of the first element.
     pub fn device_ptr(&self) -> u64 {
         self.buf.ptr + (self.offset * std::mem::size_of::<T>()) as u64
+    }
+
+    /// Copies `src` into this tensor (same shape; each a 1-D contiguous tensor or
+    /// a 2-D view with unit last stride), queued on the device's launch stream.
+    pub fn copy_from(&self, src: &Tensor<T>) -> Result<()> {
+        let ctx = "Tensor::copy_from";
+        if src.dims() != self.dims() {
+            return Err(argument(
+                ctx,
+                "src",
+                format!(
+                    "has shape {:?}; this tensor has {:?}",
+                    src.dims(),
+                    self.dims()
+                ),
+            ));
+        }
+        if src.device().ordinal() != self.device().ordinal() {
+            return Err(argument(ctx, "src", "is on another GPU"));
+        }
+        let rows_of = |t: &Tensor<T>, name: &str| match t.dims() {
+            [n] if t.is_contiguous() => Ok((1, *n, *n)),
+            [r, c] if t.strides()[1] == 1 || *c <= 1 => {
+                Ok((*r, *c, t.strides()[0].max(0) as usize))
+            }
+            d => Err(argument(
+                ctx,
+                name,
+                format!(
+                    "expected a 1-D contiguous or 2-D row-major view, got shape {d:?} strides {:?}",
+                    t.strides()
+                ),
+            )),
+        };
+        let (rows, cols, dst_pitch) = rows_of(self, "self")?;
+        let (_, _, src_pitch) = rows_of(src, "src")?;
+        let elem = std::mem::size_of::<T>();
+        let dev = self.device();
+        dev.context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
+        // SAFETY: both views describe memory their live buffers own (shape and
+        // strides checked above); the copy is queued on the launch stream, which
+        // orders it with the tensors' other uses.
+        unsafe {
+            crate::dist::stream_ops::copy_2d(
+                dev.stream().cu_stream(),
+                self.device_ptr(),
+                dst_pitch * elem,
+                src.device_ptr(),
+                src_pitch * elem,
+                cols * elem,
+                rows,
+            )
+        }
+    }
+
+    /// The same elements as a contiguous tensor of `shape` (a view; this tensor
+    /// must be contiguous and `shape` hold as many elements).
+    pub fn reshape(&self, shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
+        let shape = shape.as_ref();
+        if !self.is_contiguous() || shape.iter().product::<usize>() != self.numel() {
+            return Err(argument(
+                "Tensor::reshape",
+                "shape",
+                format!(
+                    "cannot view {:?} (strides {:?}) as {shape:?}: needs a contiguous tensor and the same number of elements",
+                    self.shape, self.strides
+                ),
+            ));
+        }
+        let mut v = self.clone();
+        v.strides = contiguous_strides(shape);
+        v.shape = shape.to_vec();
+        Ok(v)
     }
 
     /// The transpose of a 2-D tensor, as a view.

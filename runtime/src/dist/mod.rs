@@ -4,14 +4,16 @@
 
 pub mod all_gather;
 pub mod env;
+pub mod exchange;
 pub mod group;
 pub mod nccl;
 pub mod store;
-mod stream_ops;
+pub(crate) mod stream_ops;
 pub mod symmetric;
 
 pub use all_gather::AllGather;
 pub use env::DistEnv;
+pub use exchange::Exchange;
 pub use group::ProcessGroup;
 pub use nccl::Nccl;
 pub use store::{Store, StoreServer};

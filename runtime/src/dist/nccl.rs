@@ -92,11 +92,16 @@ impl Nccl {
         self.world
     }
 
-    /// `out = concat(send of rank 0, send of rank 1, …)` along the first dimension,
-    /// queued on the launch stream. Both contiguous, `out` `world` times `send`.
-    pub fn all_gather<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
-        let ctx = "Nccl::all_gather";
-        let dtype = nccl_type(T::DTYPE);
+    /// Checks that `send` and `out` are contiguous tensors on this rank's GPU and
+    /// that `out` holds `out_per_send` times as many elements as `send` (a
+    /// fraction for a reduce-scatter: `(1, world)`).
+    fn check_pair<T: Element>(
+        &self,
+        ctx: &str,
+        send: &Tensor<T>,
+        out: &Tensor<T>,
+        (num, den): (usize, usize),
+    ) -> Result<()> {
         for (name, t) in [("send", send), ("out", out)] {
             if !t.is_contiguous() {
                 return Err(argument(ctx, name, "must be contiguous"));
@@ -105,19 +110,27 @@ impl Nccl {
                 return Err(argument(ctx, name, "is not on this rank's GPU"));
             }
         }
-        let w = self.world_size();
-        if out.numel() != send.numel() * w {
+        if send.numel() * num % den != 0 || out.numel() != send.numel() * num / den {
             return Err(argument(
                 ctx,
                 "out",
                 format!(
-                    "has {} elements; gathering {} from each of {w} ranks needs {}",
+                    "has {} elements; with {} on every one of {} ranks it needs {} × {num}/{den}",
                     out.numel(),
                     send.numel(),
-                    send.numel() * w
+                    self.world,
+                    send.numel()
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// `out = concat(send of rank 0, send of rank 1, …)` along the first dimension,
+    /// queued on the launch stream. Both contiguous, `out` `world` times `send`.
+    pub fn all_gather<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
+        let ctx = "Nccl::all_gather";
+        self.check_pair(ctx, send, out, (self.world, 1))?;
         // SAFETY: both pointers are live contiguous device buffers of the sizes
         // checked above, on the communicator's device; the call is queued on the
         // launch stream, which orders it with the tensors' other uses.
@@ -126,7 +139,51 @@ impl Nccl {
                 send.device_ptr() as *const c_void,
                 out.device_ptr() as *mut c_void,
                 send.numel(),
-                dtype,
+                nccl_type(T::DTYPE),
+                self.comm,
+                self.dev.stream().cu_stream() as _,
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(ctx))
+    }
+
+    /// `out = (Σ over ranks of send)[this rank's part]`: `send` is cut into `world`
+    /// equal contiguous parts (along the first dimension of a row-major tensor) and
+    /// rank `r` gets the sum of everyone's part `r`. Queued on the launch stream.
+    pub fn reduce_scatter<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
+        let ctx = "Nccl::reduce_scatter";
+        self.check_pair(ctx, send, out, (1, self.world))?;
+        // SAFETY: as in `all_gather`; `out` holds `send.numel() / world` elements.
+        unsafe {
+            nc::reduce_scatter(
+                send.device_ptr() as *const c_void,
+                out.device_ptr() as *mut c_void,
+                out.numel(),
+                nccl_type(T::DTYPE),
+                ncs::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.dev.stream().cu_stream() as _,
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(ctx))
+    }
+
+    /// `out = Σ over ranks of send` (elementwise; `out` may be `send`). Queued on
+    /// the launch stream.
+    pub fn all_reduce<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
+        let ctx = "Nccl::all_reduce";
+        self.check_pair(ctx, send, out, (1, 1))?;
+        // SAFETY: as in `all_gather`; both hold `send.numel()` elements (in place is
+        // allowed by NCCL).
+        unsafe {
+            nc::all_reduce(
+                send.device_ptr() as *const c_void,
+                out.device_ptr() as *mut c_void,
+                send.numel(),
+                nccl_type(T::DTYPE),
+                ncs::ncclRedOp_t::ncclSum,
                 self.comm,
                 self.dev.stream().cu_stream() as _,
             )

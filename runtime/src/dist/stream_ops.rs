@@ -49,3 +49,46 @@ pub(crate) unsafe fn copy(stream: sys::CUstream, dst: u64, src: u64, bytes: usiz
         .result()
         .map_err(driver("cuMemcpyDtoDAsync"))
 }
+
+/// Queues a copy of `height` rows of `width_bytes` each, from rows `src_pitch`
+/// bytes apart to rows `dst_pitch` bytes apart, on `stream` (the copy engine).
+///
+/// # Safety
+/// As for [`copy`], for every row of both ranges.
+pub(crate) unsafe fn copy_2d(
+    stream: sys::CUstream,
+    dst: u64,
+    dst_pitch: usize,
+    src: u64,
+    src_pitch: usize,
+    width_bytes: usize,
+    height: usize,
+) -> Result<()> {
+    if height == 0 || width_bytes == 0 {
+        return Ok(());
+    }
+    if height == 1 || (dst_pitch == width_bytes && src_pitch == width_bytes) {
+        return copy(stream, dst, src, width_bytes * height);
+    }
+    let p = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width_bytes,
+        Height: height,
+    };
+    sys::cuMemcpy2DAsync_v2(&p, stream)
+        .result()
+        .map_err(driver("cuMemcpy2DAsync"))
+}

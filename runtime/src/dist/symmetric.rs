@@ -127,24 +127,39 @@ impl SymmetricMemory {
         })
     }
 
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }
 
     /// This rank's data as a contiguous tensor of `shape` (it must fit).
     pub fn tensor<T: Element>(&self, shape: &[usize]) -> Result<Tensor<T>> {
-        let need = shape.iter().product::<usize>() * std::mem::size_of::<T>();
-        if need > self.bytes {
+        self.tensor_at(0, shape)
+    }
+
+    /// This rank's data from `byte_offset` on as a contiguous tensor of `shape`
+    /// (it must fit, at an offset aligned to the element size).
+    pub fn tensor_at<T: Element>(&self, byte_offset: usize, shape: &[usize]) -> Result<Tensor<T>> {
+        let elem = std::mem::size_of::<T>();
+        let need = shape.iter().product::<usize>() * elem;
+        if byte_offset % elem != 0 || byte_offset + need > self.bytes {
             return Err(argument(
-                "SymmetricMemory::tensor",
-                "shape",
+                "SymmetricMemory::tensor_at",
+                "byte_offset/shape",
                 format!(
-                    "{shape:?} needs {need} bytes; the buffer has {}",
+                    "{shape:?} at byte {byte_offset} does not fit the {}-byte buffer at {elem}-byte alignment",
                     self.bytes
                 ),
             ));
         }
-        Ok(Tensor::from_buffer(self.local.clone(), shape))
+        Ok(Tensor::from_buffer_at(
+            self.local.clone(),
+            byte_offset,
+            shape,
+        ))
     }
 
     /// Whether `t` lives in this buffer (this rank's part).

@@ -1,0 +1,281 @@
+//! The four fused GEMM + collective ops of `tilefuse::ops`, each checked against
+//! its unfused NCCL + cuBLAS path and, with `--bench`, timed against it.
+//!
+//! ```text
+//! cargo build --release --examples --bins
+//! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/fused_ops [M N K]
+//!     [--op NAME] [--bench] [--chunks C]
+//! ```
+//!
+//! M N K is the whole problem; each op takes its natural sharding over the w ranks:
+//! - `all_gather_matmul` (`ag_rows`): A's rows sharded, `[M/w, K]`; `ag_cols`: A's
+//!   columns, `[M, K/w]`; B `[K, N]` whole; C `[M, N]` on every rank;
+//! - `matmul_all_gather`: `a[M/w, K]` per rank, C `[M, N]` gathered;
+//! - `matmul_reduce_scatter`: K sharded (`a[M, K/w]`, `b[K/w, N]`), C's columns scattered;
+//! - `matmul_all_reduce`: K sharded, C `[M, N]` summed on every rank.
+//!
+//! Every op gets fresh random inputs and a random bias, writes into a poisoned
+//! output, and must match the unfused path within bf16 tolerance on every rank.
+//! `--bench` times both paths in interleaved rounds (median of the rounds'
+//! medians, every rank timing the same variant at once) and prints a table row.
+
+use std::process::ExitCode;
+use tilefuse::ops::{self, Algorithm, Bias, GatherDim, OpOptions, ScatterDim, Workspace};
+use tilefuse::prelude::*;
+use tilefuse::runtime::dist::ProcessGroup;
+use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
+
+const OPS: [&str; 5] = [
+    "ag_rows",
+    "ag_cols",
+    "matmul_all_gather",
+    "matmul_reduce_scatter",
+    "matmul_all_reduce",
+];
+
+struct Args {
+    mnk: [usize; 3],
+    ops: Vec<&'static str>,
+    bench: bool,
+    chunks: Option<usize>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut nums = Vec::new();
+    let mut ops = OPS.to_vec();
+    let (mut bench, mut chunks) = (false, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => bench = true,
+            "--op" => {
+                let name = it.next().ok_or("--op needs a name")?;
+                ops = match OPS.iter().find(|o| **o == name) {
+                    Some(o) => vec![*o],
+                    None if name == "all" => OPS.to_vec(),
+                    None => return Err(format!("--op `{name}`: one of {OPS:?} or `all`")),
+                };
+            }
+            "--chunks" => {
+                chunks = Some(
+                    it.next()
+                        .and_then(|v| v.parse().ok())
+                        .ok_or("--chunks needs a positive integer")?,
+                )
+            }
+            s => nums.push(
+                s.parse::<usize>()
+                    .map_err(|_| format!("`{s}`: expected M N K as positive integers"))?,
+            ),
+        }
+    }
+    let mnk = match nums.as_slice() {
+        [] => [4096, 6656, 16384],
+        [m, n, k] => [*m, *n, *k],
+        _ => return Err("give M N K (three numbers) or nothing".into()),
+    };
+    Ok(Args {
+        mnk,
+        ops,
+        bench,
+        chunks,
+    })
+}
+
+/// One op's inputs on this rank, and how to call it.
+struct Problem {
+    name: &'static str,
+    a: Tensor<bf16>,
+    b: Tensor<bf16>,
+    out_shape: [usize; 2],
+    bias: Tensor<bf16>,
+    bias_rows: bool,
+}
+
+impl Problem {
+    fn call(
+        &self,
+        pg: &ProcessGroup,
+        out: &Tensor<bf16>,
+        opts: &OpOptions<'_>,
+        ws: Option<Workspace>,
+    ) -> tilefuse::Result<Workspace> {
+        let bias = if self.bias_rows {
+            Bias::Rows(&self.bias)
+        } else {
+            Bias::Cols(&self.bias)
+        };
+        let opts = opts.clone().bias(bias);
+        match self.name {
+            "ag_rows" => {
+                ops::all_gather_matmul(pg, out, &self.a, &self.b, GatherDim::Rows, &opts, ws)
+            }
+            "ag_cols" => {
+                ops::all_gather_matmul(pg, out, &self.a, &self.b, GatherDim::Cols, &opts, ws)
+            }
+            "matmul_all_gather" => ops::matmul_all_gather(pg, out, &self.a, &self.b, &opts, ws),
+            "matmul_reduce_scatter" => {
+                ops::matmul_reduce_scatter(pg, out, &self.a, &self.b, ScatterDim::Cols, &opts, ws)
+            }
+            _ => ops::matmul_all_reduce(pg, out, &self.a, &self.b, &opts, ws),
+        }
+    }
+}
+
+fn problem(
+    name: &'static str,
+    [m, n, k]: [usize; 3],
+    w: usize,
+    rng: &mut Rng,
+    shared: u64,
+) -> tilefuse::Result<Problem> {
+    let t = |shape: [usize; 2], rng: &mut Rng| {
+        Tensor::from_slice(&random_vec::<bf16>(rng, shape[0] * shape[1], 1.0), shape)
+    };
+    // B is the same on every rank where the op wants it whole.
+    let mut b_rng = Rng::new(shared);
+    let (a, b, out_shape) = match name {
+        "ag_rows" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
+        "ag_cols" => (t([m, k / w], rng)?, t([k, n], &mut b_rng)?, [m, n]),
+        "matmul_all_gather" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
+        "matmul_reduce_scatter" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n / w]),
+        _ => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n]),
+    };
+    // Rows for the gathers (a per-row bias of the rows each rank computes), columns otherwise.
+    let bias_rows = matches!(name, "ag_rows" | "matmul_all_gather");
+    let bias_len = match name {
+        "ag_rows" => m,
+        "matmul_all_gather" => m / w,
+        _ => n,
+    };
+    let bias = Tensor::from_slice(&random_vec::<bf16>(rng, bias_len, 0.5), [bias_len])?;
+    Ok(Problem {
+        name,
+        a,
+        b,
+        out_shape,
+        bias,
+        bias_rows,
+    })
+}
+
+fn run() -> tilefuse::Result<bool> {
+    let args = parse_args().map_err(|e| tilefuse::Error::Argument {
+        context: "fused_ops".into(),
+        arg: "command line".into(),
+        message: e,
+    })?;
+    let pg = ProcessGroup::init()?;
+    let (rank, w) = (pg.rank(), pg.world_size());
+    let [m, n, k] = args.mnk;
+    if m % w != 0 || n % w != 0 || k % w != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "fused_ops".into(),
+            arg: "M N K".into(),
+            message: format!("{m} {n} {k} must each split evenly over {w} ranks"),
+        });
+    }
+    let seed = Rng::fresh().next_u64();
+    let seeds = pg.all_gather_bytes("seed", &seed.to_le_bytes())?;
+    let shared = u64::from_le_bytes(seeds[0][..8].try_into().unwrap_or([0; 8]));
+    let mut rng = Rng::new(seed ^ (rank as u64 + 1));
+    let mut all_ok = true;
+    for name in &args.ops {
+        let p = problem(name, args.mnk, w, &mut rng, shared)?;
+        let mut opts = OpOptions::default();
+        opts.config.chunks = args.chunks;
+        let fused_out = poisoned::<bf16>(p.out_shape)?;
+        let unfused_out = poisoned::<bf16>(p.out_shape)?;
+        let fused_ws = p.call(
+            &pg,
+            &fused_out,
+            &opts.clone().algorithm(Algorithm::Fused),
+            None,
+        )?;
+        let unfused_ws = p.call(
+            &pg,
+            &unfused_out,
+            &opts.clone().algorithm(Algorithm::Unfused),
+            None,
+        )?;
+        pg.synchronize(name)?;
+        let err = rel_error_tensors(&fused_out, &unfused_out)?;
+        let ok = err <= 1e-2;
+        let oks = pg.all_gather_bytes("ok", &[u8::from(ok)])?;
+        let everyone = oks.iter().all(|v| v.first() == Some(&1));
+        println!(
+            "rank {rank}: {name} {m}x{n}x{k} over {w}: ‖fused − NCCL+cuBLAS‖/‖NCCL+cuBLAS‖ = {err:.2e} ({})",
+            if ok { "ok" } else { "FAILED" }
+        );
+        all_ok &= everyone;
+        if args.bench && everyone {
+            bench(&pg, &p, &opts, fused_ws, unfused_ws, args.mnk)?;
+        }
+    }
+    Ok(all_ok)
+}
+
+fn bench(
+    pg: &ProcessGroup,
+    p: &Problem,
+    opts: &OpOptions<'_>,
+    fused_ws: Workspace,
+    unfused_ws: Workspace,
+    [m, n, k]: [usize; 3],
+) -> tilefuse::Result<()> {
+    let dev = pg.device().clone();
+    let out = Tensor::<bf16>::empty(p.out_shape)?;
+    let mut wss = [Some(fused_ws), Some(unfused_ws)];
+    let algs = [Algorithm::Fused, Algorithm::Unfused];
+    let (rounds, reps) = (6, 5);
+    let mut medians = vec![Vec::new(); 2];
+    for _ in 0..rounds {
+        for i in 0..2 {
+            pg.barrier("bench")?;
+            let o = opts.clone().algorithm(algs[i]).async_op(true);
+            let t = tilefuse::time_gpu(&dev, 2, reps, true, || {
+                wss[i] = Some(p.call(pg, &out, &o, wss[i].take())?);
+                Ok(())
+            })?;
+            medians[i].push(t.median_ms);
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    let (fused, unfused) = (med(&mut medians[0]), med(&mut medians[1]));
+    // The slowest rank's time is the op's.
+    let mine: Vec<u8> = [fused, unfused]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    let all = pg.all_gather_bytes("bench-times", &mine)?;
+    let worst = |i: usize| {
+        all.iter()
+            .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
+            .map(f64::from_le_bytes)
+            .fold(0.0, f64::max)
+    };
+    let (fused, unfused) = (worst(0), worst(1));
+    // What Auto picks, on a workspace of its own.
+    let auto = p
+        .call(pg, &out, &opts.clone().async_op(true), None)?
+        .algorithm();
+    if pg.rank() == 0 {
+        let tf = |ms: f64| 2.0 * (m * n * k) as f64 / pg.world_size() as f64 / ms / 1e9;
+        println!(
+            "| {} | {m}×{n}×{k} | {} | {fused:.3} ({:.0}) | {unfused:.3} ({:.0}) | {:.3} | {auto:?} |",
+            p.name,
+            pg.world_size(),
+            tf(fused),
+            tf(unfused),
+            unfused / fused
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    exit_code(run())
+}

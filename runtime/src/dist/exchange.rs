@@ -1,0 +1,289 @@
+//! Chunked transfers between the ranks of one node, ordered by flags, on a
+//! high-priority backend stream: the communication half of the fused GEMM +
+//! collective ops.
+//!
+//! An [`Exchange`] is a symmetric buffer (data regions the caller lays out, then
+//! `flag_slots` 32-bit flags, all zeroed) and a backend stream. Each call takes a
+//! new epoch ([`Exchange::start`]); a flag "is set" once it holds the epoch, so
+//! flags are never cleared. The backend stream follows the launch stream where
+//! the caller says ([`Exchange::follow_launch`]: after the GEMM that produced a
+//! region), tells a peer that a region is ready by writing the epoch into the
+//! peer's flag ([`Exchange::notify`]), waits for its own flags
+//! ([`Exchange::await_slot`]), pulls a peer's region with the copy engine
+//! ([`Exchange::pull`]) and sets its own flags for kernels that `wait` on them
+//! ([`Exchange::set_slot`]). [`Exchange::close`] ends the call: a barrier on the
+//! backend stream (every peer is done reading this rank's regions), then the
+//! launch stream waits for the backend one, so the next call may overwrite them.
+//!
+//! Everything but the copies runs in the stream's front end, and the copies in the
+//! copy engine: no SM is needed, so the backend progresses while a GEMM that waits
+//! on its flags fills the GPU. Waits on the GPU have no deadline of their own:
+//! `ProcessGroup::synchronize` bounds them on the host.
+
+use super::group::ProcessGroup;
+use super::stream_ops;
+use super::symmetric::SymmetricMemory;
+use crate::element::Element;
+use crate::error::{argument, driver, Error, Result};
+use crate::side_stream::SideStream;
+use crate::tensor::Tensor;
+use std::sync::Arc;
+
+/// Flag-ordered copies between the ranks of one node (see the module docs).
+///
+/// ```no_run
+/// # fn main() -> tilefuse_runtime::Result<()> {
+/// use tilefuse_runtime::dist::{Exchange, ProcessGroup};
+/// let pg = ProcessGroup::init()?;
+/// let (rank, world) = (pg.rank(), pg.world_size());
+/// let mut ex = Exchange::new(&pg, 4096 * 4, 1)?;
+/// let mine = ex.data::<f32>(0, &[4096])?;      // written on the launch stream
+/// let got = tilefuse_runtime::Tensor::<f32>::empty([4096])?;
+/// ex.start()?;
+/// ex.follow_launch()?;                         // after `mine` is written
+/// ex.notify((rank + 1) % world, 0)?;           // "my region is ready"
+/// ex.await_slot(0)?;                           // the previous rank's is
+/// ex.pull((rank + world - 1) % world, 0, 4096, &got.narrow(0, 0, 4096)?)?;
+/// ex.close()?;
+/// # Ok(()) }
+/// ```
+pub struct Exchange {
+    sym: SymmetricMemory,
+    backend: SideStream,
+    data_bytes: usize,
+    slots: usize,
+    epoch: u32,
+    rank: usize,
+    world: usize,
+}
+
+impl Exchange {
+    /// Allocates `data_bytes` of regions and `flag_slots` flags on every rank of
+    /// `pg` (collective: every rank passes the same sizes). One node only.
+    pub fn new(pg: &ProcessGroup, data_bytes: usize, flag_slots: usize) -> Result<Exchange> {
+        let data_bytes = data_bytes.div_ceil(256) * 256;
+        let sym = SymmetricMemory::alloc(pg, data_bytes + flag_slots.max(1) * 4)?;
+        let backend = SideStream::new(pg.device(), true)?;
+        Ok(Exchange {
+            sym,
+            backend,
+            data_bytes,
+            slots: flag_slots,
+            epoch: 0,
+            rank: pg.rank(),
+            world: pg.world_size(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The epoch of the current call (0 before the first [`Exchange::start`]).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// This rank's region at `byte_offset` as a contiguous tensor of `shape`.
+    pub fn data<T: Element>(&self, byte_offset: usize, shape: &[usize]) -> Result<Tensor<T>> {
+        let need = shape.iter().product::<usize>() * std::mem::size_of::<T>();
+        if byte_offset + need > self.data_bytes {
+            return Err(argument(
+                "Exchange::data",
+                "byte_offset/shape",
+                format!(
+                    "{shape:?} at byte {byte_offset} runs past the {} data bytes",
+                    self.data_bytes
+                ),
+            ));
+        }
+        self.sym.tensor_at(byte_offset, shape)
+    }
+
+    /// This rank's flags `first .. first + len`, for kernels that `wait` on them.
+    pub fn flags(&self, first: usize, len: usize) -> Result<Tensor<u32>> {
+        self.check_slot("Exchange::flags", first + len.max(1) - 1)?;
+        self.sym.tensor_at(self.data_bytes + first * 4, &[len])
+    }
+
+    /// Whether `t` is a view of this rank's regions.
+    pub fn holds<T: Element>(&self, t: &Tensor<T>) -> bool {
+        self.sym.holds(t)
+    }
+
+    fn check_slot(&self, ctx: &str, slot: usize) -> Result<()> {
+        if slot >= self.slots {
+            return Err(argument(
+                ctx,
+                "slot",
+                format!("{slot} is outside the {} flag slots", self.slots),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, ctx: &str, peer: usize) -> Result<()> {
+        if peer >= self.world {
+            return Err(argument(
+                ctx,
+                "peer",
+                format!("rank {peer} is outside the {} ranks", self.world),
+            ));
+        }
+        Ok(())
+    }
+
+    fn raw(&self) -> Result<cudarc::driver::sys::CUstream> {
+        self.sym
+            .device()
+            .context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU context"))?;
+        Ok(self.backend.stream().cu_stream())
+    }
+
+    fn slot_addr(&self, owner: usize, slot: usize) -> u64 {
+        self.sym.data_ptr(owner) + (self.data_bytes + slot * 4) as u64
+    }
+
+    /// Begins a call: a new epoch, and the backend stream after the launch
+    /// stream's work so far. Returns the epoch.
+    pub fn start(&mut self) -> Result<u32> {
+        self.epoch = self
+            .epoch
+            .checked_add(1)
+            .ok_or_else(|| Error::Distributed {
+                context: "Exchange::start".into(),
+                message: "the epoch counter wrapped after 4 billion calls; create a new Exchange"
+                    .into(),
+            })?;
+        self.follow_launch()?;
+        Ok(self.epoch)
+    }
+
+    /// The backend stream's next work waits for the launch stream's work so far.
+    pub fn follow_launch(&self) -> Result<()> {
+        self.backend
+            .stream()
+            .join(self.sym.device().stream())
+            .map_err(driver(
+                "ordering the backend stream after the launch stream",
+            ))
+    }
+
+    /// Sets flag `slot` of rank `peer` to the epoch, after the backend's earlier
+    /// work (the driver fences the write behind it).
+    pub fn notify(&self, peer: usize, slot: usize) -> Result<()> {
+        self.check_peer("Exchange::notify", peer)?;
+        self.check_slot("Exchange::notify", slot)?;
+        let raw = self.raw()?;
+        // SAFETY: a 4-byte flag inside rank `peer`'s live symmetric allocation,
+        // mapped here (or this rank's own), checked in range above.
+        unsafe { stream_ops::write_value(raw, self.slot_addr(peer, slot), self.epoch) }
+    }
+
+    /// Sets this rank's flag `slot` to the epoch (for kernels waiting on it).
+    pub fn set_slot(&self, slot: usize) -> Result<()> {
+        self.notify(self.rank, slot)
+    }
+
+    /// The backend stream waits until this rank's flag `slot` holds the epoch.
+    pub fn await_slot(&self, slot: usize) -> Result<()> {
+        self.check_slot("Exchange::await_slot", slot)?;
+        let raw = self.raw()?;
+        // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
+        unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), self.epoch) }
+    }
+
+    /// Copies `dst` (a 2-D view with unit last stride, or 1-D contiguous, on
+    /// this GPU) from rank `peer`'s region at `src_byte_offset`, whose rows are
+    /// `src_row_elems` elements apart.
+    pub fn pull<T: Element>(
+        &self,
+        peer: usize,
+        src_byte_offset: usize,
+        src_row_elems: usize,
+        dst: &Tensor<T>,
+    ) -> Result<()> {
+        let ctx = "Exchange::pull";
+        self.check_peer(ctx, peer)?;
+        let elem = std::mem::size_of::<T>();
+        let (rows, cols, dst_pitch) = match dst.dims() {
+            [n] if dst.is_contiguous() => (1, *n, *n),
+            [r, c] if dst.strides()[1] == 1 || *c <= 1 => (*r, *c, dst.strides()[0] as usize),
+            d => {
+                return Err(argument(
+                    ctx,
+                    "dst",
+                    format!(
+                    "expected a 1-D contiguous or 2-D row-major view, got shape {d:?} strides {:?}",
+                    dst.strides()
+                ),
+                ))
+            }
+        };
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        if src_row_elems < cols {
+            return Err(argument(
+                ctx,
+                "src_row_elems",
+                format!("{src_row_elems} is shorter than a row of {cols}"),
+            ));
+        }
+        let end = src_byte_offset + ((rows - 1) * src_row_elems + cols) * elem;
+        if end > self.data_bytes {
+            return Err(argument(
+                ctx,
+                "src_byte_offset",
+                format!(
+                    "{rows}x{cols} rows from byte {src_byte_offset} run past the {} data bytes",
+                    self.data_bytes
+                ),
+            ));
+        }
+        if dst.device().ordinal() != self.sym.device().ordinal() {
+            return Err(argument(ctx, "dst", "is not on this rank's GPU"));
+        }
+        let raw = self.raw()?;
+        // SAFETY: the source rows lie inside rank `peer`'s live symmetric
+        // allocation (checked above), mapped here; the destination rows are the
+        // live view `dst` (its shape and strides describe memory its buffer owns).
+        unsafe {
+            stream_ops::copy_2d(
+                raw,
+                dst.device_ptr(),
+                dst_pitch * elem,
+                self.sym.data_ptr(peer) + src_byte_offset as u64,
+                src_row_elems * elem,
+                cols * elem,
+                rows,
+            )
+        }
+    }
+
+    /// Ends the call: a barrier across the ranks on the backend stream (each peer
+    /// has pulled what it needed from this rank), then the launch stream waits
+    /// for the backend stream.
+    pub fn close(&self) -> Result<()> {
+        let raw = self.raw()?;
+        self.sym.device_barrier(raw, 1, self.epoch)?;
+        self.backend.join_into_launch_stream()
+    }
+
+    /// A barrier across the ranks queued on the launch stream (every rank's launch
+    /// stream reached this point), for calls that promise it at their end.
+    pub fn launch_barrier(&self) -> Result<()> {
+        let raw = self.sym.device().stream().cu_stream();
+        self.sym.device_barrier(raw, 0, self.epoch)
+    }
+
+    pub fn device(&self) -> &Arc<crate::device::Device> {
+        self.sym.device()
+    }
+}

@@ -1,0 +1,187 @@
+//! Fused GEMM + collective ops for tensor parallelism, ready to call.
+//!
+//! Each op runs on a [`ProcessGroup`], writes into a caller-provided output and
+//! overlaps its communication with its GEMM: the copy engine moves data between
+//! the GPUs of one node on a backend stream ([`Exchange`]), and tilefuse GEMM
+//! kernels `wait` on per-chunk flags before they read what arrived, so they
+//! compute on the first chunks while later ones are in flight. Each op also has
+//! the unfused NCCL + cuBLAS path; [`Algorithm::Auto`] (the default) times both
+//! on the first call and keeps the faster, so a call is never slower than unfused.
+//!
+//! | op | each rank passes | computes |
+//! |---|---|---|
+//! | [`all_gather_matmul`] | `a_shard`, `b[K, N]`, `out[M, N]` | `all_gather(A) · B + bias`, A's shards along rows (`[M/w, K]`) or columns (`[M, K/w]`, then `b` is `[K, N]` whole) |
+//! | [`matmul_all_gather`] | `a[M, K]`, `b[K, N]`, `out[w·M, N]` | `all_gather(A·B + bias)` along rows |
+//! | [`matmul_reduce_scatter`] | `a[M, K]`, `b[K, N]`, `out[M, N/w]` (or `[M/w, N]`) | `reduce_scatter(A·B + bias)` along columns (or rows) |
+//! | [`matmul_all_reduce`] | `a[M, K]`, `b[K, N]`, `out[M, N]` | `all_reduce(A·B + bias)` |
+//!
+//! **Bias.** A vector along the output's rows ([`Bias::Rows`]) or columns
+//! ([`Bias::Cols`]), of the length of that dimension of the product the rank
+//! computes. In `all_gather_matmul` and `matmul_all_gather` every output element
+//! is computed once, so the bias is added once (in `matmul_all_gather` each rank
+//! adds its own bias to its own rows). In `matmul_reduce_scatter` and
+//! `matmul_all_reduce` the formula is `reduce(A·B + bias)`: **each rank's bias is
+//! added, so a bias passed on every rank counts `world` times**; to add it once,
+//! pass it on one rank only (the others pass [`Bias::None`]).
+//!
+//! **Workspace.** The first call builds a [`Workspace`] (symmetric buffers, flags,
+//! a backend stream, zero biases, the algorithm choice) and returns it; pass it
+//! back to later calls to skip that work. A workspace built for another op,
+//! shape or chunking is rebuilt (with a log line), never reused for a call it
+//! does not fit. Building one is collective: every rank must make the same calls.
+//!
+//! **Ordering.** Everything is queued on the device's launch stream. With
+//! `async_op: false` (the default) the call returns once every rank has finished
+//! it (a barrier at the end, as in the reference API); with `async_op: true` it
+//! returns once queued, and the caller orders later work (the launch stream does).
+//!
+//! ```no_run
+//! # fn main() -> tilefuse::Result<()> {
+//! use tilefuse::prelude::*;
+//! use tilefuse::ops::{self, GatherDim, OpOptions};
+//! use tilefuse::runtime::dist::ProcessGroup;
+//! let pg = ProcessGroup::init()?;
+//! let w = pg.world_size();
+//! let (m, n, k) = (4096, 6656, 16384);
+//! let a_shard = Tensor::<bf16>::zeros([m / w, k])?;
+//! let b = Tensor::<bf16>::zeros([k, n])?;
+//! let out = Tensor::<bf16>::empty([m, n])?;
+//! let opts = OpOptions::default().async_op(true);
+//! let mut ws = ops::all_gather_matmul(&pg, &out, &a_shard, &b, GatherDim::Rows, &opts, None)?;
+//! for _ in 0..10 {
+//!     ws = ops::all_gather_matmul(&pg, &out, &a_shard, &b, GatherDim::Rows, &opts, Some(ws))?;
+//! }
+//! pg.synchronize("the matmuls")?;
+//! # Ok(()) }
+//! ```
+
+mod all_gather_matmul;
+mod check;
+pub mod kernels;
+mod matmul_all_gather;
+mod reduce;
+mod unfused;
+mod workspace;
+
+pub use all_gather_matmul::all_gather_matmul;
+pub use matmul_all_gather::matmul_all_gather;
+pub use reduce::{matmul_all_reduce, matmul_reduce_scatter};
+pub use workspace::Workspace;
+
+use crate::{bf16, Config, Tensor};
+use tilefuse_runtime::dist::ProcessGroup;
+
+#[doc(no_inline)]
+pub use tilefuse_runtime::dist::Exchange;
+
+/// A bias added in the op's epilogue (see the module docs for how often).
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Bias<'a> {
+    #[default]
+    None,
+    /// One value per output row: length M of the product this rank computes.
+    Rows(&'a Tensor<bf16>),
+    /// One value per output column: length N.
+    Cols(&'a Tensor<bf16>),
+}
+
+/// How an op runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Time the fused and the unfused path on the first call (every rank the
+    /// same choice: the slower rank's times decide) and keep the faster.
+    #[default]
+    Auto,
+    /// The overlapped tilefuse schedule (one node only).
+    Fused,
+    /// NCCL + cuBLAS (+ a bias kernel), one after the other.
+    Unfused,
+}
+
+/// Along which dimension `all_gather_matmul`'s A is sharded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GatherDim {
+    /// `a_shard[M/w, K]`, rank `r` holding rows `r·M/w ..` (PyTorch's async-TP).
+    Rows,
+    /// `a_shard[M, K/w]`, rank `r` holding columns `r·K/w ..` (the fused-ops API).
+    Cols,
+}
+
+/// Along which dimension `matmul_reduce_scatter` scatters its output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ScatterDim {
+    /// `out[M/w, N]`: rank `r` gets rows `r·M/w ..`.
+    Rows,
+    /// `out[M, N/w]`: rank `r` gets columns `r·N/w ..`.
+    #[default]
+    Cols,
+}
+
+/// Tuning knobs of an op.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpConfig {
+    pub algorithm: Algorithm,
+    /// Chunks each transfer is cut into (each with its own flag), so a GEMM starts
+    /// on the first while the rest are in flight. `None`: 4.
+    pub chunks: Option<usize>,
+    /// The fused path's GEMM config; `None`: the kernels' own (default or tuned).
+    pub gemm: Option<Config>,
+}
+
+/// What every op takes besides its tensors.
+#[derive(Clone, Debug, Default)]
+pub struct OpOptions<'a> {
+    pub bias: Bias<'a>,
+    /// `false`: the call returns once every rank finished it; `true`: once queued.
+    pub async_op: bool,
+    pub config: OpConfig,
+}
+
+impl<'a> OpOptions<'a> {
+    pub fn bias(mut self, bias: Bias<'a>) -> Self {
+        self.bias = bias;
+        self
+    }
+
+    pub fn async_op(mut self, async_op: bool) -> Self {
+        self.async_op = async_op;
+        self
+    }
+
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.config.algorithm = algorithm;
+        self
+    }
+
+    pub fn chunks(mut self, chunks: usize) -> Self {
+        self.config.chunks = Some(chunks);
+        self
+    }
+
+    pub fn gemm_config(mut self, config: Config) -> Self {
+        self.config.gemm = Some(config);
+        self
+    }
+}
+
+/// Ends a call as `async_op` asks: with `false`, this rank's GPU work is done
+/// and every rank got this far.
+fn end_call(pg: &ProcessGroup, op: &str, async_op: bool) -> crate::Result<()> {
+    if !async_op {
+        pg.synchronize(op)?;
+        pg.barrier(op)?;
+    }
+    Ok(())
+}
+
+/// Runs `f` with `def` launched under `config` when one is given.
+fn with_gemm_config<R>(
+    def: &crate::KernelDef,
+    config: &Option<Config>,
+    f: impl FnOnce() -> R,
+) -> R {
+    match config {
+        Some(c) => def.with_config(c.clone(), f),
+        None => f(),
+    }
+}

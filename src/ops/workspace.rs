@@ -1,0 +1,190 @@
+//! The reusable state of an op: what the first call builds and later calls of
+//! the same shape reuse, and the choice between the fused and unfused paths.
+
+use super::Algorithm;
+use crate::{bf16, Result, Tensor};
+use tilefuse_runtime::dist::{Exchange, ProcessGroup};
+
+/// Buffers, flags, a backend stream and the algorithm choice of one op at one
+/// shape; returned by every op call, to be passed to the next (see the module
+/// docs of [`crate::ops`]).
+pub struct Workspace {
+    key: String,
+    /// The fused path's symmetric regions, flags and backend stream (`None`
+    /// across nodes, or when only the unfused path runs).
+    pub(crate) exchange: Option<Exchange>,
+    /// Local buffers of the fused path (what the ranks pull into).
+    pub(crate) local: Vec<Tensor<bf16>>,
+    /// Temporaries of the unfused path, made on first use.
+    pub(crate) scratch: Vec<Tensor<bf16>>,
+    /// Zeros standing in for a bias not given.
+    pub(crate) zeros: Tensor<bf16>,
+    /// The path `Algorithm::Auto` settled on.
+    choice: Option<Algorithm>,
+}
+
+impl std::fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace")
+            .field("key", &self.key)
+            .field("fused", &self.exchange.is_some())
+            .field("choice", &self.choice)
+            .finish()
+    }
+}
+
+/// What an op's fused path needs: symmetric data bytes, flag slots, and local
+/// buffers (shapes).
+pub(crate) struct FusedNeeds {
+    pub data_bytes: usize,
+    pub flag_slots: usize,
+    pub local: Vec<Vec<usize>>,
+}
+
+impl Workspace {
+    /// `given` if it was built for `key`, else a new workspace (collective: every
+    /// rank must get here with the same key). `zeros_len` is the longest bias.
+    pub(crate) fn prepare(
+        given: Option<Workspace>,
+        pg: &ProcessGroup,
+        key: String,
+        algorithm: Algorithm,
+        zeros_len: usize,
+        fused: impl FnOnce() -> FusedNeeds,
+    ) -> Result<Workspace> {
+        if let Some(ws) = given {
+            if ws.key == key {
+                return Ok(ws);
+            }
+            tracing::info!(
+                built_for = %ws.key,
+                call = %key,
+                "the workspace passed was built for another call: building a new one"
+            );
+        }
+        let started = std::time::Instant::now();
+        let single_node = pg.env().single_node();
+        let exchange_wanted = algorithm != Algorithm::Unfused && single_node;
+        if algorithm == Algorithm::Fused && !single_node {
+            return Err(crate::Error::Distributed {
+                context: key,
+                message: format!(
+                    "the fused path needs every rank on one node (symmetric memory); these {} ranks span {} nodes: use Algorithm::Auto or Unfused",
+                    pg.world_size(),
+                    pg.world_size() / pg.env().local_world_size.max(1)
+                ),
+            });
+        }
+        let mut exchange = None;
+        let mut local = Vec::new();
+        if exchange_wanted {
+            let needs = fused();
+            exchange = Some(Exchange::new(pg, needs.data_bytes, needs.flag_slots)?);
+            for shape in needs.local {
+                local.push(Tensor::<bf16>::empty_on(pg.device(), shape)?);
+            }
+        }
+        let zeros = Tensor::<bf16>::zeros_on(pg.device(), [zeros_len.max(1)])?;
+        tracing::info!(
+            op = %key,
+            fused = exchange.is_some(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "workspace built"
+        );
+        Ok(Workspace {
+            key,
+            exchange,
+            local,
+            scratch: Vec::new(),
+            zeros,
+            choice: match algorithm {
+                Algorithm::Auto if !single_node => Some(Algorithm::Unfused),
+                Algorithm::Auto => None,
+                a => Some(a),
+            },
+        })
+    }
+
+    /// The key this workspace was built for (op, shapes, world, chunks).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The path this workspace runs: `Fused` or `Unfused`, once decided.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        self.choice
+    }
+
+    /// The unfused path's temporary `i` of `shape` (made once, kept).
+    pub(crate) fn scratch(
+        &mut self,
+        dev: &std::sync::Arc<crate::Device>,
+        i: usize,
+        shape: &[usize],
+    ) -> Result<Tensor<bf16>> {
+        while self.scratch.len() <= i {
+            self.scratch.push(Tensor::<bf16>::empty_on(dev, [1])?);
+        }
+        if self.scratch[i].dims() != shape {
+            self.scratch[i] = Tensor::<bf16>::empty_on(dev, shape)?;
+        }
+        Ok(self.scratch[i].clone())
+    }
+
+    pub(crate) fn exchange(&mut self) -> Result<&mut Exchange> {
+        let key = &self.key;
+        self.exchange.as_mut().ok_or_else(|| crate::Error::Distributed {
+            context: key.clone(),
+            message: "this workspace has no fused path (built for Algorithm::Unfused, or across nodes)".into(),
+        })
+    }
+
+    /// The path to run this call: `asked` unless it is `Auto`; for `Auto`, on the
+    /// first call, both paths are timed (`run` runs one) on every rank, and the
+    /// one whose slowest rank is faster is kept.
+    pub(crate) fn path(
+        &mut self,
+        pg: &ProcessGroup,
+        asked: Algorithm,
+        mut run: impl FnMut(&mut Workspace, Algorithm) -> Result<()>,
+    ) -> Result<Algorithm> {
+        if asked != Algorithm::Auto {
+            if asked == Algorithm::Fused && self.exchange.is_none() {
+                return Err(crate::Error::Distributed {
+                    context: self.key.clone(),
+                    message: "this workspace was built without the fused path (Algorithm::Unfused, or across nodes): pass no workspace to build one".into(),
+                });
+            }
+            return Ok(asked);
+        }
+        if let Some(c) = self.choice {
+            return Ok(c);
+        }
+        let dev = pg.device().clone();
+        let mut ms = [0f64; 2];
+        for (i, alg) in [Algorithm::Fused, Algorithm::Unfused]
+            .into_iter()
+            .enumerate()
+        {
+            pg.barrier("ops-auto")?;
+            ms[i] = tilefuse_runtime::time_gpu(&dev, 1, 5, false, || run(self, alg))?.median_ms;
+        }
+        let mine: Vec<u8> = ms.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let all = pg.all_gather_bytes("ops-auto-times", &mine)?;
+        let slowest = |i: usize| {
+            all.iter()
+                .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
+                .map(f64::from_le_bytes)
+                .fold(0.0, f64::max)
+        };
+        let (fused, unfused) = (slowest(0), slowest(1));
+        let choice = if fused <= unfused {
+            Algorithm::Fused
+        } else {
+            Algorithm::Unfused
+        };
+        tracing::info!(op = %self.key, fused_ms = fused, unfused_ms = unfused, chosen = ?choice, "algorithm chosen");
+        self.choice = Some(choice);
+        Ok(choice)
+    }
+}
