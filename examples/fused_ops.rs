@@ -17,7 +17,10 @@
 //! Every op gets fresh random inputs and a random bias, writes into a poisoned
 //! output, and must match the unfused path within bf16 tolerance on every rank.
 //! `--bench` times both paths in interleaved rounds (median of the rounds'
-//! medians, every rank timing the same variant at once) and prints a table row.
+//! medians, every rank timing the same variant at once), with cuBLAS on the
+//! product each rank computes (no communication: the floor), and prints a table
+//! row: op, shape, ranks, floor, fused, unfused (ms, TFLOP/s per GPU), unfused ÷
+//! fused, fused ÷ floor, what `Algorithm::Auto` picks.
 
 use std::process::ExitCode;
 use tilefuse::ops::{self, Algorithm, Bias, GatherDim, OpOptions, ScatterDim, Workspace};
@@ -25,11 +28,12 @@ use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
 use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
-const OPS: [&str; 5] = [
+const OPS: [&str; 6] = [
     "ag_rows",
     "ag_cols",
     "matmul_all_gather",
     "matmul_reduce_scatter",
+    "rs_rows",
     "matmul_all_reduce",
 ];
 
@@ -117,6 +121,9 @@ impl Problem {
             "matmul_reduce_scatter" => {
                 ops::matmul_reduce_scatter(pg, out, &self.a, &self.b, ScatterDim::Cols, &opts, ws)
             }
+            "rs_rows" => {
+                ops::matmul_reduce_scatter(pg, out, &self.a, &self.b, ScatterDim::Rows, &opts, ws)
+            }
             _ => ops::matmul_all_reduce(pg, out, &self.a, &self.b, &opts, ws),
         }
     }
@@ -139,6 +146,7 @@ fn problem(
         "ag_cols" => (t([m, k / w], rng)?, t([k, n], &mut b_rng)?, [m, n]),
         "matmul_all_gather" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
         "matmul_reduce_scatter" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n / w]),
+        "rs_rows" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m / w, n]),
         _ => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n]),
     };
     // Rows for the gathers (a per-row bias of the rows each rank computes), columns otherwise.
@@ -225,18 +233,33 @@ fn bench(
 ) -> tilefuse::Result<()> {
     let dev = pg.device().clone();
     let out = Tensor::<bf16>::empty(p.out_shape)?;
+    // The floor: cuBLAS on the product this rank computes, with no communication.
+    let w = pg.world_size();
+    let (fm, fk, fb) = match p.name {
+        "ag_rows" | "ag_cols" => (m, k, &p.b),
+        "matmul_all_gather" => (m / w, k, &p.b),
+        _ => (m, k / w, &p.b),
+    };
+    let fa = tilefuse::verify::random_tensor::<bf16>([fm, fk], 1.0)?;
+    let mut fc = Tensor::<bf16>::empty([fm, fb.size(1)])?;
     let mut wss = [Some(fused_ws), Some(unfused_ws)];
     let algs = [Algorithm::Fused, Algorithm::Unfused];
     let (rounds, reps) = (6, 5);
-    let mut medians = vec![Vec::new(); 2];
+    let mut medians = vec![Vec::new(); 3];
     for _ in 0..rounds {
-        for i in 0..2 {
+        for i in 0..3 {
             pg.barrier("bench")?;
-            let o = opts.clone().algorithm(algs[i]).async_op(true);
-            let t = tilefuse::time_gpu(&dev, 2, reps, true, || {
-                wss[i] = Some(p.call(pg, &out, &o, wss[i].take())?);
-                Ok(())
-            })?;
+            let t = if i == 2 {
+                tilefuse::time_gpu(&dev, 2, reps, true, || {
+                    tilefuse::cublas::matmul_into(&mut fc, &fa, fb)
+                })?
+            } else {
+                let o = opts.clone().algorithm(algs[i]).async_op(true);
+                tilefuse::time_gpu(&dev, 2, reps, true, || {
+                    wss[i] = Some(p.call(pg, &out, &o, wss[i].take())?);
+                    Ok(())
+                })?
+            };
             medians[i].push(t.median_ms);
         }
     }
@@ -244,9 +267,13 @@ fn bench(
         v.sort_by(|x, y| x.total_cmp(y));
         v[v.len() / 2]
     };
-    let (fused, unfused) = (med(&mut medians[0]), med(&mut medians[1]));
+    let (fused, unfused, floor) = (
+        med(&mut medians[0]),
+        med(&mut medians[1]),
+        med(&mut medians[2]),
+    );
     // The slowest rank's time is the op's.
-    let mine: Vec<u8> = [fused, unfused]
+    let mine: Vec<u8> = [fused, unfused, floor]
         .iter()
         .flat_map(|t| t.to_le_bytes())
         .collect();
@@ -257,7 +284,7 @@ fn bench(
             .map(f64::from_le_bytes)
             .fold(0.0, f64::max)
     };
-    let (fused, unfused) = (worst(0), worst(1));
+    let (fused, unfused, floor) = (worst(0), worst(1), worst(2));
     // What Auto picks, on a workspace of its own.
     let auto = p
         .call(pg, &out, &opts.clone().async_op(true), None)?
@@ -265,12 +292,13 @@ fn bench(
     if pg.rank() == 0 {
         let tf = |ms: f64| 2.0 * (m * n * k) as f64 / pg.world_size() as f64 / ms / 1e9;
         println!(
-            "| {} | {m}×{n}×{k} | {} | {fused:.3} ({:.0}) | {unfused:.3} ({:.0}) | {:.3} | {auto:?} |",
+            "| {} | {m}×{n}×{k} | {} | {floor:.3} | {fused:.3} ({:.0}) | {unfused:.3} ({:.0}) | {:.3} | {:.3} | {auto:?} |",
             p.name,
             pg.world_size(),
             tf(fused),
             tf(unfused),
-            unfused / fused
+            unfused / fused,
+            fused / floor
         );
     }
     Ok(())

@@ -18,6 +18,9 @@ pub enum Memory {
     Pooled,
     /// A plain `cuMemAlloc` allocation.
     Plain,
+    /// Another rank's plain allocation, mapped here through CUDA IPC (owned, and
+    /// freed, by that rank; the mapping by a `SymmetricMemory`).
+    Peer,
 }
 
 /// A device allocation, freed on drop.
@@ -26,6 +29,8 @@ pub(crate) struct Buffer {
     pub bytes: usize,
     pub memory: Memory,
     pub dev: Arc<Device>,
+    /// What keeps a `Peer` mapping open while this buffer lives.
+    pub _keep_alive: Option<Arc<dyn Send + Sync>>,
 }
 
 impl Buffer {
@@ -57,6 +62,7 @@ impl Buffer {
             bytes: n,
             memory,
             dev: dev.clone(),
+            _keep_alive: None,
         })
     }
 
@@ -70,6 +76,9 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if self.memory == Memory::Peer {
+            return; // The owner frees it; `keep_alive` unmaps it.
+        }
         if self.dev.is_wedged() {
             // cuMemFree would wait for work that never ends; the process is on its
             // way out (see `Device::mark_wedged`).
@@ -83,7 +92,7 @@ impl Drop for Buffer {
         let r = unsafe {
             match self.memory {
                 Memory::Pooled => cu::free_async(self.ptr, self.dev.stream().cu_stream()),
-                Memory::Plain => cu::free_sync(self.ptr),
+                Memory::Plain | Memory::Peer => cu::free_sync(self.ptr),
             }
         };
         if let Err(e) = r {

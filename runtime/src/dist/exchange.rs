@@ -48,7 +48,7 @@ use std::sync::Arc;
 /// # Ok(()) }
 /// ```
 pub struct Exchange {
-    sym: SymmetricMemory,
+    sym: Arc<SymmetricMemory>,
     backend: SideStream,
     data_bytes: usize,
     slots: usize,
@@ -62,7 +62,10 @@ impl Exchange {
     /// `pg` (collective: every rank passes the same sizes). One node only.
     pub fn new(pg: &ProcessGroup, data_bytes: usize, flag_slots: usize) -> Result<Exchange> {
         let data_bytes = data_bytes.div_ceil(256) * 256;
-        let sym = SymmetricMemory::alloc(pg, data_bytes + flag_slots.max(1) * 4)?;
+        let sym = Arc::new(SymmetricMemory::alloc(
+            pg,
+            data_bytes + flag_slots.max(1) * 4,
+        )?);
         let backend = SideStream::new(pg.device(), true)?;
         Ok(Exchange {
             sym,
@@ -102,6 +105,31 @@ impl Exchange {
             ));
         }
         self.sym.tensor_at(byte_offset, shape)
+    }
+
+    /// Rank `peer`'s region at `byte_offset`, as mapped here: a kernel that stores
+    /// into it writes into the peer's memory over NVLink. Tell the peer with
+    /// [`Exchange::notify`] after the kernel ([`Exchange::follow_launch`]), and
+    /// write into it only after a barrier that shows the peer is done with the
+    /// region's last contents ([`Exchange::launch_barrier`] at the start of a call).
+    pub fn peer_data<T: Element>(
+        &self,
+        peer: usize,
+        byte_offset: usize,
+        shape: &[usize],
+    ) -> Result<Tensor<T>> {
+        self.data::<T>(byte_offset, shape)?;
+        self.check_peer("Exchange::peer_data", peer)?;
+        self.sym.peer_tensor_at(peer, byte_offset, shape)
+    }
+
+    /// The launch stream waits until this rank's flag `slot` holds the epoch.
+    pub fn await_slot_on_launch(&self, slot: usize) -> Result<()> {
+        self.check_slot("Exchange::await_slot_on_launch", slot)?;
+        self.raw()?;
+        let launch = self.sym.device().stream().cu_stream();
+        // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
+        unsafe { stream_ops::wait_value_geq(launch, self.slot_addr(self.rank, slot), self.epoch) }
     }
 
     /// This rank's flags `first .. first + len`, for kernels that `wait` on them.

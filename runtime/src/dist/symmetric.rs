@@ -162,6 +162,38 @@ impl SymmetricMemory {
         ))
     }
 
+    /// Rank `r`'s data, as mapped here, from `byte_offset` on as a contiguous
+    /// tensor of `shape`: writes go over NVLink into rank `r`'s memory. The
+    /// tensor keeps the mapping open.
+    pub fn peer_tensor_at<T: Element>(
+        self: &Arc<Self>,
+        r: usize,
+        byte_offset: usize,
+        shape: &[usize],
+    ) -> Result<Tensor<T>> {
+        // Same checks as for this rank's own part (every rank's has the same size).
+        self.tensor_at::<T>(byte_offset, shape)?;
+        if r >= self.world {
+            return Err(argument(
+                "SymmetricMemory::peer_tensor_at",
+                "r",
+                format!("rank {r} is outside the {} ranks", self.world),
+            ));
+        }
+        if r == self.rank {
+            return self.tensor_at(byte_offset, shape);
+        }
+        let keep: Arc<dyn Send + Sync> = self.clone();
+        let buf = Buffer {
+            ptr: self.bases[r],
+            bytes: self.bytes,
+            memory: Memory::Peer,
+            dev: self.dev.clone(),
+            _keep_alive: Some(keep),
+        };
+        Ok(Tensor::from_buffer_at(Arc::new(buf), byte_offset, shape))
+    }
+
     /// Whether `t` lives in this buffer (this rank's part).
     pub fn holds<T: Element>(&self, t: &Tensor<T>) -> bool {
         t.is_in(&self.local)
