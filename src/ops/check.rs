@@ -137,3 +137,26 @@ pub(crate) fn chunks(op: &str, asked: Option<usize>) -> Result<usize> {
         None => Ok(4),
     }
 }
+
+/// The bias the caller gave (`None` for `Bias::None`) and the zero pair the
+/// kernels take when there is none.
+pub(crate) type BiasViews = (
+    Option<(Tensor<bf16>, Tensor<bf16>)>,
+    (Tensor<bf16>, Tensor<bf16>),
+);
+
+pub(crate) fn bias_views(
+    pg: &ProcessGroup,
+    op: &str,
+    bias: Bias<'_>,
+    m: usize,
+    n: usize,
+    zeros: &Tensor<bf16>,
+) -> Result<BiasViews> {
+    let none = biases(pg, op, Bias::None, m, n, zeros)?;
+    let given = match bias {
+        Bias::None => None,
+        b => Some(biases(pg, op, b, m, n, zeros)?),
+    };
+    Ok((given, none))
+}

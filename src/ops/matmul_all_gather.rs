@@ -9,7 +9,7 @@
 use super::check::{self, arg};
 use super::kernels::gemm_dual;
 use super::workspace::{FusedNeeds, Workspace};
-use super::{end_call, unfused, with_gemm_config, Algorithm, OpOptions};
+use super::{run_call, unfused, with_gemm_config, Algorithm, OpOptions};
 use crate::{bf16, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
 
@@ -61,18 +61,14 @@ pub fn matmul_all_gather(
     let rows_per_chunk = m.div_ceil(asked.min(m));
     let chunks = m.div_ceil(rows_per_chunk);
     let key = format!("{OP}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}");
-    let mut ws = Workspace::prepare(workspace, pg, key, opts.config.algorithm, m.max(n), || {
+    let ws = Workspace::prepare(workspace, pg, key, opts.config.algorithm, m.max(n), || {
         FusedNeeds {
             data_bytes: m * n * 2,
             flag_slots: w * chunks,
             local: vec![],
         }
     })?;
-    let zero_bias = check::biases(pg, OP, super::Bias::None, m, n, &ws.zeros)?;
-    let bias = match opts.bias {
-        super::Bias::None => None,
-        given => Some(check::biases(pg, OP, given, m, n, &ws.zeros)?),
-    };
+    let (bias, zero_bias) = check::bias_views(pg, OP, opts.bias, m, n, &ws.zeros)?;
     let call = Call {
         out,
         a,
@@ -85,10 +81,7 @@ pub fn matmul_all_gather(
         rows_per_chunk,
         opts,
     };
-    let path = ws.path(pg, opts.config.algorithm, |ws, p| run(ws, pg, p, &call))?;
-    run(&mut ws, pg, path, &call)?;
-    end_call(pg, OP, opts.async_op)?;
-    Ok(ws)
+    run_call(ws, pg, OP, opts, |ws, p| run(ws, pg, p, &call))
 }
 
 fn run(ws: &mut Workspace, pg: &ProcessGroup, path: Algorithm, c: &Call<'_>) -> Result<()> {

@@ -164,14 +164,23 @@ impl<'a> OpOptions<'a> {
     }
 }
 
-/// Ends a call as `async_op` asks: with `false`, this rank's GPU work is done
+/// Runs a call on the path `opts` asks for (timing both first for `Auto`),
+/// then ends it as `async_op` asks: with `false`, this rank's GPU work is done
 /// and every rank got this far.
-fn end_call(pg: &ProcessGroup, op: &str, async_op: bool) -> crate::Result<()> {
-    if !async_op {
+fn run_call(
+    mut ws: Workspace,
+    pg: &ProcessGroup,
+    op: &str,
+    opts: &OpOptions<'_>,
+    mut run: impl FnMut(&mut Workspace, Algorithm) -> crate::Result<()>,
+) -> crate::Result<Workspace> {
+    let path = ws.path(pg, opts.config.algorithm, &mut run)?;
+    run(&mut ws, path)?;
+    if !opts.async_op {
         pg.synchronize(op)?;
         pg.barrier(op)?;
     }
-    Ok(())
+    Ok(ws)
 }
 
 /// Runs `f` with `def` launched under `config` when one is given.

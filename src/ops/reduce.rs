@@ -18,7 +18,7 @@
 use super::check::{self, arg};
 use super::kernels::{gemm_wait, gemm_wait_add, gemm_wait_add_dual};
 use super::workspace::{FusedNeeds, Workspace};
-use super::{end_call, unfused, with_gemm_config, Algorithm, OpOptions, ScatterDim};
+use super::{run_call, unfused, with_gemm_config, Algorithm, OpOptions, ScatterDim};
 use crate::{bf16, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
 
@@ -182,7 +182,7 @@ fn execute(
         .fold((0, 0), |(r, c), s| (r.max(s.rows), c.max(s.cols)));
     let slot_bytes = (max_rows * max_cols * 2).div_ceil(256) * 256;
     let key = format!("{op}/{dim:?}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}");
-    let mut ws = Workspace::prepare(workspace, pg, key, opts.config.algorithm, m.max(n), || {
+    let ws = Workspace::prepare(workspace, pg, key, opts.config.algorithm, m.max(n), || {
         FusedNeeds {
             // w - 1 hops, and the finished slab (all-reduce).
             data_bytes: slot_bytes * w,
@@ -192,11 +192,7 @@ fn execute(
                 .collect(),
         }
     })?;
-    let zero_bias = check::biases(pg, op, super::Bias::None, m, n, &ws.zeros)?;
-    let bias = match opts.bias {
-        super::Bias::None => None,
-        given => Some(check::biases(pg, op, given, m, n, &ws.zeros)?),
-    };
+    let (bias, zero_bias) = check::bias_views(pg, op, opts.bias, m, n, &ws.zeros)?;
     let call = Call {
         kind,
         out,
@@ -212,10 +208,7 @@ fn execute(
         slot_bytes,
         opts,
     };
-    let path = ws.path(pg, opts.config.algorithm, |ws, p| run(ws, pg, p, &call))?;
-    run(&mut ws, pg, path, &call)?;
-    end_call(pg, op, opts.async_op)?;
-    Ok(ws)
+    run_call(ws, pg, op, opts, |ws, p| run(ws, pg, p, &call))
 }
 
 /// The operands, bias and output views of slab `s`'s product.
