@@ -322,6 +322,29 @@ fn check_bad_input(pg: &ProcessGroup) -> R<()> {
             "argument `b`",
         )?;
     }
+    if w > 1 {
+        expect_error(
+            "matmul_all_reduce with fewer rows than ranks",
+            ops::matmul_all_reduce(pg, &t(1, 48 * w)?, &t(1, 32)?, &b, &o, None),
+            "argument `a`",
+        )?;
+    }
+    // A workspace built for the unfused path only serves a fused call by being
+    // rebuilt (it has no symmetric buffers).
+    let out = Tensor::<bf16>::empty([64, 48 * w]).map_err(e)?;
+    let unfused = o.clone().algorithm(Algorithm::Unfused);
+    let ws = ops::matmul_all_reduce(pg, &out, &a, &b, &unfused, None).map_err(e)?;
+    let fused = o.clone().algorithm(Algorithm::Fused);
+    let ws = ops::matmul_all_reduce(pg, &out, &a, &b, &fused, Some(ws)).map_err(e)?;
+    drop(ws);
+    if out
+        .to_vec()
+        .map_err(e)?
+        .iter()
+        .any(|x| x.to_f32() != (32 * w) as f32)
+    {
+        return Err("a fused call on an unfused workspace gave wrong sums".into());
+    }
     // A workspace built for another shape, then another op, is rebuilt, not reused.
     let out = Tensor::<bf16>::empty([64, 48 * w]).map_err(e)?;
     let ws = ops::matmul_all_reduce(pg, &out, &a, &b, &o, None).map_err(e)?;

@@ -92,7 +92,8 @@ impl Drop for Buffer {
         let r = unsafe {
             match self.memory {
                 Memory::Pooled => cu::free_async(self.ptr, self.dev.stream().cu_stream()),
-                Memory::Plain | Memory::Peer => cu::free_sync(self.ptr),
+                Memory::Plain => cu::free_sync(self.ptr),
+                Memory::Peer => Ok(()), // returned above: never freed here
             }
         };
         if let Err(e) = r {

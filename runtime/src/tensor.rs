@@ -333,22 +333,8 @@ impl<T: Element> Tensor<T> {
         if src.device().ordinal() != self.device().ordinal() {
             return Err(argument(ctx, "src", "is on another GPU"));
         }
-        let rows_of = |t: &Tensor<T>, name: &str| match t.dims() {
-            [n] if t.is_contiguous() => Ok((1, *n, *n)),
-            [r, c] if t.strides()[1] == 1 || *c <= 1 => {
-                Ok((*r, *c, t.strides()[0].max(0) as usize))
-            }
-            d => Err(argument(
-                ctx,
-                name,
-                format!(
-                    "expected a 1-D contiguous or 2-D row-major view, got shape {d:?} strides {:?}",
-                    t.strides()
-                ),
-            )),
-        };
-        let (rows, cols, dst_pitch) = rows_of(self, "self")?;
-        let (_, _, src_pitch) = rows_of(src, "src")?;
+        let (rows, cols, dst_pitch) = self.row_layout(ctx, "self")?;
+        let (_, _, src_pitch) = src.row_layout(ctx, "src")?;
         let elem = std::mem::size_of::<T>();
         let dev = self.device();
         dev.context()
@@ -367,6 +353,23 @@ impl<T: Element> Tensor<T> {
                 cols * elem,
                 rows,
             )
+        }
+    }
+
+    /// `(rows, columns, row pitch in elements)` of a 1-D contiguous tensor (one
+    /// row) or a 2-D view with unit last stride: what a 2-D copy needs. An error
+    /// naming `name` (in `ctx`) for anything else.
+    pub(crate) fn row_layout(&self, ctx: &str, name: &str) -> Result<(usize, usize, usize)> {
+        match (self.dims(), self.strides()) {
+            ([n], _) if self.is_contiguous() => Ok((1, *n, *n)),
+            ([r, c], [s0, s1]) if (*s1 == 1 || *c <= 1) && *s0 >= 0 => {
+                Ok((*r, *c, *s0 as usize))
+            }
+            (d, s) => Err(argument(
+                ctx,
+                name,
+                format!("expected a 1-D contiguous or 2-D row-major view, got shape {d:?} strides {s:?}"),
+            )),
         }
     }
 

@@ -127,6 +127,16 @@ pub fn matmul_all_reduce(
     let [m, n] = product_shape(pg, OP, a, b)?;
     let [mo, no] = check::matrix(pg, OP, "out", out)?;
     check::shape_is(OP, "out", [mo, no], [m, n], "the product a · b")?;
+    if m < pg.world_size() {
+        return Err(arg(
+            OP,
+            "a",
+            format!(
+                "has {m} rows; the all-reduce cuts them into one slab per rank and needs at least {}",
+                pg.world_size()
+            ),
+        ));
+    }
     // Row slabs: each finished slab is one contiguous block to pull.
     execute(
         pg,

@@ -52,19 +52,21 @@ impl Workspace {
         zeros_len: usize,
         fused: impl FnOnce() -> FusedNeeds,
     ) -> Result<Workspace> {
+        let single_node = pg.env().single_node();
+        let exchange_wanted = algorithm != Algorithm::Unfused && single_node;
         if let Some(ws) = given {
-            if ws.key == key {
+            // One built for the unfused path only lacks the fused path's buffers.
+            if ws.key == key && (ws.exchange.is_some() || !exchange_wanted) {
                 return Ok(ws);
             }
             tracing::info!(
                 built_for = %ws.key,
                 call = %key,
-                "the workspace passed was built for another call: building a new one"
+                fused = exchange_wanted,
+                "the workspace passed was built for another call (or without the fused path): building a new one"
             );
         }
         let started = std::time::Instant::now();
-        let single_node = pg.env().single_node();
-        let exchange_wanted = algorithm != Algorithm::Unfused && single_node;
         if algorithm == Algorithm::Fused && !single_node {
             return Err(crate::Error::Distributed {
                 context: key,
@@ -97,11 +99,8 @@ impl Workspace {
             local,
             scratch: Vec::new(),
             zeros,
-            choice: match algorithm {
-                Algorithm::Auto if !single_node => Some(Algorithm::Unfused),
-                Algorithm::Auto => None,
-                a => Some(a),
-            },
+            // Across nodes there is nothing to choose from.
+            choice: (!single_node).then_some(Algorithm::Unfused),
         })
     }
 
@@ -110,7 +109,8 @@ impl Workspace {
         &self.key
     }
 
-    /// The path this workspace runs: `Fused` or `Unfused`, once decided.
+    /// The path `Algorithm::Auto` settled on with this workspace (`None` before
+    /// its first Auto call).
     pub fn algorithm(&self) -> Option<Algorithm> {
         self.choice
     }
@@ -149,12 +149,6 @@ impl Workspace {
         mut run: impl FnMut(&mut Workspace, Algorithm) -> Result<()>,
     ) -> Result<Algorithm> {
         if asked != Algorithm::Auto {
-            if asked == Algorithm::Fused && self.exchange.is_none() {
-                return Err(crate::Error::Distributed {
-                    context: self.key.clone(),
-                    message: "this workspace was built without the fused path (Algorithm::Unfused, or across nodes): pass no workspace to build one".into(),
-                });
-            }
             return Ok(asked);
         }
         if let Some(c) = self.choice {

@@ -138,11 +138,6 @@ impl Exchange {
         self.sym.tensor_at(self.data_bytes + first * 4, &[len])
     }
 
-    /// Whether `t` is a view of this rank's regions.
-    pub fn holds<T: Element>(&self, t: &Tensor<T>) -> bool {
-        self.sym.holds(t)
-    }
-
     fn check_slot(&self, ctx: &str, slot: usize) -> Result<()> {
         if slot >= self.slots {
             return Err(argument(
@@ -240,20 +235,7 @@ impl Exchange {
         let ctx = "Exchange::pull";
         self.check_peer(ctx, peer)?;
         let elem = std::mem::size_of::<T>();
-        let (rows, cols, dst_pitch) = match dst.dims() {
-            [n] if dst.is_contiguous() => (1, *n, *n),
-            [r, c] if dst.strides()[1] == 1 || *c <= 1 => (*r, *c, dst.strides()[0] as usize),
-            d => {
-                return Err(argument(
-                    ctx,
-                    "dst",
-                    format!(
-                    "expected a 1-D contiguous or 2-D row-major view, got shape {d:?} strides {:?}",
-                    dst.strides()
-                ),
-                ))
-            }
-        };
+        let (rows, cols, dst_pitch) = dst.row_layout(ctx, "dst")?;
         if rows == 0 || cols == 0 {
             return Ok(());
         }
@@ -304,11 +286,14 @@ impl Exchange {
         self.backend.join_into_launch_stream()
     }
 
-    /// A barrier across the ranks queued on the launch stream (every rank's launch
-    /// stream reached this point), for calls that promise it at their end.
+    /// A barrier across the ranks queued on the launch stream: work queued after
+    /// it runs once every rank's launch stream reached it (e.g. before kernels
+    /// store into peers' regions, which the peers' last call may still be
+    /// reading). At most one per call.
     pub fn launch_barrier(&self) -> Result<()> {
-        let raw = self.sym.device().stream().cu_stream();
-        self.sym.device_barrier(raw, 0, self.epoch)
+        self.raw()?;
+        let launch = self.sym.device().stream().cu_stream();
+        self.sym.device_barrier(launch, 0, self.epoch)
     }
 
     pub fn device(&self) -> &Arc<crate::device::Device> {
