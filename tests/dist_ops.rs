@@ -6,6 +6,9 @@
 //! it sees; without a GPU it skips and says so (it fails instead with
 //! TILEFUSE_REQUIRE_GPU=1).
 
+#[path = "dist_ops/plans.rs"]
+mod plans;
+
 use std::process::{Command, ExitCode};
 use tilefuse::ops::{self, Algorithm, Bias, GatherDim, OpOptions, ScatterDim, Workspace};
 use tilefuse::prelude::*;
@@ -377,6 +380,7 @@ fn rank_main() -> R<()> {
     let pg = ProcessGroup::init().map_err(e)?;
     check_ops(&pg)?;
     check_bad_input(&pg)?;
+    plans::check_plans(&pg)?;
     pg.barrier("done").map_err(e)?;
     println!("rank {}/{}: every op ok", pg.rank(), pg.world_size());
     Ok(())

@@ -35,6 +35,7 @@ pub struct Checked {
 
 /// Checks `kernel` for the argument facts in `spec`.
 pub fn check(kernel: &Kernel, spec: &Spec) -> Result<Checked, CodegenError> {
+    let kernel = &*kernel.specialize(&spec.constexprs)?;
     let mut c = Checker {
         k: kernel,
         spec,
@@ -251,6 +252,8 @@ impl Checker<'_> {
                 self.stmts(body)?;
                 self.scope.pop();
             }
+            // `check` runs on the specialized kernel, which has none.
+            Stmt::If { at, .. } => return Err(self.err(at, "a compile-time `if` was not decided")),
         }
         Ok(())
     }
@@ -396,6 +399,9 @@ impl Checker<'_> {
                 Ty::scalar(DType::I64)
             }
             Expr::Float(_) => Ty::scalar(DType::F32),
+            Expr::IfConst { at, .. } => {
+                return Err(self.err(at, "a compile-time `if` was not decided"))
+            }
             Expr::Scalar(s) => Ty::scalar(match self.spec.scalars[*s] {
                 ScalarKind::Int => DType::I64,
                 ScalarKind::Float => DType::F32,

@@ -170,6 +170,8 @@ pub fn default_config_for(
     spec: &crate::spec::Spec,
     target: Target,
 ) -> Config {
+    let specialized = kernel.specialize(&spec.constexprs);
+    let kernel = specialized.as_deref().unwrap_or(kernel);
     if target.wgmma {
         if let Some(c) = default_wgmma_config(kernel, target.shared_limit) {
             if crate::emit::lower(kernel, spec, &c).is_ok() {

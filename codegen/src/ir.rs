@@ -109,6 +109,41 @@ pub enum Stmt {
     },
     /// A nested `for d in tile(extent) { body }`, run sequentially inside the program.
     Loop { dim: DimId, body: Vec<Stmt> },
+    /// `if cond { then } else { otherwise }` on `#[constexpr]` parameters: decided
+    /// when the kernel is specialized ([`Kernel::specialize`]), so only the taken
+    /// branch is ever checked and lowered.
+    If {
+        cond: Cond,
+        then: Vec<Stmt>,
+        otherwise: Vec<Stmt>,
+        at: Src,
+    },
+}
+
+/// Comparisons in a compile-time condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// A condition over `#[constexpr]` parameters and integer literals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Cond {
+    Cmp {
+        op: CmpOp,
+        lhs: Expr,
+        rhs: Expr,
+    },
+    Not(Box<Cond>),
+    And(Box<Cond>, Box<Cond>),
+    Or(Box<Cond>, Box<Cond>),
+    /// A bare value: true when not zero.
+    NonZero(Expr),
 }
 
 /// Elementwise binary operations.
@@ -138,6 +173,10 @@ pub enum UnOp {
     Silu,
     Sigmoid,
     Tanh,
+    /// The derivative of `relu`: 1 where the argument is above 0, else 0.
+    ReluGrad,
+    /// The derivative of (erf) `gelu`: `Φ(x) + x·φ(x)`.
+    GeluGrad,
 }
 
 impl UnOp {
@@ -156,11 +195,13 @@ impl UnOp {
             UnOp::Silu => "silu",
             UnOp::Sigmoid => "sigmoid",
             UnOp::Tanh => "tanh",
+            UnOp::ReluGrad => "relu_grad",
+            UnOp::GeluGrad => "gelu_grad",
         }
     }
 
     /// Every unary op the DSL knows, for parsing and for messages.
-    pub const ALL: [UnOp; 12] = [
+    pub const ALL: [UnOp; 14] = [
         UnOp::Neg,
         UnOp::Exp,
         UnOp::Log,
@@ -173,6 +214,8 @@ impl UnOp {
         UnOp::Silu,
         UnOp::Sigmoid,
         UnOp::Tanh,
+        UnOp::ReluGrad,
+        UnOp::GeluGrad,
     ];
 
     pub fn from_name(name: &str) -> Option<UnOp> {
@@ -228,6 +271,14 @@ pub enum Expr {
     TileEnd(DimId),
     /// `t.size()`: `end - begin`.
     TileSize(DimId),
+    /// `if cond { then } else { otherwise }` as a value, on `#[constexpr]`
+    /// parameters: decided when the kernel is specialized.
+    IfConst {
+        cond: Box<Cond>,
+        then: Box<Expr>,
+        otherwise: Box<Expr>,
+        at: Src,
+    },
 }
 
 impl Kernel {
@@ -252,8 +303,15 @@ impl Kernel {
         fn go<'a>(stmts: &'a [Stmt], f: &mut impl FnMut(&'a Stmt)) {
             for s in stmts {
                 f(s);
-                if let Stmt::Loop { body, .. } = s {
-                    go(body, f);
+                match s {
+                    Stmt::Loop { body, .. } => go(body, f),
+                    Stmt::If {
+                        then, otherwise, ..
+                    } => {
+                        go(then, f);
+                        go(otherwise, f);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -276,6 +334,12 @@ impl Expr {
                 rhs.walk(f);
             }
             Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => arg.walk(f),
+            Expr::IfConst {
+                then, otherwise, ..
+            } => {
+                then.walk(f);
+                otherwise.walk(f);
+            }
             _ => {}
         }
     }

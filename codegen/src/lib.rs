@@ -15,6 +15,7 @@ pub mod ir;
 pub mod plan;
 pub mod space;
 pub mod spec;
+mod specialize;
 
 pub use check::check;
 pub use config::{

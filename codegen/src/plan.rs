@@ -57,6 +57,9 @@ fn stmt_addmm(s: &Stmt) -> Option<&str> {
             .or_else(|| has_addmm(value))
             .or_else(|| end.as_ref().and_then(has_addmm)),
         Stmt::Loop { body, .. } => body.iter().find_map(stmt_addmm),
+        Stmt::If {
+            then, otherwise, ..
+        } => then.iter().chain(otherwise).find_map(stmt_addmm),
     }
 }
 

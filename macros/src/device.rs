@@ -9,10 +9,11 @@ use tilefuse_codegen::dtype::DType;
 use tilefuse_codegen::ir::*;
 
 const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, …), tile stores `t[(tm, tn)] = …`, \
-                          `wait(flags, index, value);` and nested `for t in tile(extent) { … }` loops";
+                          `wait(flags, index, value);`, nested `for t in tile(extent) { … }` loops and \
+                          `if` on `#[constexpr]` parameters";
 const FUNCTIONS: &str =
-    "addmm, zeros, full, wait, min, max, exp, log, sqrt, rsqrt, abs, relu, gelu, gelu_tanh, silu, \
-                         sigmoid, tanh (and the methods .cast::<T>(), .begin(), .end(), .size())";
+    "addmm, zeros, full, wait, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
+                         gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .begin(), .end(), .size())";
 
 /// A name visible in device code.
 #[derive(Clone, Copy, Debug)]
@@ -375,16 +376,168 @@ impl Builder {
                 e,
                 "device code loops only over tiles: write `for t in tile(extent) { … }`",
             )),
-            SynExpr::If(_) | SynExpr::Match(_) => Err(err(
+            SynExpr::If(i) => {
+                let stmt = self.if_stmt(i)?;
+                out.push(stmt);
+                Ok(())
+            }
+            SynExpr::Match(_) => Err(err(
                 e,
-                "device code has no branches yet: ragged edges are masked for you, and \
-                 per-element choices can use `min`/`max`/`relu`",
+                "device code has no `match`; branch on `#[constexpr]` parameters with `if`, and \
+                 make per-element choices with `min`/`max`/`relu`",
             )),
             other => Err(err(
                 other,
                 format!("this expression does nothing here; {STATEMENTS}"),
             )),
         }
+    }
+
+    /// `if cond { … } else if … { … } else { … }` as a statement.
+    fn if_stmt(&mut self, i: &syn::ExprIf) -> syn::Result<Stmt> {
+        let cond = self.cond(&i.cond)?;
+        let then = self.block(&i.then_branch.stmts)?;
+        let otherwise = match &i.else_branch {
+            None => Vec::new(),
+            Some((_, e)) => match e.as_ref() {
+                SynExpr::If(inner) => vec![self.if_stmt(inner)?],
+                SynExpr::Block(b) => self.block(&b.block.stmts)?,
+                other => return Err(err(other, "expected a block or `else if` here")),
+            },
+        };
+        Ok(Stmt::If {
+            cond,
+            then,
+            otherwise,
+            at: src(&i.cond),
+        })
+    }
+
+    /// `if cond { a } else { b }` as a value: both branches are one expression.
+    fn if_expr(&mut self, i: &syn::ExprIf) -> syn::Result<Expr> {
+        let cond = self.cond(&i.cond)?;
+        let then = self.branch_value(&i.then_branch, i)?;
+        let Some((_, e)) = &i.else_branch else {
+            return Err(err(
+                i,
+                "an `if` used as a value needs an `else` branch: `if C { a } else { b }`",
+            ));
+        };
+        let otherwise = match e.as_ref() {
+            SynExpr::If(inner) => self.if_expr(inner)?,
+            SynExpr::Block(b) => self.branch_value(&b.block, i)?,
+            other => return Err(err(other, "expected a block or `else if` here")),
+        };
+        Ok(Expr::IfConst {
+            cond: Box::new(cond),
+            then: Box::new(then),
+            otherwise: Box::new(otherwise),
+            at: src(&i.cond),
+        })
+    }
+
+    fn branch_value(&mut self, b: &syn::Block, whole: &syn::ExprIf) -> syn::Result<Expr> {
+        match b.stmts.as_slice() {
+            [SynStmt::Expr(e, None)] => self.expr(e),
+            _ => Err(err(
+                whole,
+                "each branch of an `if` used as a value is one expression, e.g. `if ACT == 1 { relu(y) } else { y }`",
+            )),
+        }
+    }
+
+    /// The condition of a device `if`: decided when the kernel is specialized,
+    /// so it may use only `#[constexpr]` parameters and integer literals.
+    fn cond(&mut self, e: &SynExpr) -> syn::Result<Cond> {
+        Ok(match e {
+            SynExpr::Paren(p) => self.cond(&p.expr)?,
+            SynExpr::Group(g) => self.cond(&g.expr)?,
+            SynExpr::Unary(u) if matches!(u.op, SynUn::Not(_)) => {
+                Cond::Not(Box::new(self.cond(&u.expr)?))
+            }
+            SynExpr::Binary(b) => {
+                let cmp = match b.op {
+                    SynBin::Eq(_) => Some(CmpOp::Eq),
+                    SynBin::Ne(_) => Some(CmpOp::Ne),
+                    SynBin::Lt(_) => Some(CmpOp::Lt),
+                    SynBin::Le(_) => Some(CmpOp::Le),
+                    SynBin::Gt(_) => Some(CmpOp::Gt),
+                    SynBin::Ge(_) => Some(CmpOp::Ge),
+                    _ => None,
+                };
+                match (cmp, &b.op) {
+                    (Some(op), _) => Cond::Cmp {
+                        op,
+                        lhs: self.const_value(&b.left)?,
+                        rhs: self.const_value(&b.right)?,
+                    },
+                    (None, SynBin::And(_)) => Cond::And(
+                        Box::new(self.cond(&b.left)?),
+                        Box::new(self.cond(&b.right)?),
+                    ),
+                    (None, SynBin::Or(_)) => Cond::Or(
+                        Box::new(self.cond(&b.left)?),
+                        Box::new(self.cond(&b.right)?),
+                    ),
+                    _ => Cond::NonZero(self.const_value(e)?),
+                }
+            }
+            other => Cond::NonZero(self.const_value(other)?),
+        })
+    }
+
+    /// An integer expression of `#[constexpr]` parameters and literals.
+    fn const_value(&self, e: &SynExpr) -> syn::Result<Expr> {
+        const ONLY: &str =
+            "device `if`s are decided when the kernel is compiled: their conditions \
+                            use `#[constexpr]` parameters and integer literals only \
+                            (per-element choices use `min`/`max`/`relu`)";
+        Ok(match e {
+            SynExpr::Paren(p) => self.const_value(&p.expr)?,
+            SynExpr::Group(g) => self.const_value(&g.expr)?,
+            SynExpr::Lit(l) => match &l.lit {
+                Lit::Int(i) => Expr::Int(i.base10_parse()?),
+                Lit::Bool(b) => Expr::Int(i64::from(b.value)),
+                other => return Err(err(other, ONLY)),
+            },
+            SynExpr::Path(p) => {
+                let name = p
+                    .path
+                    .get_ident()
+                    .map(|i| i.to_string())
+                    .unwrap_or_default();
+                match self.consts.iter().position(|c| *c == name) {
+                    Some(c) => Expr::Const(c),
+                    None => {
+                        return Err(err(
+                            p,
+                            format!("`{name}` is not a `#[constexpr]` parameter; {ONLY}"),
+                        ))
+                    }
+                }
+            }
+            SynExpr::Unary(u) if matches!(u.op, SynUn::Neg(_)) => Expr::Unary {
+                op: UnOp::Neg,
+                arg: Box::new(self.const_value(&u.expr)?),
+            },
+            SynExpr::Binary(b) => {
+                let op = match b.op {
+                    SynBin::Add(_) => BinOp::Add,
+                    SynBin::Sub(_) => BinOp::Sub,
+                    SynBin::Mul(_) => BinOp::Mul,
+                    SynBin::Div(_) => BinOp::Div,
+                    SynBin::Rem(_) => BinOp::Rem,
+                    _ => return Err(err(b, ONLY)),
+                };
+                Expr::Binary {
+                    op,
+                    lhs: Box::new(self.const_value(&b.left)?),
+                    rhs: Box::new(self.const_value(&b.right)?),
+                    at: src(b),
+                }
+            }
+            other => return Err(err(other, ONLY)),
+        })
     }
 
     fn assign(
@@ -584,6 +737,11 @@ impl Builder {
             },
             SynExpr::Call(c) => self.call(c)?,
             SynExpr::MethodCall(m) => self.method(m)?,
+            SynExpr::If(i) => self.if_expr(i)?,
+            SynExpr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
+                SynStmt::Expr(inner, None) => self.expr(inner)?,
+                other => return Err(err(other, "a block used as a value holds one expression")),
+            },
             other => {
                 return Err(err(
                     other,

@@ -44,6 +44,11 @@ pub struct KernelDef {
     json: &'static str,
     pinned: Option<&'static str>,
     ir: OnceLock<std::result::Result<Kernel, String>>,
+    /// The IR with its compile-time `if`s decided, per constexpr values (empty
+    /// when the kernel has none).
+    specialized: OnceLock<Mutex<HashMap<Vec<i64>, Arc<Kernel>>>>,
+    /// Whether the IR has compile-time `if`s.
+    branches: OnceLock<bool>,
     variants: OnceLock<Mutex<HashMap<VariantKey, Arc<Variant>>>>,
     /// The untuned default per specialization and GPU ordinal.
     defaults: OnceLock<Mutex<HashMap<(Spec, usize), Config>>>,
@@ -52,6 +57,22 @@ pub struct KernelDef {
 thread_local! {
     /// Configs set by `KernelDef::with_config`, innermost last.
     static OVERRIDES: RefCell<Vec<(&'static str, Config)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A kernel's IR as a launch sees it: the definition's own, or a specialization.
+enum IrRef<'a> {
+    Plain(&'a Kernel),
+    Specialized(Arc<Kernel>),
+}
+
+impl std::ops::Deref for IrRef<'_> {
+    type Target = Kernel;
+    fn deref(&self) -> &Kernel {
+        match self {
+            IrRef::Plain(k) => k,
+            IrRef::Specialized(k) => k,
+        }
+    }
 }
 
 /// One constraint between a tensor's size and a tile extent: `tensors[t].shape[axis] == extent(dim)`.
@@ -106,7 +127,7 @@ fn size_rules(k: &Kernel) -> Vec<SizeRule> {
                 visit_expr(end, &mut add);
             }
         }
-        Stmt::Loop { .. } => {}
+        Stmt::Loop { .. } | Stmt::If { .. } => {}
     });
     rules
 }
@@ -123,6 +144,8 @@ impl KernelDef {
             json,
             pinned,
             ir: OnceLock::new(),
+            specialized: OnceLock::new(),
+            branches: OnceLock::new(),
             variants: OnceLock::new(),
             defaults: OnceLock::new(),
         }
@@ -143,6 +166,24 @@ impl KernelDef {
                     "its IR could not be read ({e}); rebuild the crate that defines it"
                 ),
             })
+    }
+
+    /// The IR for these constexpr values: compile-time `if`s decided (see
+    /// `Kernel::specialize`), made once per values.
+    fn ir_for(&self, consts: &[i64]) -> Result<IrRef<'_>> {
+        let k = self.ir()?;
+        if k.constexprs.is_empty() || !*self.branches.get_or_init(|| k.has_branches()) {
+            return Ok(IrRef::Plain(k));
+        }
+        let map = self.specialized.get_or_init(Default::default);
+        if let Some(s) = map.lock().unwrap_or_else(|p| p.into_inner()).get(consts) {
+            return Ok(IrRef::Specialized(s.clone()));
+        }
+        let s = Arc::new(k.specialize(consts)?.into_owned());
+        map.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(consts.to_vec(), s.clone());
+        Ok(IrRef::Specialized(s))
     }
 
     /// The config pinned on the attribute, if any.
@@ -411,6 +452,9 @@ impl KernelDef {
             }
         }
         let spec = self.spec_of(k, tensors, scalars, consts)?;
+        // Sizes, tuning and compilation see only the branches taken.
+        let specialized = self.ir_for(consts)?;
+        let k = &*specialized;
         self.check_sizes(k, tensors, scalars)?;
         let config = match self.chosen_config()? {
             Some(c) => c,

@@ -8,20 +8,20 @@
 //! columns of its rows, so the chunks are rows of all ranks at once, in order.
 
 use super::check::{self, arg};
-use super::kernels::gemm_wait;
+use super::epilogue::{gemm, Epilogue, Gemm, Wait};
 use super::workspace::{FusedNeeds, Workspace};
-use super::{run_call, unfused, with_gemm_config, Algorithm, GatherDim, OpOptions};
-use crate::{bf16, Result, Tensor};
+use super::{run_call, unfused, Algorithm, GatherDim, OpOptions};
+use crate::{bf16, Config, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
 
 const OP: &str = "all_gather_matmul";
 
-struct Call<'a> {
-    out: &'a Tensor<bf16>,
-    a_shard: &'a Tensor<bf16>,
-    b: &'a Tensor<bf16>,
-    bias: Option<(Tensor<bf16>, Tensor<bf16>)>,
-    zero_bias: (Tensor<bf16>, Tensor<bf16>),
+/// One all-gather matmul, its checks done: what a call or a plan runs.
+pub(crate) struct Schedule {
+    pub out: Tensor<bf16>,
+    pub a_shard: Tensor<bf16>,
+    pub b: Tensor<bf16>,
+    pub epi: Epilogue,
     dim: GatherDim,
     /// Shard rows and columns; gathered [m, k].
     shard: [usize; 2],
@@ -30,7 +30,110 @@ struct Call<'a> {
     /// Chunks per rank (rows) or in all (columns), and rows per chunk.
     chunks: usize,
     rows_per_chunk: usize,
-    opts: &'a OpOptions<'a>,
+    gemm_config: Option<Config>,
+}
+
+/// The shapes of an all-gather matmul, checked: gathered `[m, k]`, `n`.
+pub(crate) struct Shapes {
+    dim: GatherDim,
+    shard: [usize; 2],
+    m: usize,
+    k: usize,
+    n: usize,
+    chunks: usize,
+    rows_per_chunk: usize,
+}
+
+impl Shapes {
+    /// Checks `out`, `a_shard` and `b` (names as the caller knows them).
+    pub fn check(
+        pg: &ProcessGroup,
+        op: &str,
+        [out, a_shard, b]: [(&str, &Tensor<bf16>); 3],
+        dim: GatherDim,
+        chunks: Option<usize>,
+    ) -> Result<Shapes> {
+        let w = pg.world_size();
+        let [sr, sc] = check::matrix(pg, op, a_shard.0, a_shard.1)?;
+        let [kb, n] = check::matrix(pg, op, b.0, b.1)?;
+        let [mo, no] = check::matrix(pg, op, out.0, out.1)?;
+        let (m, k) = match dim {
+            GatherDim::Rows => (sr * w, sc),
+            GatherDim::Cols => (sr, sc * w),
+        };
+        if kb != k {
+            return Err(arg(
+                op,
+                b.0,
+                format!("has {kb} rows, but the gathered A ({dim:?}: {w} shards of [{sr}, {sc}]) has {k} columns"),
+            ));
+        }
+        check::shape_is(op, out.0, [mo, no], [m, n], "all_gather(A) · B")?;
+        let asked = check::chunks(op, chunks)?;
+        let (chunks, rows_per_chunk) = match dim {
+            // Flags are per rank and chunk: chunks must tile each shard exactly.
+            GatherDim::Rows => {
+                let c = (1..=asked.min(sr)).rev().find(|c| sr % c == 0).unwrap_or(1);
+                (c, sr / c)
+            }
+            GatherDim::Cols => {
+                let rpc = m.div_ceil(asked.min(m));
+                (m.div_ceil(rpc), rpc)
+            }
+        };
+        Ok(Shapes {
+            dim,
+            shard: [sr, sc],
+            m,
+            k,
+            n,
+            chunks,
+            rows_per_chunk,
+        })
+    }
+
+    /// The product's `[m, n]`.
+    pub fn output(&self) -> [usize; 2] {
+        [self.m, self.n]
+    }
+
+    /// The workspace for these shapes (`given` when it fits).
+    pub fn workspace(
+        &self,
+        pg: &ProcessGroup,
+        given: Option<Workspace>,
+        algorithm: Algorithm,
+    ) -> Result<Workspace> {
+        let (w, [sr, sc], (m, k, n)) = (pg.world_size(), self.shard, (self.m, self.k, self.n));
+        let (dim, chunks) = (self.dim, self.chunks);
+        let key = format!("{OP}/{dim:?}/a_shard{sr}x{sc}/b{k}x{n}/world{w}/chunks{chunks}");
+        Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
+            data_bytes: m * k * 2,
+            flag_slots: w * chunks + w,
+            local: vec![],
+        })
+    }
+
+    pub fn schedule(
+        &self,
+        [out, a_shard, b]: [&Tensor<bf16>; 3],
+        epi: Epilogue,
+        gemm_config: Option<Config>,
+    ) -> Schedule {
+        Schedule {
+            out: out.clone(),
+            a_shard: a_shard.clone(),
+            b: b.clone(),
+            epi,
+            dim: self.dim,
+            shard: self.shard,
+            m: self.m,
+            k: self.k,
+            chunks: self.chunks,
+            rows_per_chunk: self.rows_per_chunk,
+            gemm_config,
+        }
+    }
 }
 
 /// `out[M, N] = all_gather(A) · B + bias` over the ranks of `pg`.
@@ -49,172 +152,128 @@ pub fn all_gather_matmul(
     opts: &OpOptions<'_>,
     workspace: Option<Workspace>,
 ) -> Result<Workspace> {
-    let w = pg.world_size();
-    let [sr, sc] = check::matrix(pg, OP, "a_shard", a_shard)?;
-    let [kb, n] = check::matrix(pg, OP, "b", b)?;
-    let [mo, no] = check::matrix(pg, OP, "out", out)?;
-    let (m, k) = match dim {
-        GatherDim::Rows => (sr * w, sc),
-        GatherDim::Cols => (sr, sc * w),
-    };
-    if kb != k {
-        return Err(arg(
-            OP,
-            "b",
-            format!("has {kb} rows, but the gathered A ({dim:?}: {w} shards of [{sr}, {sc}]) has {k} columns"),
-        ));
-    }
-    check::shape_is(OP, "out", [mo, no], [m, n], "all_gather(A) · B")?;
-    let asked = check::chunks(OP, opts.config.chunks)?;
-    let (chunks, rows_per_chunk) = match dim {
-        // Flags are per rank and chunk: chunks must tile each shard exactly.
-        GatherDim::Rows => {
-            let c = (1..=asked.min(sr)).rev().find(|c| sr % c == 0).unwrap_or(1);
-            (c, sr / c)
-        }
-        GatherDim::Cols => {
-            let rpc = m.div_ceil(asked.min(m));
-            (m.div_ceil(rpc), rpc)
-        }
-    };
-    let key = format!("{OP}/{dim:?}/a_shard{sr}x{sc}/b{k}x{n}/world{w}/chunks{chunks}");
-    let ws = Workspace::prepare(workspace, pg, key, opts.config.algorithm, m.max(n), || {
-        FusedNeeds {
-            data_bytes: m * k * 2,
-            flag_slots: w * chunks + w,
-            local: vec![],
-        }
-    })?;
-    let (bias, zero_bias) = check::bias_views(pg, OP, opts.bias, m, n, &ws.zeros)?;
-    let call = Call {
-        out,
-        a_shard,
-        b,
-        bias,
-        zero_bias,
+    let shapes = Shapes::check(
+        pg,
+        OP,
+        [("out", out), ("a_shard", a_shard), ("b", b)],
         dim,
-        shard: [sr, sc],
-        m,
-        k,
-        chunks,
-        rows_per_chunk,
-        opts,
-    };
-    run_call(ws, pg, OP, opts, |ws, p| run(ws, pg, p, &call))
+        opts.config.chunks,
+    )?;
+    let ws = shapes.workspace(pg, workspace, opts.config.algorithm)?;
+    let [m, n] = shapes.output();
+    let epi = check::bias_epilogue(pg, OP, opts.bias, m, n, &ws.zeros)?;
+    let s = shapes.schedule([out, a_shard, b], epi, opts.config.gemm.clone());
+    run_call(ws, pg, OP, opts, |ws, p| s.run(ws, pg, p))
 }
 
-fn run(ws: &mut Workspace, pg: &ProcessGroup, path: Algorithm, c: &Call<'_>) -> Result<()> {
-    if path == Algorithm::Unfused {
-        return run_unfused(ws, pg, c);
-    }
-    let (r, w) = (pg.rank(), pg.world_size());
-    let [sr, sc] = c.shard;
-    let (m, k, chunks, rpc) = (c.m, c.k, c.chunks, c.rows_per_chunk);
-    let ex = ws.exchange()?;
-    let gathered = ex.data::<bf16>(0, &[m, k])?;
-    let own = match c.dim {
-        GatherDim::Rows => gathered.narrow(0, r * sr, sr)?,
-        GatherDim::Cols => gathered.narrow(1, r * sc, sc)?,
-    };
-    // A shard written in place (a view of the workspace) needs no copy.
-    if own.device_ptr() != c.a_shard.device_ptr() || own.strides() != c.a_shard.strides() {
-        own.copy_from(c.a_shard)?;
-    }
-    let epoch = ex.start()?;
-    let ready = w * chunks; // + p: rank p's shard is written
-    let others = (1..w).map(|i| (r + i) % w);
-    for p in others.clone() {
-        ex.notify(p, ready + r)?;
-    }
-    let (bias_m, bias_n) = c.bias.as_ref().unwrap_or(&c.zero_bias);
-    match c.dim {
-        GatherDim::Rows => {
-            // Flag p·chunks + i: chunk i of rank p's rows.
-            for i in 0..chunks {
-                ex.set_slot(r * chunks + i)?;
-            }
-            for p in others {
-                ex.await_slot(ready + p)?;
+impl Schedule {
+    pub fn run(&self, ws: &mut Workspace, pg: &ProcessGroup, path: Algorithm) -> Result<()> {
+        if path == Algorithm::Unfused {
+            return self.run_unfused(ws, pg);
+        }
+        let c = self;
+        let (r, w) = (pg.rank(), pg.world_size());
+        let [sr, sc] = c.shard;
+        let (m, k, chunks, rpc) = (c.m, c.k, c.chunks, c.rows_per_chunk);
+        let unused = ws.unused.clone();
+        let ex = ws.exchange()?;
+        let gathered = ex.data::<bf16>(0, &[m, k])?;
+        let own = match c.dim {
+            GatherDim::Rows => gathered.narrow(0, r * sr, sr)?,
+            GatherDim::Cols => gathered.narrow(1, r * sc, sc)?,
+        };
+        // A shard written in place (a view of the workspace) needs no copy.
+        if own.device_ptr() != c.a_shard.device_ptr() || own.strides() != c.a_shard.strides() {
+            own.copy_from(&c.a_shard)?;
+        }
+        let epoch = ex.start()? as usize;
+        let ready = w * chunks; // + p: rank p's shard is written
+        let others = (1..w).map(|i| (r + i) % w);
+        for p in others.clone() {
+            ex.notify(p, ready + r)?;
+        }
+        let (flags_per_chunk, first_row) = match c.dim {
+            GatherDim::Rows => {
+                // Flag p·chunks + i: chunk i of rank p's rows.
                 for i in 0..chunks {
-                    let row = p * sr + i * rpc;
-                    ex.pull(p, row * k * 2, k, &gathered.narrow(0, row, rpc)?)?;
-                    ex.set_slot(p * chunks + i)?;
+                    ex.set_slot(r * chunks + i)?;
                 }
+                for p in others {
+                    ex.await_slot(ready + p)?;
+                    for i in 0..chunks {
+                        let row = p * sr + i * rpc;
+                        ex.pull(p, row * k * 2, k, &gathered.narrow(0, row, rpc)?)?;
+                        ex.set_slot(p * chunks + i)?;
+                    }
+                }
+                (1, r * sr)
             }
-            let flags = ex.flags(0, w * chunks)?;
-            with_gemm_config(gemm_wait::kernel(), &c.opts.config.gemm, || {
-                gemm_wait(
-                    &gathered,
-                    c.b,
-                    c.out,
-                    bias_m,
-                    bias_n,
-                    &flags,
-                    rpc,
-                    1,
-                    epoch as usize,
-                    r * sr,
-                )
-            })?;
-        }
-        GatherDim::Cols => {
-            // Flag i·w + p: rank p's columns of row chunk i.
-            for i in 0..chunks {
-                ex.set_slot(i * w + r)?;
-            }
-            for p in others.clone() {
-                ex.await_slot(ready + p)?;
-            }
-            for i in 0..chunks {
-                let (row, rows) = (i * rpc, rpc.min(m - i * rpc));
+            GatherDim::Cols => {
+                // Flag i·w + p: rank p's columns of row chunk i.
+                for i in 0..chunks {
+                    ex.set_slot(i * w + r)?;
+                }
                 for p in others.clone() {
-                    let dst = gathered.narrow(0, row, rows)?.narrow(1, p * sc, sc)?;
-                    ex.pull(p, (row * k + p * sc) * 2, k, &dst)?;
-                    ex.set_slot(i * w + p)?;
+                    ex.await_slot(ready + p)?;
                 }
+                for i in 0..chunks {
+                    let (row, rows) = (i * rpc, rpc.min(m - i * rpc));
+                    for p in others.clone() {
+                        let dst = gathered.narrow(0, row, rows)?.narrow(1, p * sc, sc)?;
+                        ex.pull(p, (row * k + p * sc) * 2, k, &dst)?;
+                        ex.set_slot(i * w + p)?;
+                    }
+                }
+                (w, 0)
             }
-            let flags = ex.flags(0, w * chunks)?;
-            with_gemm_config(gemm_wait::kernel(), &c.opts.config.gemm, || {
-                gemm_wait(
-                    &gathered,
-                    c.b,
-                    c.out,
-                    bias_m,
-                    bias_n,
-                    &flags,
-                    rpc,
-                    w,
-                    epoch as usize,
-                    0,
-                )
-            })?;
-        }
+        };
+        let flags = ex.flags(0, w * chunks)?;
+        gemm(
+            Gemm {
+                a: &gathered,
+                b: &c.b,
+                out: &c.out,
+                copy: None,
+                addend: None,
+            },
+            &c.epi,
+            Some(Wait {
+                flags: &flags,
+                rows_per_chunk: rpc,
+                flags_per_chunk,
+                epoch,
+                first_row,
+            }),
+            &unused,
+            &c.gemm_config,
+        )?;
+        ex.close()
     }
-    ex.close()
-}
 
-fn run_unfused(ws: &mut Workspace, pg: &ProcessGroup, c: &Call<'_>) -> Result<()> {
-    let dev = pg.device().clone();
-    let w = pg.world_size();
-    let [sr, sc] = c.shard;
-    let send = unfused::contiguous(ws, &dev, 0, c.a_shard)?;
-    let gathered = match c.dim {
-        GatherDim::Rows => {
-            let g = ws.scratch(&dev, 1, &[c.m, c.k])?;
-            pg.nccl()?.all_gather(&send, &g)?;
-            g
-        }
-        GatherDim::Cols => {
-            // NCCL gathers rank after rank: [w·M, K/w]; the columns go in place after.
-            let g3 = ws.scratch(&dev, 1, &[w * sr, sc])?;
-            pg.nccl()?.all_gather(&send, &g3)?;
-            let g = ws.scratch(&dev, 2, &[c.m, c.k])?;
-            for p in 0..w {
-                g.narrow(1, p * sc, sc)?
-                    .copy_from(&g3.narrow(0, p * sr, sr)?)?;
+    fn run_unfused(&self, ws: &mut Workspace, pg: &ProcessGroup) -> Result<()> {
+        let c = self;
+        let dev = pg.device().clone();
+        let w = pg.world_size();
+        let [sr, sc] = c.shard;
+        let send = unfused::contiguous(ws, &dev, 0, &c.a_shard)?;
+        let gathered = match c.dim {
+            GatherDim::Rows => {
+                let g = ws.scratch(&dev, 1, &[c.m, c.k])?;
+                pg.nccl()?.all_gather(&send, &g)?;
+                g
             }
-            g
-        }
-    };
-    unfused::matmul_bias(c.out, &gathered, c.b, c.bias.as_ref())
+            GatherDim::Cols => {
+                // NCCL gathers rank after rank: [w·M, K/w]; the columns go in place after.
+                let g3 = ws.scratch(&dev, 1, &[w * sr, sc])?;
+                pg.nccl()?.all_gather(&send, &g3)?;
+                let g = ws.scratch(&dev, 2, &[c.m, c.k])?;
+                for p in 0..w {
+                    g.narrow(1, p * sc, sc)?
+                        .copy_from(&g3.narrow(0, p * sr, sr)?)?;
+                }
+                g
+            }
+        };
+        unfused::matmul_epilogue(&c.out, &gathered, &c.b, &c.epi, &ws.unused)
+    }
 }

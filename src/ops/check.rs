@@ -1,6 +1,7 @@
 //! Argument checks shared by the ops: every mismatch is an error naming the
 //! argument and what was expected.
 
+use super::epilogue::Epilogue;
 use super::Bias;
 use crate::{bf16, Error, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
@@ -138,25 +139,16 @@ pub(crate) fn chunks(op: &str, asked: Option<usize>) -> Result<usize> {
     }
 }
 
-/// The bias the caller gave (`None` for `Bias::None`) and the zero pair the
-/// kernels take when there is none.
-pub(crate) type BiasViews = (
-    Option<(Tensor<bf16>, Tensor<bf16>)>,
-    (Tensor<bf16>, Tensor<bf16>),
-);
-
-pub(crate) fn bias_views(
+/// The ops' epilogue: the caller's bias (zeros standing in for the vector not
+/// given), nothing else.
+pub(crate) fn bias_epilogue(
     pg: &ProcessGroup,
     op: &str,
     bias: Bias<'_>,
     m: usize,
     n: usize,
     zeros: &Tensor<bf16>,
-) -> Result<BiasViews> {
-    let none = biases(pg, op, Bias::None, m, n, zeros)?;
-    let given = match bias {
-        Bias::None => None,
-        b => Some(biases(pg, op, b, m, n, zeros)?),
-    };
-    Ok((given, none))
+) -> Result<Epilogue> {
+    let (bias_m, bias_n) = biases(pg, op, bias, m, n, zeros)?;
+    Ok(Epilogue::bias(bias_m, bias_n, !matches!(bias, Bias::None)))
 }

@@ -1,23 +1,43 @@
-//! The tilefuse kernels the fused ops launch: one GEMM with a waiting prologue
-//! and a bias epilogue, in the variants the schedules need. Every variant takes
-//! both bias vectors (`bias_m` along rows, `bias_n` along columns; the ops pass
-//! zeros for the one not given), so that every rank launches the same kernels
-//! whatever it passes, and the tuner's one-rank-tunes protocol holds.
+//! The tilefuse kernels the fused ops and plans launch: one GEMM with a waiting
+//! prologue and a configurable epilogue, and the same epilogue on its own (for
+//! the unfused paths, after cuBLAS). The variants a schedule needs are chosen
+//! with `#[constexpr]` switches, decided when the kernel is specialized, so each
+//! launch compiles only the code it runs.
 //!
-//! Each waits, before its tile's loads, for the flags of the row chunks its tile
-//! covers: `flags[c * flags_per_chunk .. (c + 1) * flags_per_chunk]` for every
+//! The GEMM waits, before its tile's loads, for the flags of the row chunks its
+//! tile covers: `flags[c * flags_per_chunk .. (c + 1) * flags_per_chunk]` for every
 //! chunk `c` of `rows_per_chunk` rows. Passing `epoch` 0 makes the wait pass at
 //! once (flags are unsigned).
+//!
+//! The epilogue, on the f32 accumulator:
+//! `y = alpha·acc + bias_m[row] + bias_n[col] (+ addend) (+ beta·c)`; then
+//! `aux = y` (forward `_aux` epilogues), and `out = act(y)`, where `act` is
+//! relu, gelu, or for the backward `y · relu'(aux)` / `y · gelu'(aux)`.
+//! Tensors a switch turns off are not read or written (pass any tensor of the
+//! right rank).
 
 use crate::prelude::*;
 
-/// `out = a · b + bias_m + bias_n`, each tile after its rows' flags.
+/// `act` codes of [`gemm_fused`] and [`epilogue`].
+pub(crate) mod act {
+    pub const NONE: usize = 0;
+    pub const RELU: usize = 1;
+    pub const GELU: usize = 2;
+    pub const DRELU: usize = 3;
+    pub const DGELU: usize = 4;
+}
+
+/// `out (= copy) = epilogue(a · b)`, each tile after its rows' flags.
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_wait(
+pub fn gemm_fused(
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
     out: &Tensor<bf16>,
+    copy: &Tensor<bf16>,
+    addend: &Tensor<bf16>,
+    c: &Tensor<bf16>,
+    aux: &Tensor<bf16>,
     bias_m: &Tensor<bf16>,
     bias_n: &Tensor<bf16>,
     flags: &Tensor<u32>,
@@ -25,6 +45,13 @@ pub fn gemm_wait(
     flags_per_chunk: usize,
     epoch: usize,
     first_row: usize,
+    alpha: f32,
+    beta: f32,
+    #[constexpr] with_copy: bool,
+    #[constexpr] with_addend: bool,
+    #[constexpr] with_c: bool,
+    #[constexpr] aux_out: bool,
+    #[constexpr] act: usize,
 ) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
@@ -39,103 +66,74 @@ pub fn gemm_wait(
         for tk in tile(k) {
             acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
         }
-        out[(tm, tn)] = (acc + bias_m[tm] + bias_n[tn]).cast();
+        let y = acc * alpha + bias_m[tm] + bias_n[tn];
+        let y = if with_addend { y + addend[(tm, tn)] } else { y };
+        let y = if with_c { y + c[(tm, tn)] * beta } else { y };
+        if aux_out {
+            aux[(tm, tn)] = y.cast();
+        }
+        let y = if act == 1 {
+            relu(y)
+        } else if act == 2 {
+            gelu(y)
+        } else if act == 3 {
+            y * relu_grad(aux[(tm, tn)])
+        } else if act == 4 {
+            y * gelu_grad(aux[(tm, tn)])
+        } else {
+            y
+        };
+        let y = y.cast::<bf16>();
+        out[(tm, tn)] = y;
+        if with_copy {
+            copy[(tm, tn)] = y;
+        }
     }
 }
 
-/// `out = a · b + addend + bias_m + bias_n`, each tile after the flags of the
-/// addend's rows (one flag per chunk).
+/// `x = epilogue(x)` in place: [`gemm_fused`]'s epilogue with `x` for `acc`.
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_wait_add(
-    a: &Tensor<bf16>,
-    b: &Tensor<bf16>,
-    addend: &Tensor<bf16>,
-    out: &Tensor<bf16>,
+pub fn epilogue(
+    x: &Tensor<bf16>,
+    c: &Tensor<bf16>,
+    aux: &Tensor<bf16>,
     bias_m: &Tensor<bf16>,
     bias_n: &Tensor<bf16>,
-    flags: &Tensor<u32>,
-    rows_per_chunk: usize,
-    epoch: usize,
+    alpha: f32,
+    beta: f32,
+    #[constexpr] with_c: bool,
+    #[constexpr] aux_out: bool,
+    #[constexpr] act: usize,
 ) {
-    let [m, k] = a.shape();
-    let [_, n] = b.shape();
-    for (tm, tn) in tile([m, n]) {
-        wait(
-            flags,
-            tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk,
-            epoch,
-        );
-        let mut acc = zeros::<f32>([tm, tn]);
-        for tk in tile(k) {
-            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
-        }
-        out[(tm, tn)] = (acc + addend[(tm, tn)] + bias_m[tm] + bias_n[tn]).cast();
-    }
-}
-
-/// [`gemm_wait_add`] that also stores the result into `copy` (a symmetric
-/// buffer peers pull from).
-#[fused_kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_wait_add_dual(
-    a: &Tensor<bf16>,
-    b: &Tensor<bf16>,
-    addend: &Tensor<bf16>,
-    out: &Tensor<bf16>,
-    copy: &Tensor<bf16>,
-    bias_m: &Tensor<bf16>,
-    bias_n: &Tensor<bf16>,
-    flags: &Tensor<u32>,
-    rows_per_chunk: usize,
-    epoch: usize,
-) {
-    let [m, k] = a.shape();
-    let [_, n] = b.shape();
-    for (tm, tn) in tile([m, n]) {
-        wait(
-            flags,
-            tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk,
-            epoch,
-        );
-        let mut acc = zeros::<f32>([tm, tn]);
-        for tk in tile(k) {
-            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
-        }
-        let c = (acc + addend[(tm, tn)] + bias_m[tm] + bias_n[tn]).cast::<bf16>();
-        out[(tm, tn)] = c;
-        copy[(tm, tn)] = c;
-    }
-}
-
-/// `out = copy = a · b + bias_m + bias_n`.
-#[fused_kernel]
-pub fn gemm_dual(
-    a: &Tensor<bf16>,
-    b: &Tensor<bf16>,
-    out: &Tensor<bf16>,
-    copy: &Tensor<bf16>,
-    bias_m: &Tensor<bf16>,
-    bias_n: &Tensor<bf16>,
-) {
-    let [m, k] = a.shape();
-    let [_, n] = b.shape();
-    for (tm, tn) in tile([m, n]) {
-        let mut acc = zeros::<f32>([tm, tn]);
-        for tk in tile(k) {
-            acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
-        }
-        let c = (acc + bias_m[tm] + bias_n[tn]).cast::<bf16>();
-        out[(tm, tn)] = c;
-        copy[(tm, tn)] = c;
-    }
-}
-
-/// `x += bias_m + bias_n` in place (the unfused path's bias after cuBLAS).
-#[fused_kernel]
-pub fn add_bias(x: &Tensor<bf16>, bias_m: &Tensor<bf16>, bias_n: &Tensor<bf16>) {
     let [m, n] = x.shape();
     for (tm, tn) in tile([m, n]) {
-        x[(tm, tn)] = (x[(tm, tn)] + bias_m[tm] + bias_n[tn]).cast();
+        let y = x[(tm, tn)] * alpha + bias_m[tm] + bias_n[tn];
+        let y = if with_c { y + c[(tm, tn)] * beta } else { y };
+        if aux_out {
+            aux[(tm, tn)] = y.cast();
+        }
+        let y = if act == 1 {
+            relu(y)
+        } else if act == 2 {
+            gelu(y)
+        } else if act == 3 {
+            y * relu_grad(aux[(tm, tn)])
+        } else if act == 4 {
+            y * gelu_grad(aux[(tm, tn)])
+        } else {
+            y
+        };
+        x[(tm, tn)] = y.cast();
+    }
+}
+
+/// `out = xᵀ` (`x[n, m]`, `out[m, n]`): a transposed operand made row-major
+/// for the GEMM, which reads rows.
+#[fused_kernel]
+pub fn transpose(x: &Tensor<bf16>, out: &Tensor<bf16>) {
+    let [m, n] = out.shape();
+    for (tm, tn) in tile([m, n]) {
+        out[(tm, tn)] = x[(tn, tm)];
     }
 }

@@ -7,25 +7,107 @@
 //! the last chunk's transfer is left after the GEMM.
 
 use super::check::{self, arg};
-use super::kernels::gemm_dual;
+use super::epilogue::{gemm, Epilogue, Gemm};
 use super::workspace::{FusedNeeds, Workspace};
-use super::{run_call, unfused, with_gemm_config, Algorithm, OpOptions};
-use crate::{bf16, Result, Tensor};
+use super::{run_call, unfused, Algorithm, OpOptions};
+use crate::{bf16, Config, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
 
 const OP: &str = "matmul_all_gather";
 
-struct Call<'a> {
-    out: &'a Tensor<bf16>,
-    a: &'a Tensor<bf16>,
-    b: &'a Tensor<bf16>,
-    bias: Option<(Tensor<bf16>, Tensor<bf16>)>,
-    zero_bias: (Tensor<bf16>, Tensor<bf16>),
+/// One matmul + all-gather, its checks done: what a call or a plan runs.
+pub(crate) struct Schedule {
+    pub out: Tensor<bf16>,
+    pub a: Tensor<bf16>,
+    pub b: Tensor<bf16>,
+    /// The epilogue of this rank's product (`[M, N]`, its rows of `out`).
+    pub epi: Epilogue,
+    shapes: Shapes,
+    gemm_config: Option<Config>,
+}
+
+/// The shapes of a matmul + all-gather, checked.
+#[derive(Clone, Copy)]
+pub(crate) struct Shapes {
     m: usize,
+    k: usize,
     n: usize,
     chunks: usize,
     rows_per_chunk: usize,
-    opts: &'a OpOptions<'a>,
+}
+
+impl Shapes {
+    /// Checks `out`, `a` and `b` (names as the caller knows them).
+    pub fn check(
+        pg: &ProcessGroup,
+        op: &str,
+        [out, a, b]: [(&str, &Tensor<bf16>); 3],
+        chunks: Option<usize>,
+    ) -> Result<Shapes> {
+        let w = pg.world_size();
+        let [m, k] = check::matrix(pg, op, a.0, a.1)?;
+        let [kb, n] = check::matrix(pg, op, b.0, b.1)?;
+        if kb != k {
+            return Err(arg(
+                op,
+                b.0,
+                format!("has {kb} rows, but {} has {k} columns", a.0),
+            ));
+        }
+        let [mo, no] = check::matrix(pg, op, out.0, out.1)?;
+        check::shape_is(
+            op,
+            out.0,
+            [mo, no],
+            [w * m, n],
+            "world × a's rows, b's columns",
+        )?;
+        let asked = check::chunks(op, chunks)?;
+        let rows_per_chunk = m.div_ceil(asked.min(m));
+        Ok(Shapes {
+            m,
+            k,
+            n,
+            chunks: m.div_ceil(rows_per_chunk),
+            rows_per_chunk,
+        })
+    }
+
+    /// This rank's product's `[m, n]`.
+    pub fn product(&self) -> [usize; 2] {
+        [self.m, self.n]
+    }
+
+    pub fn workspace(
+        &self,
+        pg: &ProcessGroup,
+        given: Option<Workspace>,
+        algorithm: Algorithm,
+    ) -> Result<Workspace> {
+        let (w, m, k, n, chunks) = (pg.world_size(), self.m, self.k, self.n, self.chunks);
+        let key = format!("{OP}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}");
+        Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
+            data_bytes: m * n * 2,
+            flag_slots: w * chunks,
+            local: vec![],
+        })
+    }
+
+    pub fn schedule(
+        &self,
+        [out, a, b]: [&Tensor<bf16>; 3],
+        epi: Epilogue,
+        gemm_config: Option<Config>,
+    ) -> Schedule {
+        Schedule {
+            out: out.clone(),
+            a: a.clone(),
+            b: b.clone(),
+            epi,
+            shapes: *self,
+            gemm_config,
+        }
+    }
 }
 
 /// `out[w·M, N] = all_gather(A · B + bias)`: rank `r`'s product `a[M, K] · b[K, N]`
@@ -39,94 +121,73 @@ pub fn matmul_all_gather(
     opts: &OpOptions<'_>,
     workspace: Option<Workspace>,
 ) -> Result<Workspace> {
-    let w = pg.world_size();
-    let [m, k] = check::matrix(pg, OP, "a", a)?;
-    let [kb, n] = check::matrix(pg, OP, "b", b)?;
-    if kb != k {
-        return Err(arg(
-            OP,
-            "b",
-            format!("has {kb} rows, but a has {k} columns"),
-        ));
-    }
-    let [mo, no] = check::matrix(pg, OP, "out", out)?;
-    check::shape_is(
+    let shapes = Shapes::check(
+        pg,
         OP,
-        "out",
-        [mo, no],
-        [w * m, n],
-        "world × a's rows, b's columns",
+        [("out", out), ("a", a), ("b", b)],
+        opts.config.chunks,
     )?;
-    let asked = check::chunks(OP, opts.config.chunks)?;
-    let rows_per_chunk = m.div_ceil(asked.min(m));
-    let chunks = m.div_ceil(rows_per_chunk);
-    let key = format!("{OP}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}");
-    let ws = Workspace::prepare(workspace, pg, key, opts.config.algorithm, m.max(n), || {
-        FusedNeeds {
-            data_bytes: m * n * 2,
-            flag_slots: w * chunks,
-            local: vec![],
-        }
-    })?;
-    let (bias, zero_bias) = check::bias_views(pg, OP, opts.bias, m, n, &ws.zeros)?;
-    let call = Call {
-        out,
-        a,
-        b,
-        bias,
-        zero_bias,
-        m,
-        n,
-        chunks,
-        rows_per_chunk,
-        opts,
-    };
-    run_call(ws, pg, OP, opts, |ws, p| run(ws, pg, p, &call))
+    let ws = shapes.workspace(pg, workspace, opts.config.algorithm)?;
+    let [m, n] = shapes.product();
+    let epi = check::bias_epilogue(pg, OP, opts.bias, m, n, &ws.zeros)?;
+    let s = shapes.schedule([out, a, b], epi, opts.config.gemm.clone());
+    run_call(ws, pg, OP, opts, |ws, p| s.run(ws, pg, p))
 }
 
-fn run(ws: &mut Workspace, pg: &ProcessGroup, path: Algorithm, c: &Call<'_>) -> Result<()> {
-    let (r, w) = (pg.rank(), pg.world_size());
-    let (m, n) = (c.m, c.n);
-    if path == Algorithm::Unfused {
+impl Schedule {
+    pub fn run(&self, ws: &mut Workspace, pg: &ProcessGroup, path: Algorithm) -> Result<()> {
+        let c = self;
+        let (r, w) = (pg.rank(), pg.world_size());
+        let Shapes {
+            m,
+            n,
+            chunks,
+            rows_per_chunk: rpc,
+            ..
+        } = c.shapes;
         let own = c.out.narrow(0, r * m, m)?;
-        if c.out.is_contiguous() {
-            unfused::matmul_bias(&own, c.a, c.b, c.bias.as_ref())?;
-            // In place: this rank's part of the output is its send buffer.
-            return pg.nccl()?.all_gather(&own, c.out);
+        if path == Algorithm::Unfused {
+            if c.out.is_contiguous() {
+                unfused::matmul_epilogue(&own, &c.a, &c.b, &c.epi, &ws.unused)?;
+                // In place: this rank's part of the output is its send buffer.
+                return pg.nccl()?.all_gather(&own, &c.out);
+            }
+            let dev = pg.device().clone();
+            let mine = ws.scratch(&dev, 0, &[m, n])?;
+            unfused::matmul_epilogue(&mine, &c.a, &c.b, &c.epi, &ws.unused)?;
+            let all = ws.scratch(&dev, 1, &[w * m, n])?;
+            pg.nccl()?.all_gather(&mine, &all)?;
+            return c.out.copy_from(&all);
         }
-        let dev = pg.device().clone();
-        let mine = ws.scratch(&dev, 0, &[m, n])?;
-        unfused::matmul_bias(&mine, c.a, c.b, c.bias.as_ref())?;
-        let all = ws.scratch(&dev, 1, &[w * m, n])?;
-        pg.nccl()?.all_gather(&mine, &all)?;
-        return c.out.copy_from(&all);
+        let unused = ws.unused.clone();
+        let ex = ws.exchange()?;
+        let staging = ex.data::<bf16>(0, &[m, n])?;
+        ex.start()?;
+        for i in 0..chunks {
+            let (lo, rows) = (i * rpc, rpc.min(m - i * rpc));
+            gemm(
+                Gemm {
+                    a: &c.a.narrow(0, lo, rows)?,
+                    b: &c.b,
+                    out: &own.narrow(0, lo, rows)?,
+                    copy: Some(&staging.narrow(0, lo, rows)?),
+                    addend: None,
+                },
+                &c.epi.narrow(lo, rows, 0, n)?,
+                None,
+                &unused,
+                &c.gemm_config,
+            )?;
+            // Flag p·chunks + i: chunk i of rank p's staging is written.
+            ex.follow_launch()?;
+            for p in (1..w).map(|d| (r + d) % w) {
+                ex.notify(p, r * chunks + i)?;
+            }
+            for p in (1..w).map(|d| (r + d) % w) {
+                ex.await_slot(p * chunks + i)?;
+                ex.pull(p, lo * n * 2, n, &c.out.narrow(0, p * m + lo, rows)?)?;
+            }
+        }
+        ex.close()
     }
-    let (chunks, rpc) = (c.chunks, c.rows_per_chunk);
-    let (bias_m, bias_n) = c.bias.as_ref().unwrap_or(&c.zero_bias);
-    let ex = ws.exchange()?;
-    let staging = ex.data::<bf16>(0, &[m, n])?;
-    ex.start()?;
-    for i in 0..chunks {
-        let (lo, rows) = (i * rpc, rpc.min(m - i * rpc));
-        with_gemm_config(gemm_dual::kernel(), &c.opts.config.gemm, || {
-            gemm_dual(
-                &c.a.narrow(0, lo, rows)?,
-                c.b,
-                &c.out.narrow(0, r * m + lo, rows)?,
-                &staging.narrow(0, lo, rows)?,
-                &bias_m.narrow(0, lo, rows)?,
-                bias_n,
-            )
-        })?;
-        // Flag p·chunks + i: chunk i of rank p's staging is written.
-        ex.follow_launch()?;
-        for p in (1..w).map(|d| (r + d) % w) {
-            ex.notify(p, r * chunks + i)?;
-        }
-        for p in (1..w).map(|d| (r + d) % w) {
-            ex.await_slot(p * chunks + i)?;
-            ex.pull(p, lo * n * 2, n, &c.out.narrow(0, p * m + lo, rows)?)?;
-        }
-    }
-    ex.close()
 }

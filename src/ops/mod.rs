@@ -56,9 +56,11 @@
 //! ```
 
 mod all_gather_matmul;
-mod check;
+pub(crate) mod check;
+mod epilogue;
 pub mod kernels;
 mod matmul_all_gather;
+pub mod plan;
 mod reduce;
 mod unfused;
 mod workspace;

@@ -1,22 +1,20 @@
 //! Pieces of the unfused NCCL + cuBLAS paths.
 
-use super::kernels::add_bias;
+use super::epilogue::{self, Epilogue, Unused};
 use super::workspace::Workspace;
 use crate::{bf16, Device, Result, Tensor};
 use std::sync::Arc;
 
-/// `out = a · b (+ bias_m + bias_n)`: cuBLAS, then the bias kernel if given.
-pub(crate) fn matmul_bias(
+/// `out = epi(a · b)`: cuBLAS, then the epilogue kernel unless there is nothing to do.
+pub(crate) fn matmul_epilogue(
     out: &Tensor<bf16>,
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
-    bias: Option<&(Tensor<bf16>, Tensor<bf16>)>,
+    epi: &Epilogue,
+    unused: &Unused,
 ) -> Result<()> {
     crate::cublas::matmul_into(&mut out.clone(), a, b)?;
-    if let Some((bm, bn)) = bias {
-        add_bias(out, bm, bn)?;
-    }
-    Ok(())
+    epilogue::apply(out, epi, unused)
 }
 
 /// `t` if it is contiguous (NCCL needs that), else a copy in scratch `i`.

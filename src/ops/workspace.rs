@@ -1,6 +1,7 @@
 //! The reusable state of an op: what the first call builds and later calls of
 //! the same shape reuse, and the choice between the fused and unfused paths.
 
+use super::epilogue::Unused;
 use super::Algorithm;
 use crate::{bf16, Result, Tensor};
 use tilefuse_runtime::dist::{Exchange, ProcessGroup};
@@ -10,6 +11,7 @@ use tilefuse_runtime::dist::{Exchange, ProcessGroup};
 /// docs of [`crate::ops`]).
 pub struct Workspace {
     key: String,
+    world: usize,
     /// The fused path's symmetric regions, flags and backend stream (`None`
     /// across nodes, or when only the unfused path runs).
     pub(crate) exchange: Option<Exchange>,
@@ -19,6 +21,8 @@ pub struct Workspace {
     pub(crate) scratch: Vec<Tensor<bf16>>,
     /// Zeros standing in for a bias not given.
     pub(crate) zeros: Tensor<bf16>,
+    /// Stand-ins for the tensors a kernel launch switches off.
+    pub(crate) unused: Unused,
     /// The path `Algorithm::Auto` settled on.
     choice: Option<Algorithm>,
 }
@@ -95,13 +99,20 @@ impl Workspace {
         );
         Ok(Workspace {
             key,
+            world: pg.world_size(),
             exchange,
             local,
             scratch: Vec::new(),
             zeros,
+            unused: Unused::new(pg.device())?,
             // Across nodes there is nothing to choose from.
             choice: (!single_node).then_some(Algorithm::Unfused),
         })
+    }
+
+    /// The number of ranks it was built for.
+    pub fn world(&self) -> usize {
+        self.world
     }
 
     /// The key this workspace was built for (op, shapes, world, chunks).

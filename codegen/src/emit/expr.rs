@@ -215,6 +215,8 @@ impl ElemCtx<'_> {
                     UnOp::Silu => format!("tf_silu({f})"),
                     UnOp::Sigmoid => format!("tf_sigmoid({f})"),
                     UnOp::Tanh => format!("tanhf({f})"),
+                    UnOp::ReluGrad => format!("({f} > 0.0f ? 1.0f : 0.0f)"),
+                    UnOp::GeluGrad => format!("tf_gelu_grad({f})"),
                 };
                 (code, CTy::F32)
             }
@@ -230,6 +232,13 @@ impl ElemCtx<'_> {
                     Some(DType::U32) => (format!("(long long)(unsigned int)({})", x.0), CTy::I64),
                     Some(DType::I64) => (format!("(long long)({})", x.0), CTy::I64),
                 }
+            }
+            Expr::IfConst { at, .. } => {
+                return Err(CodegenError::Unsupported {
+                    kernel: self.k.name.clone(),
+                    at: at.clone(),
+                    message: "a compile-time `if` reached the lowering undecided".into(),
+                })
             }
             Expr::Int(v) => (format!("{v}ll"), CTy::I64),
             Expr::Float(v) => (float_lit(*v), CTy::F32),

@@ -523,7 +523,8 @@ fn stmt_at(s: &Stmt) -> String {
         Stmt::Let { at, .. }
         | Stmt::Assign { at, .. }
         | Stmt::Store { at, .. }
-        | Stmt::Wait { at, .. } => at.clone(),
+        | Stmt::Wait { at, .. }
+        | Stmt::If { at, .. } => at.clone(),
         Stmt::Loop { .. } => "an inner tile loop".into(),
     }
 }

@@ -101,6 +101,7 @@ pub struct Lowered {
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`.
 pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
+    let kernel = &*kernel.specialize(&spec.constexprs)?;
     let checked = check(kernel, spec)?;
     if config.block_sizes.len() != kernel.dims.len() {
         let names: Vec<&str> = kernel.dims.iter().map(|d| d.name.as_str()).collect();

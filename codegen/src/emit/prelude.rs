@@ -30,6 +30,8 @@ __device__ __forceinline__ float tf_round_f16(float f) { return tf_f16_to_f32(tf
 __device__ __forceinline__ float tf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tf_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tf_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// d/dx gelu(x) = Φ(x) + x·φ(x), φ the standard normal density.
+__device__ __forceinline__ float tf_gelu_grad(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x); }
 __device__ __forceinline__ float tf_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
 __device__ __forceinline__ long long tf_min_i(long long a, long long b) { return a < b ? a : b; }
 // Global accesses that bypass L1: partial sums another SM wrote or will read.

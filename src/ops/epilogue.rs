@@ -1,0 +1,221 @@
+//! What the GEMM that finishes a result applies before it stores, and the
+//! launches of the op kernels with it (see [`super::kernels`]).
+
+use super::kernels::{act, epilogue, gemm_fused};
+use super::with_gemm_config;
+use crate::{bf16, Config, Result, Tensor};
+
+/// `out = act(alpha·acc + bias_m + bias_n + beta·c)`, the pre-activation kept
+/// in `aux_out`, or for the backward activations read from `aux_in`.
+#[derive(Clone, Debug)]
+pub(crate) struct Epilogue {
+    pub alpha: f32,
+    /// Zeros when there is no bias along that dimension.
+    pub bias_m: Tensor<bf16>,
+    pub bias_n: Tensor<bf16>,
+    /// Whether a bias was given (the unfused path then needs its kernel).
+    pub biased: bool,
+    /// `beta` and `C`.
+    pub c: Option<(f32, Tensor<bf16>)>,
+    pub aux_out: Option<Tensor<bf16>>,
+    /// One of [`act`]'s codes; `DRELU` and `DGELU` read `aux_in`.
+    pub act: usize,
+    pub aux_in: Option<Tensor<bf16>>,
+}
+
+/// The flags a GEMM waits on before each tile (see [`super::kernels`]).
+pub(crate) struct Wait<'a> {
+    pub flags: &'a Tensor<u32>,
+    pub rows_per_chunk: usize,
+    pub flags_per_chunk: usize,
+    pub epoch: usize,
+    pub first_row: usize,
+}
+
+/// Stand-ins for the tensors a launch switches off, and for flags never waited on.
+#[derive(Clone, Debug)]
+pub(crate) struct Unused {
+    pub matrix: Tensor<bf16>,
+    pub flags: Tensor<u32>,
+}
+
+impl Unused {
+    pub fn new(dev: &std::sync::Arc<crate::Device>) -> Result<Unused> {
+        Ok(Unused {
+            matrix: Tensor::<bf16>::zeros_on(dev, [1, 1])?,
+            flags: Tensor::<u32>::zeros_on(dev, [1])?,
+        })
+    }
+}
+
+impl Epilogue {
+    /// Only a bias (zeros standing in for a missing one): what the ops apply.
+    pub fn bias(bias_m: Tensor<bf16>, bias_n: Tensor<bf16>, biased: bool) -> Epilogue {
+        Epilogue {
+            alpha: 1.0,
+            bias_m,
+            bias_n,
+            biased,
+            c: None,
+            aux_out: None,
+            act: act::NONE,
+            aux_in: None,
+        }
+    }
+
+    /// The part applied to each partial product before a reduction: `alpha`,
+    /// and the bias when `with_bias`.
+    pub fn partial(
+        &self,
+        with_bias: bool,
+        zeros_m: &Tensor<bf16>,
+        zeros_n: &Tensor<bf16>,
+    ) -> Epilogue {
+        let (bias_m, bias_n) = if with_bias {
+            (self.bias_m.clone(), self.bias_n.clone())
+        } else {
+            (zeros_m.clone(), zeros_n.clone())
+        };
+        Epilogue {
+            alpha: self.alpha,
+            biased: with_bias && self.biased,
+            ..Epilogue::bias(bias_m, bias_n, false)
+        }
+    }
+
+    /// The part applied after a reduction of partials that had [`Epilogue::partial`]
+    /// with `bias_applied` (alpha is in the partials already).
+    pub fn after_reduce(
+        &self,
+        bias_applied: bool,
+        zeros_m: &Tensor<bf16>,
+        zeros_n: &Tensor<bf16>,
+    ) -> Epilogue {
+        let mut e = self.clone();
+        e.alpha = 1.0;
+        if bias_applied {
+            e.bias_m = zeros_m.clone();
+            e.bias_n = zeros_n.clone();
+            e.biased = false;
+        }
+        e
+    }
+
+    /// The epilogue of the block `rows × cols` at (`row0`, `col0`) of the output.
+    pub fn narrow(&self, row0: usize, rows: usize, col0: usize, cols: usize) -> Result<Epilogue> {
+        let block = |t: &Tensor<bf16>| -> Result<Tensor<bf16>> {
+            t.narrow(0, row0, rows)?.narrow(1, col0, cols)
+        };
+        Ok(Epilogue {
+            alpha: self.alpha,
+            bias_m: self.bias_m.narrow(0, row0, rows)?,
+            bias_n: self.bias_n.narrow(0, col0, cols)?,
+            biased: self.biased,
+            c: match &self.c {
+                Some((beta, c)) => Some((*beta, block(c)?)),
+                None => None,
+            },
+            aux_out: self.aux_out.as_ref().map(block).transpose()?,
+            act: self.act,
+            aux_in: self.aux_in.as_ref().map(block).transpose()?,
+        })
+    }
+
+    /// Nothing to do after a plain product.
+    pub fn is_identity(&self) -> bool {
+        self.alpha == 1.0
+            && !self.biased
+            && self.c.is_none()
+            && self.aux_out.is_none()
+            && self.act == act::NONE
+    }
+
+    fn aux<'a>(&'a self, unused: &'a Unused) -> &'a Tensor<bf16> {
+        self.aux_out
+            .as_ref()
+            .or(self.aux_in.as_ref())
+            .unwrap_or(&unused.matrix)
+    }
+
+    fn c_or<'a>(&'a self, unused: &'a Unused) -> (f32, &'a Tensor<bf16>) {
+        match &self.c {
+            Some((beta, c)) => (*beta, c),
+            None => (0.0, &unused.matrix),
+        }
+    }
+}
+
+/// The tensors of one GEMM launch.
+pub(crate) struct Gemm<'a> {
+    pub a: &'a Tensor<bf16>,
+    pub b: &'a Tensor<bf16>,
+    pub out: &'a Tensor<bf16>,
+    /// A second store of the result (a buffer peers read).
+    pub copy: Option<&'a Tensor<bf16>>,
+    /// Added before the epilogue's bias and `C` (a partial sum from another rank).
+    pub addend: Option<&'a Tensor<bf16>>,
+}
+
+/// Launches [`gemm_fused`] for `g` with `epi`, after `wait`'s flags (none: no wait).
+pub(crate) fn gemm(
+    g: Gemm<'_>,
+    epi: &Epilogue,
+    wait: Option<Wait<'_>>,
+    unused: &Unused,
+    config: &Option<Config>,
+) -> Result<()> {
+    // No wait: every tile's rows in chunk 0, whose flag epoch 0 passes at once.
+    let w = wait.unwrap_or(Wait {
+        flags: &unused.flags,
+        rows_per_chunk: g.a.size(0).max(1),
+        flags_per_chunk: 1,
+        epoch: 0,
+        first_row: 0,
+    });
+    let (beta, c) = epi.c_or(unused);
+    with_gemm_config(gemm_fused::kernel(), config, || {
+        gemm_fused(
+            g.a,
+            g.b,
+            g.out,
+            g.copy.unwrap_or(&unused.matrix),
+            g.addend.unwrap_or(&unused.matrix),
+            c,
+            epi.aux(unused),
+            &epi.bias_m,
+            &epi.bias_n,
+            w.flags,
+            w.rows_per_chunk,
+            w.flags_per_chunk,
+            w.epoch,
+            w.first_row,
+            epi.alpha,
+            beta,
+            g.copy.is_some(),
+            g.addend.is_some(),
+            epi.c.is_some(),
+            epi.aux_out.is_some(),
+            epi.act,
+        )
+    })
+}
+
+/// Applies `epi` to `x` in place (nothing when it is the identity).
+pub(crate) fn apply(x: &Tensor<bf16>, epi: &Epilogue, unused: &Unused) -> Result<()> {
+    if epi.is_identity() {
+        return Ok(());
+    }
+    let (beta, c) = epi.c_or(unused);
+    epilogue(
+        x,
+        c,
+        epi.aux(unused),
+        &epi.bias_m,
+        &epi.bias_n,
+        epi.alpha,
+        beta,
+        epi.c.is_some(),
+        epi.aux_out.is_some(),
+        epi.act,
+    )
+}

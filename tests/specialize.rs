@@ -1,0 +1,69 @@
+//! Compile-time `if`s on `#[constexpr]` parameters: each specialization lowers
+//! only the branch it takes (no GPU needed).
+
+use tilefuse::codegen::Spec;
+use tilefuse::prelude::*;
+
+/// `out = act(x + bias)`, the pre-activation stored to `aux` when asked.
+#[fused_kernel]
+fn bias_act(
+    x: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    out: &Tensor<f32>,
+    aux: &Tensor<f32>,
+    #[constexpr] act: usize,
+    #[constexpr] keep_aux: bool,
+) {
+    let [m, n] = x.shape();
+    for (tm, tn) in tile([m, n]) {
+        let y = x[(tm, tn)] + bias[tn];
+        if keep_aux {
+            aux[(tm, tn)] = y;
+        }
+        let y = if act == 1 {
+            relu(y)
+        } else if act == 2 && !keep_aux {
+            gelu(y)
+        } else {
+            y
+        };
+        out[(tm, tn)] = y;
+    }
+}
+
+fn source(consts: [i64; 2]) -> String {
+    let def = bias_act::kernel();
+    let mut spec: Spec = def.declared_spec().expect("declared dtypes");
+    spec.constexprs = consts.to_vec();
+    let config = def.config().expect("default config");
+    let source = def.lower(&spec, &config).expect("lowers").source;
+    // The kernel itself, after the shared prelude.
+    let body = source.find("extern \"C\"").expect("an entry point");
+    source[body..].to_string()
+}
+
+#[test]
+fn only_the_taken_branches_are_lowered() {
+    // Tensors are numbered as the device code first uses them: `aux` is t2.
+    let plain = source([0, 0]);
+    assert!(
+        !plain.contains("t2["),
+        "aux touched without keep_aux:\n{plain}"
+    );
+    assert!(!plain.contains("fmaxf(") && !plain.contains("tf_gelu("));
+    let relu_aux = source([1, 1]);
+    assert!(relu_aux.contains("t2["), "aux not stored:\n{relu_aux}");
+    assert!(relu_aux.contains("fmaxf("));
+    // `act == 2 && !keep_aux`: gelu only without the aux.
+    assert!(source([2, 0]).contains("tf_gelu("));
+    assert!(!source([2, 1]).contains("tf_gelu("));
+}
+
+#[test]
+fn the_ir_records_the_branches() {
+    let k = bias_act::kernel().ir().expect("ir");
+    assert!(k.has_branches());
+    let taken = k.specialize(&[1, 0]).expect("specializes");
+    assert!(!taken.has_branches());
+    assert!(taken.body.len() < k.body.len() + 2);
+}
