@@ -41,11 +41,18 @@
 //! - `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`: `acc + a·b` on tensor cores (bf16 or
 //!   f16 operands, f32 accumulation);
 //! - elementwise `+ - * / %`, `min`, `max`, `exp`, `log`, `sqrt`, `rsqrt`, `abs`, `relu`,
-//!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh` (functions or methods),
+//!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh`, and the derivatives `relu_grad`,
+//!   `gelu_grad` (functions or methods),
 //!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
 //!   dimension name: `acc + bias[tn]` adds the bias to every row;
 //! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
 //!   parameters are baked into the generated code;
+//! - `if cond { … } else { … }` on `#[constexpr]` parameters and integer literals
+//!   (`==`, `<`, `&&`, `!`, …), as a statement or a value
+//!   (`let y = if act == 1 { relu(y) } else { y };`): decided when the kernel is
+//!   specialized, so each specialization compiles, checks and touches only the
+//!   branch it takes (a tensor used only in a branch not taken may be any tensor
+//!   of the right rank);
 //! - `wait(flags, index, value);`: one thread spins until `flags[index] >= value`
 //!   (acquire, system scope), then the block continues. The spin is bounded
 //!   (`TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s): a timeout is reported by the next
