@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release --examples --bins
-//! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/matmul_plan [M N K] [--bench]
+//! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/matmul_plan [M N K] [--bench] [--blocking]
 //! ```
 //!
 //! - column-parallel up-projection with sequence parallelism: `x[M/w, K]` row
@@ -15,6 +15,7 @@
 //!   Replicated);
 //! - the backward's `dh = (dy·w2ᵀ) · gelu'(aux)` (`DGelu`, B transposed).
 //!
+//! `--blocking` makes every `execute()` end with a barrier (as `MatmulOptions::blocking`).
 //! `--bench` times `execute()` fused and unfused (median, CUDA events, every
 //! rank timing the same variant at once) and the host time of one `execute()`
 //! on a tiny problem against one bare launch of the GEMM kernel it runs.
@@ -102,6 +103,7 @@ fn plan<'pg>(
     let options = MatmulOptions {
         transpose_b: l.transpose_b,
         algorithm,
+        blocking: std::env::args().any(|a| a == "--blocking"),
         ..MatmulOptions::default()
     };
     let mut mm = DistributedMatmul::new(pg, &l.a, &l.b, None, l.dists, options)?;

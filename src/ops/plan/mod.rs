@@ -250,7 +250,7 @@ impl<'pg> DistributedMatmul<'pg> {
         let algorithm = layout::algorithm(OP, distributions)?;
         let [da, db, dd] = distributions;
         let op_shape = |name: &str, t: &Tensor<bf16>, transposed: bool| -> Result<[usize; 2]> {
-            let [r, c] = stored_shape(pg, name, t, transposed)?;
+            let [r, c] = stored_shape(pg, name, t)?;
             Ok(if transposed { [c, r] } else { [r, c] })
         };
         let la = op_shape("a", a, options.transpose_a)?;
@@ -279,7 +279,7 @@ impl<'pg> DistributedMatmul<'pg> {
             }
         }
         if let Some(c) = c {
-            let got = stored_shape(pg, "c", c, false)?;
+            let got = stored_shape(pg, "c", c)?;
             check::shape_is(OP, "c", got, ld, "D's local shape")?;
         }
         let d = Tensor::<bf16>::empty_on(pg.device(), ld)?;
@@ -455,7 +455,7 @@ impl<'pg> DistributedMatmul<'pg> {
         let (ta, tb) = (self.options.transpose_a, self.options.transpose_b);
         let stored = |l: [usize; 2], t: bool| if t { [l[1], l[0]] } else { l };
         let fits = |name: &str, t: &Tensor<bf16>, want: [usize; 2]| -> Result<Tensor<bf16>> {
-            let got = stored_shape(pg, name, t, false)?;
+            let got = stored_shape(pg, name, t)?;
             check::shape_is(OP, name, got, want, "the shape the plan was made for")?;
             Ok(t.clone())
         };
@@ -688,13 +688,7 @@ fn run_schedule(run: &Run, ws: &mut Workspace, pg: &ProcessGroup, path: Algorith
 }
 
 /// `t`'s stored `[rows, cols]`: a 2-D, row-major bf16 matrix on this rank's GPU.
-fn stored_shape(
-    pg: &ProcessGroup,
-    name: &str,
-    t: &Tensor<bf16>,
-    transposed: bool,
-) -> Result<[usize; 2]> {
-    let _ = transposed;
+fn stored_shape(pg: &ProcessGroup, name: &str, t: &Tensor<bf16>) -> Result<[usize; 2]> {
     check::matrix(pg, OP, name, t)
 }
 
