@@ -15,7 +15,8 @@
 //!   Replicated);
 //! - the backward's `dh = (dy·w2ᵀ) · gelu'(aux)` (`DGelu`, B transposed).
 //!
-//! `--blocking` makes every `execute()` end with a barrier (as `MatmulOptions::blocking`).
+//! `--blocking` makes every `execute()` end with a barrier (as `MatmulOptions::blocking`);
+//! `--only TEXT` runs the layers whose name contains TEXT.
 //! `--bench` times `execute()` fused and unfused (median, CUDA events, every
 //! rank timing the same variant at once) and the host time of one `execute()`
 //! on a tiny problem against one bare launch of the GEMM kernel it runs.
@@ -28,7 +29,7 @@ use tilefuse::ops::plan::{
 use tilefuse::ops::Algorithm;
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
-use tilefuse::verify::{exit_code, random_vec, rel_error_tensors, Rng};
+use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error, Rng};
 use Distribution::*;
 
 struct Layer {
@@ -79,7 +80,8 @@ fn layers(pg: &ProcessGroup, [m, n, k]: [usize; 3], rng: &mut Rng) -> tilefuse::
             transpose_b: false,
             a: random(rng, [m, n / w], 1.0)?,
             b: random(rng, [n / w, k], s)?,
-            bias: Some(bias(rng, k)?),
+            // D is replicated, and so is its bias: the same on every rank.
+            bias: Some(bias(&mut Rng::new(0xb1a5), k)?),
             aux: None,
         },
         Layer {
@@ -132,22 +134,52 @@ fn run() -> tilefuse::Result<bool> {
             message: format!("{mnk:?} must split evenly over {w} ranks"),
         });
     }
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
     let mut rng = Rng::new(0x5eed ^ r as u64);
     let mut ok = true;
     for l in layers(&pg, mnk, &mut rng)? {
+        if only.is_some_and(|o| !l.name.contains(o.as_str())) {
+            continue;
+        }
         let mut fused = plan(&pg, &l, Algorithm::Fused)?;
         let mut unfused = plan(&pg, &l, Algorithm::Unfused)?;
+        // Poisoned, so that elements a path leaves unwritten show.
+        for mm in [&fused, &unfused] {
+            mm.result().copy_from(&poisoned(mm.result().dims())?)?;
+        }
         let got = fused.execute()?;
         let want = unfused.execute()?;
         pg.synchronize("plans")?;
-        let err = rel_error_tensors(&got, &want)?;
+        let (got, want, cols) = (got.to_vec()?, want.to_vec()?, got.size(1));
+        let err = rel_error(&got, &want, bf16::to_f64, bf16::to_f64);
         let good = err.is_finite() && err < 2e-2;
+        let all = pg.all_gather_bytes("check", &err.to_le_bytes())?;
+        let errs: Vec<f64> = all
+            .iter()
+            .filter_map(|b| Some(f64::from_le_bytes(b.get(..8)?.try_into().ok()?)))
+            .collect();
         ok &= good;
-        if r == 0 {
-            println!(
-                "{}: fused vs NCCL + cuBLAS rel error {err:.2e} {}",
+        if !good {
+            eprintln!(
+                "rank {r}, {}: {}",
                 l.name,
-                if good { "ok" } else { "FAILED" }
+                where_differs(&got, &want, cols, w)
+            );
+        }
+        if r == 0 {
+            let fmt: Vec<String> = errs.iter().map(|e| format!("{e:.2e}")).collect();
+            println!(
+                "{}: fused vs NCCL + cuBLAS rel error {} (per rank) {}",
+                l.name,
+                fmt.join(" "),
+                if errs.iter().all(|e| e.is_finite() && *e < 2e-2) {
+                    "ok"
+                } else {
+                    "FAILED"
+                }
             );
         }
         if bench {
@@ -197,6 +229,41 @@ fn run() -> tilefuse::Result<bool> {
         host_overhead(&pg)?;
     }
     Ok(ok)
+}
+
+/// Where `got` (`[rows, cols]`, row-major) differs from `want`: the error of
+/// each of `w` row slabs, unwritten (NaN) elements, and the box that holds the
+/// elements off by more than a tenth of the reference's RMS.
+fn where_differs(got: &[bf16], want: &[bf16], cols: usize, w: usize) -> String {
+    let rows = got.len() / cols.max(1);
+    let rms =
+        (want.iter().map(|x| x.to_f64().powi(2)).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let mut out = Vec::new();
+    for j in 0..w {
+        let (lo, hi) = (j * rows / w * cols, (j + 1) * rows / w * cols);
+        let e = rel_error(&got[lo..hi], &want[lo..hi], bf16::to_f64, bf16::to_f64);
+        out.push(format!("row slab {j}: {e:.2e}"));
+    }
+    let nan = got.iter().filter(|x| x.to_f64().is_nan()).count();
+    let (mut lo, mut hi, mut bad) = ([usize::MAX; 2], [0usize; 2], 0usize);
+    for (i, (g, x)) in got.iter().zip(want).enumerate() {
+        if (g.to_f64() - x.to_f64()).abs() > 0.1 * rms || g.to_f64().is_nan() {
+            let at = [i / cols, i % cols];
+            for d in 0..2 {
+                lo[d] = lo[d].min(at[d]);
+                hi[d] = hi[d].max(at[d]);
+            }
+            bad += 1;
+        }
+    }
+    out.push(format!("{nan} unwritten (NaN) of {}", got.len()));
+    if bad > 0 {
+        out.push(format!(
+            "{bad} off by > 0.1·rms in rows {}..={}, cols {}..={}",
+            lo[0], hi[0], lo[1], hi[1]
+        ));
+    }
+    out.join(", ")
 }
 
 /// Host time of `execute()` on a tiny problem, against a bare launch of the

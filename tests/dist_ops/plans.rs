@@ -387,6 +387,20 @@ fn check_bad_plans(pg: &ProcessGroup) -> R<()> {
             ar.plan(MatmulEpilogue::ReluAux, EpilogueInputs::default()),
             "argument `epilogue`",
         )?;
+        // A replicated D's bias differs between the ranks: each rank would
+        // compute its slab with its own.
+        let rank_bias = Tensor::<bf16>::full([48], bf16::from_f32(pg.rank() as f32)).map_err(e)?;
+        expect(
+            "a replicated D's bias that differs between ranks",
+            ar.plan(
+                MatmulEpilogue::Bias,
+                EpilogueInputs {
+                    bias: Some(&rank_bias),
+                    aux: None,
+                },
+            ),
+            "argument `inputs.bias`",
+        )?;
     }
     mm.plan(MatmulEpilogue::None, EpilogueInputs::default())
         .map_err(e)?;

@@ -27,6 +27,13 @@
 //! shape) for the backward `DRelu`/`DGelu`, which multiply by the activation's
 //! derivative at the aux passed as an input.
 //!
+//! **Replicated D** (GEMM + all-gather, GEMM + all-reduce): each rank computes
+//! one slab of D, with its own bias and C, and the slabs are exchanged, so the
+//! bias and C must be the same on every rank (as any replicated operand).
+//! `plan` checks the bias and refuses one that differs between ranks; C is not
+//! compared (it is D's size), and neither are operands passed to
+//! `reset_operands`.
+//!
 //! ```no_run
 //! # fn main() -> tilefuse::Result<()> {
 //! use tilefuse::prelude::*;
@@ -355,6 +362,9 @@ impl<'pg> DistributedMatmul<'pg> {
             &ld,
             "needs the aux of the forward pass, D's local shape",
         )?;
+        if let (Some(bias), false) = (&ops.bias, self.algorithm.computes_local_d()) {
+            same_on_every_rank(self.pg, "inputs.bias", bias, self.algorithm)?;
+        }
         if epilogue.aux_out() && !self.algorithm.computes_local_d() {
             return Err(check::arg(
                 OP,
@@ -724,6 +734,32 @@ fn check_input(
             }
             Ok(Some(t.clone()))
         }
+    }
+}
+
+/// Refuses a replicated input `t` whose values differ between the ranks
+/// (collective: every rank compares every rank's hash, so all agree).
+fn same_on_every_rank(
+    pg: &ProcessGroup,
+    name: &str,
+    t: &Tensor<bf16>,
+    algorithm: PlanAlgorithm,
+) -> Result<()> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for x in t.to_vec()? {
+        x.to_bits().hash(&mut h);
+    }
+    let all = pg.all_gather_bytes("plan-replicated", &h.finish().to_le_bytes())?;
+    match all.iter().position(|b| *b != all[0]) {
+        None => Ok(()),
+        Some(r) => Err(check::arg(
+            OP,
+            name,
+            format!(
+                "differs between rank 0 and rank {r}: with D replicated ({algorithm:?}) each rank computes a slab of D with its own copy and the slabs are exchanged, so it must be the same on every rank"
+            ),
+        )),
     }
 }
 
