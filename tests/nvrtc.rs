@@ -184,13 +184,15 @@ fn op_kernels_compile() {
     use tilefuse::ops::kernels::*;
     let gemm = gemm_fused::kernel();
     let gemm_specs: Vec<Spec> = [
-        [0, 0, 0, 0, 0], // all-gather matmul, first ring step
-        [0, 1, 0, 0, 0], // ring steps
-        [1, 1, 0, 0, 0], // all-reduce's last step
-        [1, 0, 0, 0, 0], // matmul + all-gather
-        [0, 0, 1, 1, 2], // plans: beta·C, gelu with its aux
-        [1, 1, 1, 0, 4], // plans: dgelu from an aux
-        [0, 1, 0, 0, 3], // plans: drelu
+        // [with_signal, with_copy, with_addend, with_c, aux_out, act]
+        [0, 0, 0, 0, 0, 0], // all-gather matmul
+        [1, 0, 0, 0, 0, 0], // first ring step
+        [1, 0, 1, 0, 0, 0], // ring steps, the all-reduce's last step
+        [0, 0, 1, 0, 0, 0], // the reduce-scatter's last step
+        [1, 1, 0, 0, 0, 0], // matmul + all-gather
+        [0, 0, 0, 1, 1, 2], // plans: beta·C, gelu with its aux
+        [1, 0, 1, 1, 0, 4], // plans: dgelu from an aux, all-reduced
+        [0, 0, 1, 0, 0, 3], // plans: drelu
     ]
     .into_iter()
     .map(|consts| {
@@ -218,7 +220,7 @@ fn op_kernels_compile() {
         return;
     }
     let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
-    for spec in &gemm_specs[..4] {
+    for spec in &gemm_specs[..5] {
         for cfg in common::wgmma_configs().iter().step_by(3) {
             let lowered = gemm
                 .lower(spec, cfg)

@@ -247,6 +247,38 @@ impl Checker<'_> {
                     }
                 }
             }
+            Stmt::Signal {
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                let name = &self.k.tensors[*tensor].name;
+                let ts = &self.spec.tensors[*tensor];
+                if ts.rank != 1 || ts.dtype != DType::U32 {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`signal` needs a 1-D Tensor<u32> of counters; `{name}` is a {}-D Tensor<{}>",
+                            ts.rank, ts.dtype
+                        ),
+                    ));
+                }
+                for (what, e) in [("index", index), ("value", value)] {
+                    let t = self.expr(e, at)?;
+                    if !t.dims.is_empty() || t.dtype.is_float() {
+                        return Err(self.err(
+                            at,
+                            format!(
+                                "the {what} of `signal` must be an integer scalar (e.g. `tm.begin() / rows_per_chunk`), \
+                                 got a {} tile with dimensions {}",
+                                t.dtype,
+                                self.dim_names(&t.dims)
+                            ),
+                        ));
+                    }
+                }
+            }
             Stmt::Loop { dim, body } => {
                 self.scope.push(*dim);
                 self.stmts(body)?;

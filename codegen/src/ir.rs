@@ -107,6 +107,18 @@ pub enum Stmt {
         value: Expr,
         at: Src,
     },
+    /// `signal(tensor, index, value)`: once every store of this program above it
+    /// is done and visible to the whole system (other GPUs, copy engines), adds
+    /// `value` to the 32-bit counter `tensor[index]` atomically (wrapping). An
+    /// index outside the tensor is skipped. The host or another kernel reads the
+    /// counter: e.g. each tile adds its area to its row chunk's counter, and the
+    /// chunk is done when the counter has grown by the chunk's area.
+    Signal {
+        tensor: TensorId,
+        index: Expr,
+        value: Expr,
+        at: Src,
+    },
     /// A nested `for d in tile(extent) { body }`, run sequentially inside the program.
     Loop { dim: DimId, body: Vec<Stmt> },
     /// `if cond { then } else { otherwise }` on `#[constexpr]` parameters: decided

@@ -56,6 +56,7 @@ fn stmt_addmm(s: &Stmt) -> Option<&str> {
         } => has_addmm(index)
             .or_else(|| has_addmm(value))
             .or_else(|| end.as_ref().and_then(has_addmm)),
+        Stmt::Signal { index, value, .. } => has_addmm(index).or_else(|| has_addmm(value)),
         Stmt::Loop { body, .. } => body.iter().find_map(stmt_addmm),
         Stmt::If {
             then, otherwise, ..

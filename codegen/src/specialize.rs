@@ -95,6 +95,17 @@ impl Specializer<'_> {
                     at: at.clone(),
                 }),
                 Stmt::Wait { .. } => out.push(s.clone()),
+                Stmt::Signal {
+                    tensor,
+                    index,
+                    value,
+                    at,
+                } => out.push(Stmt::Signal {
+                    tensor: *tensor,
+                    index: self.expr(index)?,
+                    value: self.expr(value)?,
+                    at: at.clone(),
+                }),
             }
         }
         Ok(out)

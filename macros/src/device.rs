@@ -9,10 +9,10 @@ use tilefuse_codegen::dtype::DType;
 use tilefuse_codegen::ir::*;
 
 const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, …), tile stores `t[(tm, tn)] = …`, \
-                          `wait(flags, index, value);`, nested `for t in tile(extent) { … }` loops and \
+                          `wait(flags, index, value);`, `signal(counters, index, value);`, nested `for t in tile(extent) { … }` loops and \
                           `if` on `#[constexpr]` parameters";
 const FUNCTIONS: &str =
-    "addmm, zeros, full, wait, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
+    "addmm, zeros, full, wait, signal, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
                          gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .begin(), .end(), .size())";
 
 /// A name visible in device code.
@@ -351,6 +351,34 @@ impl Builder {
                     tensor,
                     index,
                     end,
+                    value,
+                    at: src(c),
+                });
+                Ok(())
+            }
+            SynExpr::Call(c) if is_fn(&c.func, "signal") => {
+                if c.args.len() != 3 {
+                    return Err(err(
+                        c,
+                        "`signal` takes three arguments: `signal(counters, index, value)`",
+                    ));
+                }
+                let tensor = match &c.args[0] {
+                    SynExpr::Path(p) => p.path.get_ident(),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    err(
+                        &c.args[0],
+                        "the first argument of `signal` is a counter tensor, by name",
+                    )
+                })?;
+                let tensor = self.tensor(tensor, 1, &c.args[0])?;
+                let index = self.expr(&c.args[1])?;
+                let value = self.expr(&c.args[2])?;
+                out.push(Stmt::Signal {
+                    tensor,
+                    index,
                     value,
                     at: src(c),
                 });
@@ -815,10 +843,10 @@ impl Builder {
                     at: src(c),
                 }
             }
-            "wait" => {
+            "wait" | "signal" => {
                 return Err(err(
                     c,
-                    "`wait(flags, index, value)` is a statement: end it with `;`",
+                    format!("`{name}(…, index, value)` is a statement: end it with `;`"),
                 ))
             }
             "tile" => {

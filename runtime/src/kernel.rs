@@ -57,6 +57,19 @@ pub struct KernelDef {
 thread_local! {
     /// Configs set by `KernelDef::with_config`, innermost last.
     static OVERRIDES: RefCell<Vec<(&'static str, Config)>> = const { RefCell::new(Vec::new()) };
+    /// Caps set by `KernelDef::with_group_rows`, innermost last.
+    static GROUP_ROWS: RefCell<Vec<(&'static str, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pops the innermost entry of a thread-local stack when dropped.
+struct PopOnDrop<T: 'static>(&'static std::thread::LocalKey<RefCell<Vec<T>>>);
+
+impl<T: 'static> Drop for PopOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.with(|o| {
+            o.borrow_mut().pop();
+        });
+    }
 }
 
 /// A kernel's IR as a launch sees it: the definition's own, or a specialization.
@@ -126,6 +139,10 @@ fn size_rules(k: &Kernel) -> Vec<SizeRule> {
             if let Some(end) = end {
                 visit_expr(end, &mut add);
             }
+        }
+        Stmt::Signal { index, value, .. } => {
+            visit_expr(index, &mut add);
+            visit_expr(value, &mut add);
         }
         Stmt::Loop { .. } | Stmt::If { .. } => {}
     });
@@ -261,16 +278,38 @@ impl KernelDef {
     /// ```
     pub fn with_config<R>(&self, config: Config, f: impl FnOnce() -> R) -> R {
         OVERRIDES.with(|o| o.borrow_mut().push((self.name, config)));
-        struct Pop;
-        impl Drop for Pop {
-            fn drop(&mut self) {
-                OVERRIDES.with(|o| {
-                    o.borrow_mut().pop();
-                });
-            }
-        }
-        let _pop = Pop;
+        let _pop = PopOnDrop(&OVERRIDES);
         f()
+    }
+
+    /// Runs `f` with this matmul kernel's output tiles visited in groups of at
+    /// most `rows` rows (the config's `group_m` lowered to fit, whatever config
+    /// the launch resolves: tuned, pinned or default), so that bands of `rows`
+    /// rows complete one after the other. For a consumer that moves the output
+    /// in row chunks as they complete (see `signal`); costs some L2 reuse.
+    pub fn with_group_rows<R>(&self, rows: usize, f: impl FnOnce() -> R) -> R {
+        GROUP_ROWS.with(|o| o.borrow_mut().push((self.name, rows)));
+        let _pop = PopOnDrop(&GROUP_ROWS);
+        f()
+    }
+
+    /// `config` with its tile-order groups capped by [`KernelDef::with_group_rows`].
+    fn group_rows_capped(&self, k: &Kernel, mut config: Config) -> Config {
+        let cap = GROUP_ROWS.with(|o| {
+            o.borrow()
+                .iter()
+                .rev()
+                .find(|(n, _)| std::ptr::eq(*n, self.name) || *n == self.name)
+                .map(|(_, r)| *r)
+        });
+        if let (Some(rows), Ok(tilefuse_codegen::plan::Shape::Gemm(g))) =
+            (cap, tilefuse_codegen::plan::classify(k))
+        {
+            let band =
+                config.block_sizes.get(g.m).copied().unwrap_or(1).max(1) * config.cluster_m.max(1);
+            config.group_m = config.group_m.min((rows / band).max(1));
+        }
+        config
     }
 
     /// A specialization from the dtypes written in the source: contiguous, aligned
@@ -469,6 +508,7 @@ impl KernelDef {
                 },
             )?,
         };
+        let config = self.group_rows_capped(k, config);
         let v = self.variant(&dev, k, spec, config)?;
         launch_variant(&dev, k, &v, tensors, scalars)
     }

@@ -110,7 +110,6 @@ impl Shapes {
         Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
             data_bytes: m * k * 2,
             flag_slots: w * chunks + w,
-            local: vec![],
         })
     }
 
@@ -235,6 +234,7 @@ impl Schedule {
                 out: &c.out,
                 copy: None,
                 addend: None,
+                signal: None,
             },
             &c.epi,
             Some(Wait {

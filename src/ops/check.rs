@@ -132,10 +132,15 @@ pub(crate) fn biases(
 
 /// The number of chunks asked for (4 by default), at least 1.
 pub(crate) fn chunks(op: &str, asked: Option<usize>) -> Result<usize> {
+    chunks_or(op, asked, 4)
+}
+
+/// As [`chunks`], with the op's own default.
+pub(crate) fn chunks_or(op: &str, asked: Option<usize>, default: usize) -> Result<usize> {
     match asked {
         Some(0) => Err(arg(op, "config.chunks", "must be at least 1")),
         Some(c) => Ok(c),
-        None => Ok(4),
+        None => Ok(default),
     }
 }
 

@@ -32,6 +32,13 @@ pub(crate) struct Wait<'a> {
     pub first_row: usize,
 }
 
+/// Counters the GEMM's tiles add their area to, per chunk of rows (see
+/// [`super::kernels`]).
+pub(crate) struct Signal<'a> {
+    pub counters: &'a Tensor<u32>,
+    pub rows_per_signal: usize,
+}
+
 /// Stand-ins for the tensors a launch switches off, and for flags never waited on.
 #[derive(Clone, Debug)]
 pub(crate) struct Unused {
@@ -101,26 +108,6 @@ impl Epilogue {
         e
     }
 
-    /// The epilogue of the block `rows × cols` at (`row0`, `col0`) of the output.
-    pub fn narrow(&self, row0: usize, rows: usize, col0: usize, cols: usize) -> Result<Epilogue> {
-        let block = |t: &Tensor<bf16>| -> Result<Tensor<bf16>> {
-            t.narrow(0, row0, rows)?.narrow(1, col0, cols)
-        };
-        Ok(Epilogue {
-            alpha: self.alpha,
-            bias_m: self.bias_m.narrow(0, row0, rows)?,
-            bias_n: self.bias_n.narrow(0, col0, cols)?,
-            biased: self.biased,
-            c: match &self.c {
-                Some((beta, c)) => Some((*beta, block(c)?)),
-                None => None,
-            },
-            aux_out: self.aux_out.as_ref().map(block).transpose()?,
-            act: self.act,
-            aux_in: self.aux_in.as_ref().map(block).transpose()?,
-        })
-    }
-
     /// Nothing to do after a plain product.
     pub fn is_identity(&self) -> bool {
         self.alpha == 1.0
@@ -154,6 +141,8 @@ pub(crate) struct Gemm<'a> {
     pub copy: Option<&'a Tensor<bf16>>,
     /// Added before the epilogue's bias and `C` (a partial sum from another rank).
     pub addend: Option<&'a Tensor<bf16>>,
+    /// Per-chunk completion counters for the backend stream.
+    pub signal: Option<Signal<'a>>,
 }
 
 /// Launches [`gemm_fused`] for `g` with `epi`, after `wait`'s flags (none: no wait).
@@ -173,7 +162,7 @@ pub(crate) fn gemm(
         first_row: 0,
     });
     let (beta, c) = epi.c_or(unused);
-    with_gemm_config(gemm_fused::kernel(), config, || {
+    let launch = || {
         gemm_fused(
             g.a,
             g.b,
@@ -185,19 +174,60 @@ pub(crate) fn gemm(
             &epi.bias_m,
             &epi.bias_n,
             w.flags,
+            g.signal.as_ref().map_or(&unused.flags, |s| s.counters),
             w.rows_per_chunk,
             w.flags_per_chunk,
+            g.signal.as_ref().map_or(1, |s| s.rows_per_signal.max(1)),
             w.epoch,
             w.first_row,
             epi.alpha,
             beta,
+            g.signal.is_some(),
             g.copy.is_some(),
             g.addend.is_some(),
             epi.c.is_some(),
             epi.aux_out.is_some(),
             epi.act,
         )
+    };
+    let kernel = gemm_fused::kernel();
+    with_gemm_config(kernel, config, || match &g.signal {
+        // Bands of whole chunks complete one after the other.
+        Some(s) => kernel.with_group_rows(s.rows_per_signal, launch),
+        None => launch(),
     })
+}
+
+/// Rows a signalled chunk is a multiple of: every block size along M the
+/// configs use divides it, so that no tile straddles two chunks.
+pub(crate) const SIGNAL_ROWS: usize = 256;
+
+/// The rows per chunk when `rows` are cut into at most `chunks` chunks of
+/// whole [`SIGNAL_ROWS`] bands (the last one shorter), and their count.
+pub(crate) fn signal_chunks(rows: usize, chunks: usize) -> (usize, usize) {
+    let per = rows
+        .div_ceil(chunks.clamp(1, rows.max(1)))
+        .div_ceil(SIGNAL_ROWS)
+        * SIGNAL_ROWS;
+    (per, rows.div_ceil(per).max(1))
+}
+
+/// Refuses a fused-path GEMM config whose blocks along M do not divide
+/// [`SIGNAL_ROWS`] (its tiles would straddle the chunks the schedule signals).
+pub(crate) fn check_signal_config(op: &str, config: &Option<Config>) -> Result<()> {
+    if let Some(c) = config {
+        let bm = c.block_sizes.first().copied().unwrap_or(0);
+        if bm == 0 || SIGNAL_ROWS % bm != 0 {
+            return Err(super::check::arg(
+                op,
+                "config.gemm",
+                format!(
+                    "its block along M is {bm} rows; the fused path signals chunks of {SIGNAL_ROWS}-row bands, so it must divide {SIGNAL_ROWS} (e.g. 64 or 128)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Applies `epi` to `x` in place (nothing when it is the identity).
@@ -218,4 +248,44 @@ pub(crate) fn apply(x: &Tensor<bf16>, epi: &Epilogue, unused: &Unused) -> Result
         epi.aux_out.is_some(),
         epi.act,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_chunks_are_whole_bands() {
+        // 2048 rows in 4 chunks of 512; 4096 in 4 of 1024.
+        assert_eq!(signal_chunks(2048, 4), (512, 4));
+        assert_eq!(signal_chunks(4096, 4), (1024, 4));
+        // Rounded up to bands of 256: fewer, longer chunks.
+        assert_eq!(signal_chunks(1000, 4), (256, 4));
+        assert_eq!(signal_chunks(1100, 4), (512, 3));
+        assert_eq!(signal_chunks(300, 3), (256, 2));
+        // Short slabs are one chunk.
+        assert_eq!(signal_chunks(150, 3), (256, 1));
+        assert_eq!(signal_chunks(1, 8), (256, 1));
+        for rows in 1..3000 {
+            for chunks in 1..9 {
+                let (per, n) = signal_chunks(rows, chunks);
+                assert!(
+                    per % SIGNAL_ROWS == 0
+                        && n <= chunks
+                        && (n - 1) * per < rows
+                        && n * per >= rows
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn configs_whose_tiles_straddle_chunks_are_refused() {
+        assert!(check_signal_config("op", &None).is_ok());
+        assert!(check_signal_config("op", &Some(Config::new(&[128, 256, 64]))).is_ok());
+        let err = check_signal_config("op", &Some(Config::new(&[96, 256, 64])))
+            .expect_err("96 does not divide 256")
+            .to_string();
+        assert!(err.contains("config.gemm") && err.contains("96"), "{err}");
+    }
 }

@@ -9,6 +9,13 @@
 //! chunk `c` of `rows_per_chunk` rows. Passing `epoch` 0 makes the wait pass at
 //! once (flags are unsigned).
 //!
+//! With `with_signal`, each tile then adds its area (rows × columns stored) to
+//! `counters[tile's first row / rows_per_signal]` once its stores are visible
+//! system-wide: a chunk of `rows_per_signal` rows is done when its counter has
+//! grown by the chunk's area, which the backend stream waits for before it
+//! moves the chunk. Chunks must be whole tiles (`rows_per_signal` a multiple
+//! of the block's rows), so that each tile counts in one chunk.
+//!
 //! The epilogue, on the f32 accumulator:
 //! `y = alpha·acc + bias_m[row] + bias_n[col] (+ addend) (+ beta·c)`; then
 //! `aux = y` (forward `_aux` epilogues), and `out = act(y)`, where `act` is
@@ -41,12 +48,15 @@ pub fn gemm_fused(
     bias_m: &Tensor<bf16>,
     bias_n: &Tensor<bf16>,
     flags: &Tensor<u32>,
+    counters: &Tensor<u32>,
     rows_per_chunk: usize,
     flags_per_chunk: usize,
+    rows_per_signal: usize,
     epoch: usize,
     first_row: usize,
     alpha: f32,
     beta: f32,
+    #[constexpr] with_signal: bool,
     #[constexpr] with_copy: bool,
     #[constexpr] with_addend: bool,
     #[constexpr] with_c: bool,
@@ -87,6 +97,13 @@ pub fn gemm_fused(
         out[(tm, tn)] = y;
         if with_copy {
             copy[(tm, tn)] = y;
+        }
+        if with_signal {
+            signal(
+                counters,
+                tm.begin() / rows_per_signal,
+                (tm.end() - tm.begin()) * (tn.end() - tn.begin()),
+            );
         }
     }
 }

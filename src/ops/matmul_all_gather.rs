@@ -1,13 +1,14 @@
 //! `out = all_gather(A · B + bias)` along rows.
 //!
-//! Fused: the GEMM runs in row chunks, each storing its rows twice, into this
-//! rank's rows of `out` and into a symmetric staging buffer. After each chunk the
-//! backend stream tells the peers, and pulls the same chunk of every peer's
-//! staging into `out` with the copy engine while the next chunk computes; only
-//! the last chunk's transfer is left after the GEMM.
+//! Fused: one GEMM stores its rows twice, into this rank's rows of `out` and
+//! into a symmetric staging buffer, and counts the area it finished per chunk of
+//! rows (`signal`; its tiles visited band by band). As each chunk's count is
+//! reached, the backend stream tells the peers, and pulls the same chunk of every
+//! peer's staging into `out` with the copy engine, while the GEMM computes the
+//! later chunks; only the last chunk's transfer is left after the GEMM.
 
 use super::check::{self, arg};
-use super::epilogue::{gemm, Epilogue, Gemm};
+use super::epilogue::{check_signal_config, gemm, signal_chunks, Epilogue, Gemm, Signal};
 use super::workspace::{FusedNeeds, Workspace};
 use super::{run_call, unfused, Algorithm, OpOptions};
 use crate::{bf16, Config, Result, Tensor};
@@ -62,13 +63,12 @@ impl Shapes {
             [w * m, n],
             "world × a's rows, b's columns",
         )?;
-        let asked = check::chunks(op, chunks)?;
-        let rows_per_chunk = m.div_ceil(asked.min(m));
+        let (rows_per_chunk, chunks) = signal_chunks(m, check::chunks(op, chunks)?);
         Ok(Shapes {
             m,
             k,
             n,
-            chunks: m.div_ceil(rows_per_chunk),
+            chunks,
             rows_per_chunk,
         })
     }
@@ -88,8 +88,8 @@ impl Shapes {
         let key = format!("{OP}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}");
         Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
             data_bytes: m * n * 2,
-            flag_slots: w * chunks,
-            local: vec![],
+            // Counters, and a ready flag per rank and chunk.
+            flag_slots: (w + 1) * chunks,
         })
     }
 
@@ -159,32 +159,43 @@ impl Schedule {
             pg.nccl()?.all_gather(&mine, &all)?;
             return c.out.copy_from(&all);
         }
+        check_signal_config(OP, &c.gemm_config)?;
         let unused = ws.unused.clone();
         let ex = ws.exchange()?;
         let staging = ex.data::<bf16>(0, &[m, n])?;
+        // Flags: cnt(i) counts the area finished in chunk i of this rank's rows;
+        // ready(p, i): chunk i of rank p's staging is written.
+        let cnt = |i: usize| i;
+        let ready = |p: usize, i: usize| chunks + p * chunks + i;
+        ex.reset_on_launch(cnt(0), chunks)?;
         ex.start()?;
+        let counters = ex.flags(cnt(0), chunks)?;
+        gemm(
+            Gemm {
+                a: &c.a,
+                b: &c.b,
+                out: &own,
+                copy: Some(&staging),
+                addend: None,
+                signal: Some(Signal {
+                    counters: &counters,
+                    rows_per_signal: rpc,
+                }),
+            },
+            &c.epi,
+            None,
+            &unused,
+            &c.gemm_config,
+        )?;
+        // As each chunk of rows is done: tell the peers, and pull theirs.
         for i in 0..chunks {
             let (lo, rows) = (i * rpc, rpc.min(m - i * rpc));
-            gemm(
-                Gemm {
-                    a: &c.a.narrow(0, lo, rows)?,
-                    b: &c.b,
-                    out: &own.narrow(0, lo, rows)?,
-                    copy: Some(&staging.narrow(0, lo, rows)?),
-                    addend: None,
-                },
-                &c.epi.narrow(lo, rows, 0, n)?,
-                None,
-                &unused,
-                &c.gemm_config,
-            )?;
-            // Flag p·chunks + i: chunk i of rank p's staging is written.
-            ex.follow_launch()?;
+            ex.await_count(cnt(i), (rows * n) as u32)?;
             for p in (1..w).map(|d| (r + d) % w) {
-                ex.notify(p, r * chunks + i)?;
+                ex.notify(p, ready(r, i))?;
             }
             for p in (1..w).map(|d| (r + d) % w) {
-                ex.await_slot(p * chunks + i)?;
+                ex.await_slot(ready(p, i))?;
                 ex.pull(p, lo * n * 2, n, &c.out.narrow(0, p * m + lo, rows)?)?;
             }
         }

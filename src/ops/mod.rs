@@ -124,7 +124,8 @@ pub enum ScatterDim {
 pub struct OpConfig {
     pub algorithm: Algorithm,
     /// Chunks each transfer is cut into (each with its own flag), so a GEMM starts
-    /// on the first while the rest are in flight. `None`: 4.
+    /// on the first while the rest are in flight; rounded to whole bands of 256
+    /// rows. `None`: 2 for `matmul_all_reduce`, 4 for the others.
     pub chunks: Option<usize>,
     /// The fused path's GEMM config; `None`: the kernels' own (default or tuned).
     pub gemm: Option<Config>,

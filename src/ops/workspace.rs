@@ -15,8 +15,6 @@ pub struct Workspace {
     /// The fused path's symmetric regions, flags and backend stream (`None`
     /// across nodes, or when only the unfused path runs).
     pub(crate) exchange: Option<Exchange>,
-    /// Local buffers of the fused path (what the ranks pull into).
-    pub(crate) local: Vec<Tensor<bf16>>,
     /// Temporaries of the unfused path, made on first use.
     pub(crate) scratch: Vec<Tensor<bf16>>,
     /// Zeros standing in for a bias not given.
@@ -37,12 +35,10 @@ impl std::fmt::Debug for Workspace {
     }
 }
 
-/// What an op's fused path needs: symmetric data bytes, flag slots, and local
-/// buffers (shapes).
+/// What an op's fused path needs: symmetric data bytes and flag slots.
 pub(crate) struct FusedNeeds {
     pub data_bytes: usize,
     pub flag_slots: usize,
-    pub local: Vec<Vec<usize>>,
 }
 
 impl Workspace {
@@ -82,13 +78,9 @@ impl Workspace {
             });
         }
         let mut exchange = None;
-        let mut local = Vec::new();
         if exchange_wanted {
             let needs = fused();
             exchange = Some(Exchange::new(pg, needs.data_bytes, needs.flag_slots)?);
-            for shape in needs.local {
-                local.push(Tensor::<bf16>::empty_on(pg.device(), shape)?);
-            }
         }
         let zeros = Tensor::<bf16>::zeros_on(pg.device(), [zeros_len.max(1)])?;
         tracing::info!(
@@ -101,7 +93,6 @@ impl Workspace {
             key,
             world: pg.world_size(),
             exchange,
-            local,
             scratch: Vec::new(),
             zeros,
             unused: Unused::new(pg.device())?,

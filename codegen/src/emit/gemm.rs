@@ -524,6 +524,7 @@ fn stmt_at(s: &Stmt) -> String {
         | Stmt::Assign { at, .. }
         | Stmt::Store { at, .. }
         | Stmt::Wait { at, .. }
+        | Stmt::Signal { at, .. }
         | Stmt::If { at, .. } => at.clone(),
         Stmt::Loop { .. } => "an inner tile loop".into(),
     }

@@ -440,6 +440,14 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             leave: "continue;",
         },
     );
+    // Only the consumer warps store the tile.
+    e.storers = (
+        "(tid - 128)".into(),
+        format!(
+            "asm volatile(\"bar.sync 1, {};\" ::: \"memory\");",
+            128 * consumers
+        ),
+    );
     after_loop(e, g, &geo, "    ")?;
     e.out.push_str("    }\n  }\n");
     if cl > 1 {

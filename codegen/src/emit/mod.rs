@@ -218,6 +218,9 @@ pub(crate) struct Emitter<'a> {
     pub named_vars: HashMap<VarId, String>,
     /// Tile `let`s, inlined where used.
     pub inline_vars: HashMap<VarId, Expr>,
+    /// The threads that run the tile's stores, for a `signal` after them: this
+    /// thread's index among them (an expression) and a barrier over them.
+    pub storers: (String, String),
 }
 
 impl<'a> Emitter<'a> {
@@ -231,6 +234,7 @@ impl<'a> Emitter<'a> {
             wait_sites: Vec::new(),
             named_vars: HashMap::new(),
             inline_vars: HashMap::new(),
+            storers: ("threadIdx.x".into(), "__syncthreads();".into()),
         }
     }
 
@@ -350,6 +354,47 @@ impl<'a> Emitter<'a> {
                      {indent}  __syncthreads();\n\
                      {indent}  if (tf_abort) return;\n\
                      {indent}}}"
+                );
+                Ok(true)
+            }
+            Stmt::Signal {
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                if !self.spec.tensors[*tensor].last_contiguous {
+                    return Err(CodegenError::Argument {
+                        kernel: self.k.name.clone(),
+                        arg: self.k.tensors[*tensor].name.clone(),
+                        message: "counters passed to `signal` must be contiguous (stride 1)".into(),
+                    });
+                }
+                let (ic, _) = self.ctx(&[]).emit(index, at)?;
+                let (vc, _) = self.ctx(&[]).emit(value, at)?;
+                let (tid, sync) = &self.storers;
+                // A tile past the end of the grid (a cluster's second block on
+                // the last row of tiles) stored nothing and signals nothing.
+                let inside: String = self
+                    .k
+                    .grid
+                    .iter()
+                    .map(|&d| format!(" && tb{d} < s{}", self.k.dims[d].extent))
+                    .collect();
+                // Every storing thread's stores happen before the barrier; the
+                // system-scope fence after it is cumulative, so they are visible
+                // (to the copy engine, to peers) before the count moves.
+                let _ = writeln!(
+                    self.out,
+                    "{indent}{{  // {at}\n\
+                     {indent}  {sync}\n\
+                     {indent}  const long long tf_si = {ic};\n\
+                     {indent}  if ({tid} == 0{inside} && tf_si >= 0 && tf_si < t{tensor}_n0) {{\n\
+                     {indent}    __threadfence_system();\n\
+                     {indent}    atomicAdd_system((unsigned int*)t{tensor} + tf_si, (unsigned int)({vc}));\n\
+                     {indent}  }}\n\
+                     {indent}}}",
+                    at = one_line(at)
                 );
                 Ok(true)
             }

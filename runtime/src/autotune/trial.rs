@@ -65,7 +65,8 @@ impl<'a> Trial<'a> {
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         launch.kernel.walk_stmts(&mut |s| {
             match s {
-                Stmt::Store { tensor, .. } => {
+                // Counters a candidate signals are written too: it gets scratch ones.
+                Stmt::Store { tensor, .. } | Stmt::Signal { tensor, .. } => {
                     stored.insert(*tensor);
                 }
                 Stmt::Wait { tensor, .. } => {

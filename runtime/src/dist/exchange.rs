@@ -29,6 +29,15 @@ use crate::side_stream::SideStream;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
+/// Which way [`Exchange::copy_rows`] copies.
+#[derive(Clone, Copy)]
+enum Way {
+    /// From the peer's region into a local view.
+    Pull,
+    /// From a local view into the peer's region.
+    Push,
+}
+
 /// Flag-ordered copies between the ranks of one node (see the module docs).
 ///
 /// ```no_run
@@ -222,6 +231,54 @@ impl Exchange {
         unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), self.epoch) }
     }
 
+    /// Zeroes this rank's flags `first .. first + len` on the launch stream (the
+    /// counters kernels `signal` before a call; queue it before
+    /// [`Exchange::start`], so the backend's waits on them come after it).
+    pub fn reset_on_launch(&self, first: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check_slot("Exchange::reset_on_launch", first + len - 1)?;
+        self.raw()?;
+        let launch = self.sym.device().stream().cu_stream();
+        // SAFETY: `len` 4-byte flags inside this rank's live symmetric allocation
+        // (checked in range above).
+        unsafe { stream_ops::zero_words(launch, self.slot_addr(self.rank, first), len) }
+    }
+
+    /// The backend stream waits until this rank's counter `slot` (a flag slot
+    /// kernels `signal`, zeroed at the call's start) holds at least `count`.
+    pub fn await_count(&self, slot: usize, count: u32) -> Result<()> {
+        self.check_slot("Exchange::await_count", slot)?;
+        let raw = self.raw()?;
+        // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
+        unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), count) }
+    }
+
+    /// Copies `src` (a 2-D view with unit last stride, or 1-D contiguous, on
+    /// this GPU) into rank `peer`'s region at `dst_byte_offset`, whose rows are
+    /// `dst_row_elems` elements apart, with the copy engine: NVLink writes, which
+    /// run faster than the reads of [`Exchange::pull`] while GEMMs load both
+    /// GPUs. Write into a peer's region only once it is done with its last
+    /// contents (e.g. after [`Exchange::close`]'s barrier, with the launch stream
+    /// followed before it).
+    pub fn push<T: Element>(
+        &self,
+        peer: usize,
+        dst_byte_offset: usize,
+        dst_row_elems: usize,
+        src: &Tensor<T>,
+    ) -> Result<()> {
+        self.copy_rows(
+            "Exchange::push",
+            peer,
+            dst_byte_offset,
+            dst_row_elems,
+            src,
+            Way::Push,
+        )
+    }
+
     /// Copies `dst` (a 2-D view with unit last stride, or 1-D contiguous, on
     /// this GPU) from rank `peer`'s region at `src_byte_offset`, whose rows are
     /// `src_row_elems` elements apart.
@@ -232,49 +289,72 @@ impl Exchange {
         src_row_elems: usize,
         dst: &Tensor<T>,
     ) -> Result<()> {
-        let ctx = "Exchange::pull";
+        self.copy_rows(
+            "Exchange::pull",
+            peer,
+            src_byte_offset,
+            src_row_elems,
+            dst,
+            Way::Pull,
+        )
+    }
+
+    /// Copies the rows of `local` (a view on this GPU) from or to rank `peer`'s
+    /// region at `byte_offset`, whose rows are `row_elems` elements apart.
+    fn copy_rows<T: Element>(
+        &self,
+        ctx: &str,
+        peer: usize,
+        byte_offset: usize,
+        row_elems: usize,
+        local: &Tensor<T>,
+        way: Way,
+    ) -> Result<()> {
         self.check_peer(ctx, peer)?;
         let elem = std::mem::size_of::<T>();
-        let (rows, cols, dst_pitch) = dst.row_layout(ctx, "dst")?;
+        let name = match way {
+            Way::Pull => "dst",
+            Way::Push => "src",
+        };
+        let (rows, cols, pitch) = local.row_layout(ctx, name)?;
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        if src_row_elems < cols {
+        if row_elems < cols {
             return Err(argument(
                 ctx,
-                "src_row_elems",
-                format!("{src_row_elems} is shorter than a row of {cols}"),
+                "row_elems",
+                format!("{row_elems} is shorter than a row of {cols}"),
             ));
         }
-        let end = src_byte_offset + ((rows - 1) * src_row_elems + cols) * elem;
+        let end = byte_offset + ((rows - 1) * row_elems + cols) * elem;
         if end > self.data_bytes {
             return Err(argument(
                 ctx,
-                "src_byte_offset",
+                "byte_offset",
                 format!(
-                    "{rows}x{cols} rows from byte {src_byte_offset} run past the {} data bytes",
+                    "{rows}x{cols} rows from byte {byte_offset} run past the {} data bytes",
                     self.data_bytes
                 ),
             ));
         }
-        if dst.device().ordinal() != self.sym.device().ordinal() {
-            return Err(argument(ctx, "dst", "is not on this rank's GPU"));
+        if local.device().ordinal() != self.sym.device().ordinal() {
+            return Err(argument(ctx, name, "is not on this rank's GPU"));
         }
         let raw = self.raw()?;
-        // SAFETY: the source rows lie inside rank `peer`'s live symmetric
-        // allocation (checked above), mapped here; the destination rows are the
-        // live view `dst` (its shape and strides describe memory its buffer owns).
-        unsafe {
-            stream_ops::copy_2d(
-                raw,
-                dst.device_ptr(),
-                dst_pitch * elem,
-                self.sym.data_ptr(peer) + src_byte_offset as u64,
-                src_row_elems * elem,
-                cols * elem,
-                rows,
-            )
-        }
+        let region = (
+            self.sym.data_ptr(peer) + byte_offset as u64,
+            row_elems * elem,
+        );
+        let view = (local.device_ptr(), pitch * elem);
+        let ((dst, dst_pitch), (src, src_pitch)) = match way {
+            Way::Pull => (view, region),
+            Way::Push => (region, view),
+        };
+        // SAFETY: the region's rows lie inside rank `peer`'s live symmetric
+        // allocation (checked above), mapped here; the local rows are the live
+        // view `local` (its shape and strides describe memory its buffer owns).
+        unsafe { stream_ops::copy_2d(raw, dst, dst_pitch, src, src_pitch, cols * elem, rows) }
     }
 
     /// Ends the call: a barrier across the ranks on the backend stream (each peer

@@ -39,6 +39,17 @@ pub(crate) unsafe fn wait_value_geq(stream: sys::CUstream, addr: u64, value: u32
     .map_err(driver("cuStreamWaitValue32"))
 }
 
+/// Queues `len` 32-bit zeros from `addr` on `stream`.
+///
+/// # Safety
+/// `addr .. addr + 4·len` must be 4-byte aligned device memory that stays
+/// mapped until the stream has run the memset.
+pub(crate) unsafe fn zero_words(stream: sys::CUstream, addr: u64, len: usize) -> Result<()> {
+    sys::cuMemsetD32Async(addr, 0, len, stream)
+        .result()
+        .map_err(driver("cuMemsetD32Async"))
+}
+
 /// Queues a copy of `bytes` from `src` to `dst` on `stream` (the copy engine).
 ///
 /// # Safety

@@ -149,7 +149,7 @@ pub struct MatmulOptions {
     pub transpose_b: bool,
     /// Fused, unfused, or the faster of the two (timed at `plan`).
     pub algorithm: Algorithm,
-    /// Chunks of each transfer (default 4).
+    /// Chunks of each transfer (default: as the ops, see `OpConfig::chunks`).
     pub chunks: Option<usize>,
     /// The fused path's GEMM config (default: the kernel's own).
     pub gemm: Option<Config>,
@@ -645,7 +645,6 @@ impl DistributedMatmul<'_> {
                     FusedNeeds {
                         data_bytes: 0,
                         flag_slots: 0,
-                        local: vec![],
                     }
                 })?;
                 let e = epi(&ws.zeros, m, n, 0)?;
@@ -687,6 +686,7 @@ fn run_schedule(run: &Run, ws: &mut Workspace, pg: &ProcessGroup, path: Algorith
                     out,
                     copy: None,
                     addend: None,
+                    signal: None,
                 },
                 epi,
                 None,
