@@ -60,6 +60,15 @@
 //!   `wait(flags, lo..hi, value)` (or `lo..=hi`) waits for every flag in the range,
 //!   e.g. every chunk a tile's rows touch:
 //!   `wait(progress, tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk, epoch)`.
+//! - `signal(counters, index, value);`: once the tile's stores above it are done
+//!   and visible to the whole system (a barrier over the storing threads, then a
+//!   system-scope fence), one thread adds `value` to the `u32` counter
+//!   `counters[index]` (wrapping; an index outside the tensor, or a tile past the
+//!   grid's end, adds nothing). The producer half of `wait`: e.g.
+//!   `signal(done, tm.begin() / rows_per_chunk, (tm.end() - tm.begin()) * (tn.end() - tn.begin()))`
+//!   counts each chunk of rows up to its area, which a stream (`Exchange::await_count`)
+//!   or another kernel waits for. `KernelDef::with_group_rows` keeps such chunks
+//!   completing in order.
 //!
 //! Float arithmetic runs in f32: 16-bit values are widened on load and rounded
 //! (to nearest even) on store or `.cast::<bf16>()`.
