@@ -232,20 +232,8 @@ impl Checker<'_> {
                     ));
                 }
                 let ends = end.iter().map(|e| ("end of the flag range", e));
-                for (what, e) in [("index", index), ("value", value)].into_iter().chain(ends) {
-                    let t = self.expr(e, at)?;
-                    if !t.dims.is_empty() || t.dtype.is_float() {
-                        return Err(self.err(
-                            at,
-                            format!(
-                                "the {what} of `wait` must be an integer scalar (e.g. `tm.begin() / rows_per_chunk`), \
-                                 got a {} tile with dimensions {}",
-                                t.dtype,
-                                self.dim_names(&t.dims)
-                            ),
-                        ));
-                    }
-                }
+                let parts = [("index", index), ("value", value)].into_iter().chain(ends);
+                self.integer_scalars("wait", parts, at)?;
             }
             Stmt::Signal {
                 tensor,
@@ -264,20 +252,7 @@ impl Checker<'_> {
                         ),
                     ));
                 }
-                for (what, e) in [("index", index), ("value", value)] {
-                    let t = self.expr(e, at)?;
-                    if !t.dims.is_empty() || t.dtype.is_float() {
-                        return Err(self.err(
-                            at,
-                            format!(
-                                "the {what} of `signal` must be an integer scalar (e.g. `tm.begin() / rows_per_chunk`), \
-                                 got a {} tile with dimensions {}",
-                                t.dtype,
-                                self.dim_names(&t.dims)
-                            ),
-                        ));
-                    }
-                }
+                self.integer_scalars("signal", [("index", index), ("value", value)], at)?;
             }
             Stmt::Loop { dim, body } => {
                 self.scope.push(*dim);
@@ -286,6 +261,30 @@ impl Checker<'_> {
             }
             // `check` runs on the specialized kernel, which has none.
             Stmt::If { at, .. } => return Err(self.err(at, "a compile-time `if` was not decided")),
+        }
+        Ok(())
+    }
+
+    /// The `parts` of statement `stmt` (`wait`, `signal`) must be integer scalars.
+    fn integer_scalars<'e>(
+        &mut self,
+        stmt: &str,
+        parts: impl IntoIterator<Item = (&'static str, &'e Expr)>,
+        at: &str,
+    ) -> Result<(), CodegenError> {
+        for (what, e) in parts {
+            let t = self.expr(e, at)?;
+            if !t.dims.is_empty() || t.dtype.is_float() {
+                return Err(self.err(
+                    at,
+                    format!(
+                        "the {what} of `{stmt}` must be an integer scalar (e.g. `tm.begin() / rows_per_chunk`), \
+                         got a {} tile with dimensions {}",
+                        t.dtype,
+                        self.dim_names(&t.dims)
+                    ),
+                ));
+            }
         }
         Ok(())
     }
