@@ -117,14 +117,49 @@ fn plan<'pg>(
     Ok(mm)
 }
 
-fn run() -> tilefuse::Result<bool> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let bench = args.iter().any(|a| a == "--bench");
-    let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+/// The command line: `[M N K] [--bench] [--blocking] [--only TEXT]`.
+struct Args {
+    mnk: [usize; 3],
+    bench: bool,
+    only: Option<String>,
+}
+
+fn parse_args() -> tilefuse::Result<Args> {
+    let bad = |message: String| tilefuse::Error::Argument {
+        context: "matmul_plan".into(),
+        arg: "command line".into(),
+        message: format!(
+            "{message}; usage: matmul_plan [M N K] [--bench] [--blocking] [--only TEXT]"
+        ),
+    };
+    let (mut nums, mut bench, mut only) = (Vec::new(), false, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => bench = true,
+            "--blocking" => {} // read where the plans are made
+            "--only" => {
+                only = Some(
+                    it.next()
+                        .ok_or_else(|| bad("--only needs a layer name".into()))?,
+                )
+            }
+            _ => nums.push(
+                a.parse::<usize>()
+                    .map_err(|_| bad(format!("`{a}` is not a size")))?,
+            ),
+        }
+    }
     let mnk = match nums.as_slice() {
         [m, n, k] => [*m, *n, *k],
-        _ => [4096, 6656, 16384],
+        [] => [4096, 6656, 16384],
+        _ => return Err(bad(format!("{} sizes given, expected M N K", nums.len()))),
     };
+    Ok(Args { mnk, bench, only })
+}
+
+fn run() -> tilefuse::Result<bool> {
+    let Args { mnk, bench, only } = parse_args()?;
     let pg = ProcessGroup::init()?;
     let (r, w) = (pg.rank(), pg.world_size());
     if mnk.iter().any(|x| x % w != 0) {
@@ -134,16 +169,20 @@ fn run() -> tilefuse::Result<bool> {
             message: format!("{mnk:?} must split evenly over {w} ranks"),
         });
     }
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1));
     let mut rng = Rng::new(0x5eed ^ r as u64);
     let mut ok = true;
-    for l in layers(&pg, mnk, &mut rng)? {
-        if only.is_some_and(|o| !l.name.contains(o.as_str())) {
-            continue;
-        }
+    let layers: Vec<Layer> = layers(&pg, mnk, &mut rng)?
+        .into_iter()
+        .filter(|l| only.as_ref().is_none_or(|o| l.name.contains(o.as_str())))
+        .collect();
+    if layers.is_empty() {
+        return Err(tilefuse::Error::Argument {
+            context: "matmul_plan".into(),
+            arg: "--only".into(),
+            message: format!("{only:?} matches no layer (up, down, all-reduce, backward, …)"),
+        });
+    }
+    for l in layers {
         let mut fused = plan(&pg, &l, Algorithm::Fused)?;
         let mut unfused = plan(&pg, &l, Algorithm::Unfused)?;
         // Poisoned, so that elements a path leaves unwritten show.

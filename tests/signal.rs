@@ -71,7 +71,17 @@ fn matmul_signals_after_its_stores_on_both_paths() {
     hopper.persistent = true;
     hopper.cluster_m = 2;
     // Only the consumer warpgroups store: a named barrier over them (2 × 128 threads).
-    assert_signal_after_stores(&lowered(def, &hopper), "bar.sync 1, 256;");
+    let src = lowered(def, &hopper);
+    assert_signal_after_stores(&src, "bar.sync 1, 256;");
+    // A cluster's second block past M (its tile starts beyond the rows) stores
+    // nothing, and must count nothing.
+    let guard = &src[src
+        .find("const long long tf_si")
+        .expect("the signal's index")..];
+    assert!(
+        guard.contains("&& tb0 < s") && guard.contains("&& tb1 < s"),
+        "the signal is not guarded by the grid's extents:\n{guard}"
+    );
 }
 
 #[test]

@@ -67,3 +67,54 @@ fn the_ir_records_the_branches() {
     assert!(!taken.has_branches());
     assert!(taken.body.len() < k.body.len() + 2);
 }
+
+/// Scales `x` after the flags of its row chunk, or of every chunk.
+#[fused_kernel]
+fn scale_after(
+    x: &Tensor<f32>,
+    flags: &Tensor<u32>,
+    rows_per_chunk: usize,
+    #[constexpr] per_chunk: bool,
+) {
+    let [m, n] = x.shape();
+    for (tm, tn) in tile([m, n]) {
+        wait(
+            flags,
+            if per_chunk {
+                tm.begin() / rows_per_chunk
+            } else {
+                0
+            },
+            1,
+        );
+        x[(tm, tn)] = x[(tm, tn)] * 2.0;
+    }
+}
+
+#[test]
+fn value_ifs_inside_a_wait_are_decided() {
+    let def = scale_after::kernel();
+    let lowered = |per_chunk: i64| {
+        let mut spec: Spec = def.declared_spec().expect("declared dtypes");
+        spec.constexprs = vec![per_chunk];
+        def.lower(&spec, &def.config().expect("default config"))
+            .expect("lowers")
+            .source
+    };
+    let wait_line = |src: &str| {
+        src.lines()
+            .find(|l| l.contains("!tf_wait_flag("))
+            .expect("a wait")
+            .to_string()
+    };
+    assert!(
+        wait_line(&lowered(1)).contains(" / "),
+        "{}",
+        wait_line(&lowered(1))
+    );
+    assert!(
+        !wait_line(&lowered(0)).contains(" / "),
+        "{}",
+        wait_line(&lowered(0))
+    );
+}

@@ -110,7 +110,8 @@ pub enum Stmt {
     /// `signal(tensor, index, value)`: once every store of this program above it
     /// is done and visible to the whole system (other GPUs, copy engines), adds
     /// `value` to the 32-bit counter `tensor[index]` atomically (wrapping). An
-    /// index outside the tensor is skipped. The host or another kernel reads the
+    /// index outside the tensor, or a tile past the grid's end (a cluster's
+    /// block beyond the extent), adds nothing. The host or another kernel reads the
     /// counter: e.g. each tile adds its area to its row chunk's counter, and the
     /// chunk is done when the counter has grown by the chunk's area.
     Signal {

@@ -12,12 +12,24 @@ impl Kernel {
     pub fn has_branches(&self) -> bool {
         let mut found = false;
         self.walk_stmts(&mut |s| {
-            found |= matches!(s, Stmt::If { .. });
-            if let Stmt::Let { value, .. }
-            | Stmt::Assign { value, .. }
-            | Stmt::Store { value, .. } = s
-            {
-                value.walk(&mut |e| found |= matches!(e, Expr::IfConst { .. }));
+            let values: Vec<&Expr> = match s {
+                Stmt::If { .. } => {
+                    found = true;
+                    vec![]
+                }
+                Stmt::Let { value, .. }
+                | Stmt::Assign { value, .. }
+                | Stmt::Store { value, .. } => {
+                    vec![value]
+                }
+                Stmt::Wait {
+                    index, end, value, ..
+                } => [index, value].into_iter().chain(end).collect(),
+                Stmt::Signal { index, value, .. } => vec![index, value],
+                Stmt::Loop { .. } => vec![],
+            };
+            for v in values {
+                v.walk(&mut |e| found |= matches!(e, Expr::IfConst { .. }));
             }
         });
         found
@@ -94,7 +106,19 @@ impl Specializer<'_> {
                     value: self.expr(value)?,
                     at: at.clone(),
                 }),
-                Stmt::Wait { .. } => out.push(s.clone()),
+                Stmt::Wait {
+                    tensor,
+                    index,
+                    end,
+                    value,
+                    at,
+                } => out.push(Stmt::Wait {
+                    tensor: *tensor,
+                    index: self.expr(index)?,
+                    end: end.as_ref().map(|e| self.expr(e)).transpose()?,
+                    value: self.expr(value)?,
+                    at: at.clone(),
+                }),
                 Stmt::Signal {
                     tensor,
                     index,

@@ -212,6 +212,20 @@ pub(crate) fn signal_chunks(rows: usize, chunks: usize) -> (usize, usize) {
     (per, rows.div_ceil(per).max(1))
 }
 
+/// The count a chunk of `rows × cols` reaches once its tiles have signalled
+/// (their areas): it must fit the 32-bit counter.
+pub(crate) fn chunk_area(op: &str, rows: usize, cols: usize) -> Result<u32> {
+    u32::try_from(rows * cols).map_err(|_| {
+        super::check::arg(
+            op,
+            "config.chunks",
+            format!(
+                "a chunk of {rows}×{cols} elements overflows the fused path's 32-bit chunk counters; ask for more chunks"
+            ),
+        )
+    })
+}
+
 /// Refuses a fused-path GEMM config whose blocks along M do not divide
 /// [`SIGNAL_ROWS`] (its tiles would straddle the chunks the schedule signals).
 pub(crate) fn check_signal_config(op: &str, config: &Option<Config>) -> Result<()> {
@@ -277,6 +291,15 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn chunk_areas_fit_the_counters() {
+        assert_eq!(chunk_area("op", 1024, 6656).ok(), Some(1024 * 6656));
+        let err = chunk_area("op", 1 << 17, 1 << 16)
+            .expect_err("2^33 elements overflow")
+            .to_string();
+        assert!(err.contains("config.chunks"), "{err}");
     }
 
     #[test]

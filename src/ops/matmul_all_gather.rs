@@ -8,7 +8,9 @@
 //! later chunks; only the last chunk's transfer is left after the GEMM.
 
 use super::check::{self, arg};
-use super::epilogue::{check_signal_config, gemm, signal_chunks, Epilogue, Gemm, Signal};
+use super::epilogue::{
+    check_signal_config, chunk_area, gemm, signal_chunks, Epilogue, Gemm, Signal,
+};
 use super::workspace::{FusedNeeds, Workspace};
 use super::{run_call, unfused, Algorithm, OpOptions};
 use crate::{bf16, Config, Result, Tensor};
@@ -160,6 +162,7 @@ impl Schedule {
             return c.out.copy_from(&all);
         }
         check_signal_config(OP, &c.gemm_config)?;
+        chunk_area(OP, rpc.min(m), n)?;
         let unused = ws.unused.clone();
         let ex = ws.exchange()?;
         let staging = ex.data::<bf16>(0, &[m, n])?;
@@ -190,7 +193,7 @@ impl Schedule {
         // As each chunk of rows is done: tell the peers, and pull theirs.
         for i in 0..chunks {
             let (lo, rows) = (i * rpc, rpc.min(m - i * rpc));
-            ex.await_count(cnt(i), (rows * n) as u32)?;
+            ex.await_count(cnt(i), chunk_area(OP, rows, n)?)?;
             for p in (1..w).map(|d| (r + d) % w) {
                 ex.notify(p, ready(r, i))?;
             }

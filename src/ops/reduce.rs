@@ -17,7 +17,7 @@
 
 use super::check::{self, arg};
 use super::epilogue::{
-    self, check_signal_config, gemm, signal_chunks, Epilogue, Gemm, Signal, Wait,
+    self, check_signal_config, chunk_area, gemm, signal_chunks, Epilogue, Gemm, Signal, Wait,
 };
 use super::workspace::{FusedNeeds, Workspace};
 use super::{run_call, unfused, Algorithm, OpOptions, ScatterDim};
@@ -357,6 +357,10 @@ impl Schedule {
         let got = |s: usize, i: usize| (w + s) * cap + i;
         let fin = |p: usize, i: usize| (2 * w - 1 + p) * cap + i;
         let chunking = |s: Slab| signal_chunks(s.rows, cap);
+        // Before anything is queued: every chunk's count fits its counter.
+        for s in &c.slabs {
+            chunk_area(op, chunking(*s).0.min(s.rows), s.cols)?;
+        }
         let unused = ws.unused.clone();
         let ex = ws.exchange()?;
         // The counters start each call at zero, before the backend may wait on them.
@@ -423,7 +427,7 @@ impl Schedule {
             for i in 0..rounds {
                 if i < chunks {
                     let (lo, rows) = (i * per, per.min(slab.rows - i * per));
-                    ex.await_count(cnt(step, i), (rows * slab.cols) as u32)?;
+                    ex.await_count(cnt(step, i), chunk_area(op, rows, slab.cols)?)?;
                     let part = dst.narrow(0, lo, rows)?;
                     let offset = lo * slab.cols * 2;
                     if last {

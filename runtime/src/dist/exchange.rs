@@ -7,13 +7,16 @@
 //! new epoch ([`Exchange::start`]); a flag "is set" once it holds the epoch, so
 //! flags are never cleared. The backend stream follows the launch stream where
 //! the caller says ([`Exchange::follow_launch`]: after the GEMM that produced a
-//! region), tells a peer that a region is ready by writing the epoch into the
-//! peer's flag ([`Exchange::notify`]), waits for its own flags
-//! ([`Exchange::await_slot`]), pulls a peer's region with the copy engine
-//! ([`Exchange::pull`]) and sets its own flags for kernels that `wait` on them
+//! region), or waits for a counter that a GEMM's tiles `signal` as they finish
+//! ([`Exchange::await_count`]; such counters are zeroed at the call's start,
+//! [`Exchange::reset_on_launch`]). It tells a peer that a region is ready by
+//! writing the epoch into the peer's flag ([`Exchange::notify`]), waits for its
+//! own flags ([`Exchange::await_slot`]), moves regions with the copy engine
+//! (pulling a peer's, [`Exchange::pull`], or pushing into a peer's,
+//! [`Exchange::push`]) and sets its own flags for kernels that `wait` on them
 //! ([`Exchange::set_slot`]). [`Exchange::close`] ends the call: a barrier on the
-//! backend stream (every peer is done reading this rank's regions), then the
-//! launch stream waits for the backend one, so the next call may overwrite them.
+//! backend stream (every peer is done with this rank's regions), then the launch
+//! stream waits for the backend one, so the next call may overwrite them.
 //!
 //! Everything but the copies runs in the stream's front end, and the copies in the
 //! copy engine: no SM is needed, so the backend progresses while a GEMM that waits
@@ -114,31 +117,6 @@ impl Exchange {
             ));
         }
         self.sym.tensor_at(byte_offset, shape)
-    }
-
-    /// Rank `peer`'s region at `byte_offset`, as mapped here: a kernel that stores
-    /// into it writes into the peer's memory over NVLink. Tell the peer with
-    /// [`Exchange::notify`] after the kernel ([`Exchange::follow_launch`]), and
-    /// write into it only after a barrier that shows the peer is done with the
-    /// region's last contents ([`Exchange::launch_barrier`] at the start of a call).
-    pub fn peer_data<T: Element>(
-        &self,
-        peer: usize,
-        byte_offset: usize,
-        shape: &[usize],
-    ) -> Result<Tensor<T>> {
-        self.data::<T>(byte_offset, shape)?;
-        self.check_peer("Exchange::peer_data", peer)?;
-        self.sym.peer_tensor_at(peer, byte_offset, shape)
-    }
-
-    /// The launch stream waits until this rank's flag `slot` holds the epoch.
-    pub fn await_slot_on_launch(&self, slot: usize) -> Result<()> {
-        self.check_slot("Exchange::await_slot_on_launch", slot)?;
-        self.raw()?;
-        let launch = self.sym.device().stream().cu_stream();
-        // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
-        unsafe { stream_ops::wait_value_geq(launch, self.slot_addr(self.rank, slot), self.epoch) }
     }
 
     /// This rank's flags `first .. first + len`, for kernels that `wait` on them.
@@ -358,22 +336,13 @@ impl Exchange {
     }
 
     /// Ends the call: a barrier across the ranks on the backend stream (each peer
-    /// has pulled what it needed from this rank), then the launch stream waits
+    /// is done with this rank's regions; follow the launch stream first when peers
+    /// push into regions this rank's kernels read), then the launch stream waits
     /// for the backend stream.
     pub fn close(&self) -> Result<()> {
         let raw = self.raw()?;
         self.sym.device_barrier(raw, 1, self.epoch)?;
         self.backend.join_into_launch_stream()
-    }
-
-    /// A barrier across the ranks queued on the launch stream: work queued after
-    /// it runs once every rank's launch stream reached it (e.g. before kernels
-    /// store into peers' regions, which the peers' last call may still be
-    /// reading). At most one per call.
-    pub fn launch_barrier(&self) -> Result<()> {
-        self.raw()?;
-        let launch = self.sym.device().stream().cu_stream();
-        self.sym.device_barrier(launch, 0, self.epoch)
     }
 
     pub fn device(&self) -> &Arc<crate::device::Device> {
