@@ -336,16 +336,29 @@ fn host_overhead(pg: &ProcessGroup) -> tilefuse::Result<()> {
         samples.sort_by(f64::total_cmp);
         Ok(samples[samples.len() / 2])
     };
-    let mut local = DistributedMatmul::new(pg, &a, &b, None, [Replicated; 3], options.clone())?;
-    local.plan(
-        MatmulEpilogue::Bias,
-        EpilogueInputs {
-            bias: Some(&bias),
-            aux: None,
-        },
-    )?;
-    let exec_us = per_call(&mut || local.execute().map(|_| ()))?;
-    // The same GEMM kernel, launched bare with the plan's specialization.
+    // Each plan replayed from its CUDA graphs (the default), then queued anew.
+    let mut times = Vec::new();
+    for graph in [true, false] {
+        let options = MatmulOptions {
+            graph,
+            ..options.clone()
+        };
+        let mut local = DistributedMatmul::new(pg, &a, &b, None, [Replicated; 3], options.clone())?;
+        local.plan(
+            MatmulEpilogue::Bias,
+            EpilogueInputs {
+                bias: Some(&bias),
+                aux: None,
+            },
+        )?;
+        let local_us = per_call(&mut || local.execute().map(|_| ()))?;
+        // a[64, K/w] · b[K/w, 64], K = 64·w: all-reduced.
+        let mut ar = DistributedMatmul::new(pg, &a, &b, None, [Cols, Rows, Replicated], options)?;
+        ar.plan(MatmulEpilogue::None, EpilogueInputs::default())?;
+        let ar_us = per_call(&mut || ar.execute().map(|_| ()))?;
+        times.push((local_us, ar_us));
+    }
+    // The local plan's GEMM kernel, launched bare with the plan's specialization.
     let out = Tensor::<bf16>::empty([64, 64])?;
     let (one, flags) = (Tensor::<bf16>::zeros([1, 1])?, Tensor::<u32>::zeros([1])?);
     let launch_us = per_call(&mut || {
@@ -353,16 +366,11 @@ fn host_overhead(pg: &ProcessGroup) -> tilefuse::Result<()> {
             &a, &b, &out, &one, &one, &one, &one, &bias, &bias, &flags, &flags, 64, 1, 1, 0, 0,
             1.0, 0.0, false, false, false, false, false, 0,
         )
-    });
-    let launch_us = launch_us?;
-    // a[64, K/w] · b[K/w, 64], K = 64·w: all-reduced.
-    let mut ar = DistributedMatmul::new(pg, &a, &b, None, [Cols, Rows, Replicated], options)?;
-    ar.plan(MatmulEpilogue::None, EpilogueInputs::default())?;
-    let ar_us = per_call(&mut || ar.execute().map(|_| ()))?;
+    })?;
     if pg.rank() == 0 {
+        let [(local, ar), (local_q, ar_q)] = [times[0], times[1]];
         println!(
-            "host time per call, 64×64×64: local plan execute() {exec_us:.1} µs, bare launch of its GEMM {launch_us:.1} µs (plan adds {:.1} µs); fused all-reduce plan execute() {ar_us:.1} µs",
-            exec_us - launch_us
+            "host time per call, 64×64×64: bare launch of the local GEMM {launch_us:.1} µs; local plan execute() {local:.1} µs replayed, {local_q:.1} µs queued; all-reduce plan execute() (2 GEMMs, copies, flags, barrier) {ar:.1} µs replayed, {ar_q:.1} µs queued"
         );
     }
     Ok(())

@@ -13,6 +13,7 @@ pub mod device;
 pub mod dist;
 pub mod element;
 pub mod error;
+pub mod graph;
 pub mod jit;
 pub mod kernel;
 pub mod launcher;

@@ -98,9 +98,20 @@ pub fn set_enabled(on: bool) {
 pub(crate) struct Scratch {
     partials: Option<CudaSlice<f32>>,
     counters: Option<CudaSlice<u32>>,
+    /// Bumped when either buffer is replaced: a CUDA graph captured before
+    /// holds the old addresses (see [`crate::graph`]).
+    generation: u64,
 }
 
 impl Device {
+    /// How many times the split-K scratch was reallocated.
+    pub(crate) fn split_scratch_generation(&self) -> u64 {
+        self.split
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .generation
+    }
+
     /// Device addresses of scratch for `floats` partial sums and `counters`
     /// counters, the counters zeroed on the launch stream (so a program that gave
     /// up on a `wait` cannot leave a count behind for the next launch).
@@ -108,6 +119,7 @@ impl Device {
         let mut s = self.split.lock().unwrap_or_else(|p| p.into_inner());
         if s.partials.as_ref().is_none_or(|p| p.len() < floats) {
             // The old buffer is freed in stream order, after the launches using it.
+            s.generation += 1;
             s.partials = Some(
                 self.stream
                     .alloc_zeros::<f32>(floats.next_power_of_two())
@@ -115,6 +127,7 @@ impl Device {
             );
         }
         if s.counters.as_ref().is_none_or(|c| c.len() < counters) {
+            s.generation += 1;
             s.counters = Some(
                 self.stream
                     .alloc_zeros::<u32>(counters.next_power_of_two())
@@ -124,6 +137,7 @@ impl Device {
         let Scratch {
             partials: Some(p),
             counters: Some(c),
+            ..
         } = &mut *s
         else {
             unreachable!("both buffers were just allocated");

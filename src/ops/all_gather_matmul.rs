@@ -185,7 +185,7 @@ impl Schedule {
         if own.device_ptr() != c.a_shard.device_ptr() || own.strides() != c.a_shard.strides() {
             own.copy_from(&c.a_shard)?;
         }
-        let epoch = ex.start()? as usize;
+        ex.start()?;
         let ready = w * chunks; // + p: rank p's shard is written
         let others = (1..w).map(|i| (r + i) % w);
         for p in others.clone() {
@@ -241,7 +241,6 @@ impl Schedule {
                 flags: &flags,
                 rows_per_chunk: rpc,
                 flags_per_chunk,
-                epoch,
                 first_row,
             }),
             &unused,

@@ -4,6 +4,7 @@
 use super::kernels::{act, epilogue, gemm_fused};
 use super::with_gemm_config;
 use crate::{bf16, Config, Result, Tensor};
+use tilefuse_runtime::dist::Exchange;
 
 /// `out = act(alpha·acc + bias_m + bias_n + beta·c)`, the pre-activation kept
 /// in `aux_out`, or for the backward activations read from `aux_in`.
@@ -28,7 +29,6 @@ pub(crate) struct Wait<'a> {
     pub flags: &'a Tensor<u32>,
     pub rows_per_chunk: usize,
     pub flags_per_chunk: usize,
-    pub epoch: usize,
     pub first_row: usize,
 }
 
@@ -153,12 +153,16 @@ pub(crate) fn gemm(
     unused: &Unused,
     config: &Option<Config>,
 ) -> Result<()> {
-    // No wait: every tile's rows in chunk 0, whose flag epoch 0 passes at once.
+    // Flags of an exchange are ready when set; with no wait every tile's rows
+    // are in chunk 0, whose flag passes a wait for 0 at once.
+    let ready = match wait {
+        Some(_) => Exchange::SET as usize,
+        None => 0,
+    };
     let w = wait.unwrap_or(Wait {
         flags: &unused.flags,
         rows_per_chunk: g.a.size(0).max(1),
         flags_per_chunk: 1,
-        epoch: 0,
         first_row: 0,
     });
     let (beta, c) = epi.c_or(unused);
@@ -178,7 +182,7 @@ pub(crate) fn gemm(
             w.rows_per_chunk,
             w.flags_per_chunk,
             g.signal.as_ref().map_or(1, |s| s.rows_per_signal.max(1)),
-            w.epoch,
+            ready,
             w.first_row,
             epi.alpha,
             beta,

@@ -6,8 +6,8 @@
 //!
 //! The GEMM waits, before its tile's loads, for the flags of the row chunks its
 //! tile covers: `flags[c * flags_per_chunk .. (c + 1) * flags_per_chunk]` for every
-//! chunk `c` of `rows_per_chunk` rows. Passing `epoch` 0 makes the wait pass at
-//! once (flags are unsigned).
+//! chunk `c` of `rows_per_chunk` rows to hold at least `ready`. Passing 0 makes
+//! the wait pass at once (flags are unsigned).
 //!
 //! With `with_signal`, each tile then adds its area (rows × columns stored) to
 //! `counters[tile's first row / rows_per_signal]` once its stores are visible
@@ -52,7 +52,7 @@ pub fn gemm_fused(
     rows_per_chunk: usize,
     flags_per_chunk: usize,
     rows_per_signal: usize,
-    epoch: usize,
+    ready: usize,
     first_row: usize,
     alpha: f32,
     beta: f32,
@@ -70,7 +70,7 @@ pub fn gemm_fused(
             flags,
             tm.begin() / rows_per_chunk * flags_per_chunk
                 ..((tm.end() - 1) / rows_per_chunk + 1) * flags_per_chunk,
-            epoch,
+            ready,
         );
         let mut acc = zeros::<f32>([tm, tn]);
         for tk in tile(k) {

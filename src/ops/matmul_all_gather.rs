@@ -170,7 +170,6 @@ impl Schedule {
         // ready(p, i): chunk i of rank p's staging is written.
         let cnt = |i: usize| i;
         let ready = |p: usize, i: usize| chunks + p * chunks + i;
-        ex.reset_on_launch(cnt(0), chunks)?;
         ex.start()?;
         let counters = ex.flags(cnt(0), chunks)?;
         gemm(

@@ -363,9 +363,7 @@ impl Schedule {
         }
         let unused = ws.unused.clone();
         let ex = ws.exchange()?;
-        // The counters start each call at zero, before the backend may wait on them.
-        ex.reset_on_launch(cnt(0, 0), w * cap)?;
-        let epoch = ex.start()? as usize;
+        ex.start()?;
         for step in 0..w {
             let slab = c.slabs[(r + w - 1 - step) % w];
             let [a, b] = c.operands(slab)?;
@@ -408,7 +406,6 @@ impl Schedule {
                     flags,
                     rows_per_chunk: per,
                     flags_per_chunk: 1,
-                    epoch,
                     first_row: 0,
                 }),
                 &unused,

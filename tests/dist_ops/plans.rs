@@ -1,6 +1,7 @@
 //! Distributed matmul plans: every supported distribution, with alpha, beta·C,
 //! transposes and the epilogues (forward with aux, backward from an aux),
-//! fused and unfused, executed twice with `reset_operands` in between, against
+//! fused and unfused, planned and then reset with new operands, executed three
+//! times each (queued, then replayed from both CUDA graphs), against
 //! a float64 reference. Every rank draws the same global matrices and takes its
 //! piece, so the reference needs no communication.
 
@@ -258,11 +259,6 @@ pub fn check_plans(pg: &ProcessGroup) -> R<()> {
                         mm
                     }
                 };
-                // Poison D so unwritten elements show.
-                let poison = poisoned::<bf16>(mm.result().dims()).map_err(e)?;
-                mm.result().copy_from(&poison).map_err(e)?;
-                let d = mm.execute().map_err(|x| format!("{what}: execute: {x}"))?;
-                pg.synchronize("plan").map_err(e)?;
                 let (want_d, want_aux) = reference(
                     [&a, &b, &cm],
                     &bias.f64(),
@@ -271,22 +267,44 @@ pub fn check_plans(pg: &ProcessGroup) -> R<()> {
                     c.epilogue,
                 );
                 let want = piece_f64(&want_d, m, n, dd, r, w);
-                let have = d.to_vec().map_err(e)?;
-                let err = rel_error(&have, &want, |x| x.to_f64(), |x| x);
-                let mut line = format!("rank {r}: plan {what} round {round}: rel error {err:.2e}");
-                if err.is_nan() || err > 1e-2 {
-                    return Err(line);
-                }
-                if let Some(aux) = mm.aux() {
-                    let want = piece_f64(&want_aux, m, n, dd, r, w);
-                    let have = aux.to_vec().map_err(e)?;
+                let want_aux = piece_f64(&want_aux, m, n, dd, r, w);
+                // Call 0 queues its work and captures it; calls 1 and 2 replay
+                // the graphs of both parities (fused and local paths).
+                let mut line = String::new();
+                for call in 0..3 {
+                    // Poison D so unwritten elements show.
+                    let poison = poisoned::<bf16>(mm.result().dims()).map_err(e)?;
+                    mm.result().copy_from(&poison).map_err(e)?;
+                    let d = mm
+                        .execute()
+                        .map_err(|x| format!("{what}: execute {call}: {x}"))?;
+                    pg.synchronize("plan").map_err(e)?;
+                    let have = d.to_vec().map_err(e)?;
                     let err = rel_error(&have, &want, |x| x.to_f64(), |x| x);
-                    line += &format!(", aux {err:.2e}");
+                    line = format!(
+                        "rank {r}: plan {what} round {round} call {call}: rel error {err:.2e}"
+                    );
                     if err.is_nan() || err > 1e-2 {
                         return Err(line);
                     }
+                    if let Some(aux) = mm.aux() {
+                        let have = aux.to_vec().map_err(e)?;
+                        let err = rel_error(&have, &want_aux, |x| x.to_f64(), |x| x);
+                        line += &format!(", aux {err:.2e}");
+                        if err.is_nan() || err > 1e-2 {
+                            return Err(line);
+                        }
+                    }
                 }
-                println!("{line} (path {:?})", mm.path());
+                let fused = mm.path() != Some(Algorithm::Unfused);
+                if fused != mm.replays() {
+                    return Err(format!(
+                        "{line}: path {:?} but replaying from graphs is {}",
+                        mm.path(),
+                        mm.replays()
+                    ));
+                }
+                println!("{line} (path {:?}, replayed {})", mm.path(), mm.replays());
             }
         }
     }

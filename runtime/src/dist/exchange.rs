@@ -3,20 +3,28 @@
 //! collective ops.
 //!
 //! An [`Exchange`] is a symmetric buffer (data regions the caller lays out, then
-//! `flag_slots` 32-bit flags, all zeroed) and a backend stream. Each call takes a
-//! new epoch ([`Exchange::start`]); a flag "is set" once it holds the epoch, so
-//! flags are never cleared. The backend stream follows the launch stream where
-//! the caller says ([`Exchange::follow_launch`]: after the GEMM that produced a
-//! region), or waits for a counter that a GEMM's tiles `signal` as they finish
-//! ([`Exchange::await_count`]; such counters are zeroed at the call's start,
-//! [`Exchange::reset_on_launch`]). It tells a peer that a region is ready by
-//! writing the epoch into the peer's flag ([`Exchange::notify`]), waits for its
-//! own flags ([`Exchange::await_slot`]), moves regions with the copy engine
-//! (pulling a peer's, [`Exchange::pull`], or pushing into a peer's,
-//! [`Exchange::push`]) and sets its own flags for kernels that `wait` on them
-//! ([`Exchange::set_slot`]). [`Exchange::close`] ends the call: a barrier on the
-//! backend stream (every peer is done with this rank's regions), then the launch
-//! stream waits for the backend one, so the next call may overwrite them.
+//! `flag_slots` 32-bit flags, all zeroed) and a backend stream. A call runs
+//! from [`Exchange::start`] to [`Exchange::close`]. A flag is set when it holds
+//! [`Exchange::SET`] (1); a counter (a flag slot that a GEMM's tiles `signal`
+//! as they finish) when it reaches a count. The backend stream follows the
+//! launch stream where the caller says ([`Exchange::follow_launch`]: after the
+//! GEMM that produced a region), or waits for a counter ([`Exchange::await_count`]).
+//! It tells a peer that a region is ready by setting the peer's flag
+//! ([`Exchange::notify`]), waits for its own flags ([`Exchange::await_slot`]),
+//! moves regions with the copy engine (pulling a peer's, [`Exchange::pull`], or
+//! pushing into a peer's, [`Exchange::push`]) and sets its own flags for kernels
+//! that `wait` on them ([`Exchange::set_slot`]).
+//!
+//! [`Exchange::close`] ends the call: the backend follows the launch stream
+//! (every kernel that waited is done), zeroes this rank's flags and counters,
+//! and passes a barrier across the ranks; then the launch stream waits for the
+//! backend. A peer sets this rank's flags for the next call only after that
+//! barrier, so the zeroing never loses one. The barrier itself alternates
+//! between two sets of slots (the call's parity) and clears the other set
+//! before it signals, for the same reason. So every call queues the same
+//! operations with the same values: a call can be captured once in a CUDA graph
+//! for each parity and replayed ([`Exchange::replayed`]). The rule this needs:
+//! every flag a peer sets in a call is waited for in that call.
 //!
 //! Everything but the copies runs in the stream's front end, and the copies in the
 //! copy engine: no SM is needed, so the backend progresses while a GEMM that waits
@@ -64,7 +72,10 @@ pub struct Exchange {
     backend: SideStream,
     data_bytes: usize,
     slots: usize,
-    epoch: u32,
+    /// Calls closed so far (their parity picks the barrier's slots).
+    calls: u64,
+    /// A call was started and not closed: it failed midway.
+    open: bool,
     rank: usize,
     world: usize,
 }
@@ -74,9 +85,13 @@ impl Exchange {
     /// `pg` (collective: every rank passes the same sizes). One node only.
     pub fn new(pg: &ProcessGroup, data_bytes: usize, flag_slots: usize) -> Result<Exchange> {
         let data_bytes = data_bytes.div_ceil(256) * 256;
+        // Flags: the barrier's slots of parity 0 (one per rank), the caller's
+        // slots, then the barrier's of parity 1, so that what a call clears
+        // (the caller's and one parity's) is contiguous.
+        let world = pg.world_size();
         let sym = Arc::new(SymmetricMemory::alloc(
             pg,
-            data_bytes + flag_slots.max(1) * 4,
+            data_bytes + (flag_slots + 2 * world) * 4,
         )?);
         let backend = SideStream::new(pg.device(), true)?;
         Ok(Exchange {
@@ -84,9 +99,10 @@ impl Exchange {
             backend,
             data_bytes,
             slots: flag_slots,
-            epoch: 0,
+            calls: 0,
+            open: false,
             rank: pg.rank(),
-            world: pg.world_size(),
+            world,
         })
     }
 
@@ -98,9 +114,13 @@ impl Exchange {
         self.world
     }
 
-    /// The epoch of the current call (0 before the first [`Exchange::start`]).
-    pub fn epoch(&self) -> u32 {
-        self.epoch
+    /// The value a set flag holds: what kernels that `wait` on this exchange's
+    /// flags wait for.
+    pub const SET: u32 = 1;
+
+    /// The calls closed so far (queued, or replayed from a graph).
+    pub fn calls(&self) -> u64 {
+        self.calls
     }
 
     /// This rank's region at `byte_offset` as a contiguous tensor of `shape`.
@@ -122,7 +142,8 @@ impl Exchange {
     /// This rank's flags `first .. first + len`, for kernels that `wait` on them.
     pub fn flags(&self, first: usize, len: usize) -> Result<Tensor<u32>> {
         self.check_slot("Exchange::flags", first + len.max(1) - 1)?;
-        self.sym.tensor_at(self.data_bytes + first * 4, &[len])
+        self.sym
+            .tensor_at(self.data_bytes + (self.world + first) * 4, &[len])
     }
 
     fn check_slot(&self, ctx: &str, slot: usize) -> Result<()> {
@@ -156,23 +177,36 @@ impl Exchange {
         Ok(self.backend.stream().cu_stream())
     }
 
-    fn slot_addr(&self, owner: usize, slot: usize) -> u64 {
-        self.sym.data_ptr(owner) + (self.data_bytes + slot * 4) as u64
+    /// The address of rank `owner`'s flag word `word` (barrier slots included).
+    fn word_addr(&self, owner: usize, word: usize) -> u64 {
+        self.sym.data_ptr(owner) + (self.data_bytes + word * 4) as u64
     }
 
-    /// Begins a call: a new epoch, and the backend stream after the launch
-    /// stream's work so far. Returns the epoch.
-    pub fn start(&mut self) -> Result<u32> {
-        self.epoch = self
-            .epoch
-            .checked_add(1)
-            .ok_or_else(|| Error::Distributed {
+    fn slot_addr(&self, owner: usize, slot: usize) -> u64 {
+        self.word_addr(owner, self.world + slot)
+    }
+
+    /// The barrier word of parity `parity` that rank `from` sets.
+    fn barrier_word(&self, parity: usize, from: usize) -> usize {
+        match parity {
+            0 => from,
+            _ => self.world + self.slots + from,
+        }
+    }
+
+    /// Begins a call: the backend stream after the launch stream's work so far.
+    /// Refused after a call that failed midway: its flags are in an unknown
+    /// state, on this rank and its peers.
+    pub fn start(&mut self) -> Result<()> {
+        if self.open {
+            return Err(Error::Distributed {
                 context: "Exchange::start".into(),
-                message: "the epoch counter wrapped after 4 billion calls; create a new Exchange"
-                    .into(),
-            })?;
+                message: "the previous call on this exchange stopped midway (an error after it started), so its flags are in an unknown state; drop the workspace and build a new one on every rank".into(),
+            });
+        }
         self.follow_launch()?;
-        Ok(self.epoch)
+        self.open = true;
+        Ok(())
     }
 
     /// The backend stream's next work waits for the launch stream's work so far.
@@ -185,47 +219,32 @@ impl Exchange {
             ))
     }
 
-    /// Sets flag `slot` of rank `peer` to the epoch, after the backend's earlier
-    /// work (the driver fences the write behind it).
+    /// Sets flag `slot` of rank `peer`, after the backend's earlier work (the
+    /// driver fences the write behind it). The peer must wait for it in this call.
     pub fn notify(&self, peer: usize, slot: usize) -> Result<()> {
         self.check_peer("Exchange::notify", peer)?;
         self.check_slot("Exchange::notify", slot)?;
         let raw = self.raw()?;
         // SAFETY: a 4-byte flag inside rank `peer`'s live symmetric allocation,
         // mapped here (or this rank's own), checked in range above.
-        unsafe { stream_ops::write_value(raw, self.slot_addr(peer, slot), self.epoch) }
+        unsafe { stream_ops::write_value(raw, self.slot_addr(peer, slot), Self::SET) }
     }
 
-    /// Sets this rank's flag `slot` to the epoch (for kernels waiting on it).
+    /// Sets this rank's flag `slot` (for kernels waiting on it in this call).
     pub fn set_slot(&self, slot: usize) -> Result<()> {
         self.notify(self.rank, slot)
     }
 
-    /// The backend stream waits until this rank's flag `slot` holds the epoch.
+    /// The backend stream waits until this rank's flag `slot` is set.
     pub fn await_slot(&self, slot: usize) -> Result<()> {
         self.check_slot("Exchange::await_slot", slot)?;
         let raw = self.raw()?;
         // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
-        unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), self.epoch) }
-    }
-
-    /// Zeroes this rank's flags `first .. first + len` on the launch stream (the
-    /// counters kernels `signal` before a call; queue it before
-    /// [`Exchange::start`], so the backend's waits on them come after it).
-    pub fn reset_on_launch(&self, first: usize, len: usize) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.check_slot("Exchange::reset_on_launch", first + len - 1)?;
-        self.raw()?;
-        let launch = self.sym.device().stream().cu_stream();
-        // SAFETY: `len` 4-byte flags inside this rank's live symmetric allocation
-        // (checked in range above).
-        unsafe { stream_ops::zero_words(launch, self.slot_addr(self.rank, first), len) }
+        unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), Self::SET) }
     }
 
     /// The backend stream waits until this rank's counter `slot` (a flag slot
-    /// kernels `signal`, zeroed at the call's start) holds at least `count`.
+    /// kernels `signal`, zero when the call starts) holds at least `count`.
     pub fn await_count(&self, slot: usize, count: u32) -> Result<()> {
         self.check_slot("Exchange::await_count", slot)?;
         let raw = self.raw()?;
@@ -335,14 +354,52 @@ impl Exchange {
         unsafe { stream_ops::copy_2d(raw, dst, dst_pitch, src, src_pitch, cols * elem, rows) }
     }
 
-    /// Ends the call: a barrier across the ranks on the backend stream (each peer
-    /// is done with this rank's regions; follow the launch stream first when peers
-    /// push into regions this rank's kernels read), then the launch stream waits
-    /// for the backend stream.
-    pub fn close(&self) -> Result<()> {
+    /// Ends the call (see the module docs): the backend follows the launch
+    /// stream, zeroes this rank's flags, passes a barrier across the ranks (each
+    /// peer is done with this rank's regions and flags), and the launch stream
+    /// waits for it, so the next call may overwrite them.
+    pub fn close(&mut self) -> Result<()> {
+        self.follow_launch()?;
         let raw = self.raw()?;
-        self.sym.device_barrier(raw, 1, self.epoch)?;
-        self.backend.join_into_launch_stream()
+        let parity = (self.calls % 2) as usize;
+        // The caller's flags and the other parity's barrier words: the peers
+        // set those last in the previous call's barrier, which this rank passed.
+        let (first, len) = match parity {
+            0 => (self.world, self.slots + self.world),
+            _ => (0, self.world + self.slots),
+        };
+        // SAFETY: `len` 4-byte words of this rank's flag area, inside its live
+        // symmetric allocation (sized for the caller's slots and 2 per rank).
+        unsafe { stream_ops::zero_words(raw, self.word_addr(self.rank, first), len)? };
+        let peers = (1..self.world).map(|d| (self.rank + d) % self.world);
+        for p in peers.clone() {
+            // SAFETY: rank p's barrier word for this rank, in its live allocation, mapped here.
+            let at = self.word_addr(p, self.barrier_word(parity, self.rank));
+            unsafe { stream_ops::write_value(raw, at, Self::SET)? };
+        }
+        for p in peers {
+            // SAFETY: this rank's barrier word for rank p, in its own allocation.
+            let at = self.word_addr(self.rank, self.barrier_word(parity, p));
+            unsafe { stream_ops::wait_value_geq(raw, at, Self::SET)? };
+        }
+        self.backend.join_into_launch_stream()?;
+        self.calls += 1;
+        self.open = false;
+        Ok(())
+    }
+
+    /// Counts a call that a CUDA graph captured from this exchange replayed
+    /// (see the module docs: replay the capture of the parity of
+    /// [`Exchange::calls`]).
+    pub fn replayed(&mut self) {
+        self.calls += 1;
+    }
+
+    /// Forgets a call that a failed graph capture left open: nothing of it ran,
+    /// so the flags are as the last closed call left them.
+    pub fn discard_failed_capture(&mut self, calls_before: u64) {
+        self.calls = calls_before;
+        self.open = false;
     }
 
     pub fn device(&self) -> &Arc<crate::device::Device> {

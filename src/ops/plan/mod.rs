@@ -21,6 +21,14 @@
 //! then only launches; [`DistributedMatmul::reset_operands`] points the plan at new
 //! operands of the same shapes. Planning is collective, and so is each execute.
 //!
+//! **Replay.** On the fused path (and the local GEMM), the first `execute`
+//! after `plan` or `reset_operands` queues its work as usual and then captures
+//! it as CUDA graphs (one per parity of the exchange's calls, see
+//! [`tilefuse_runtime::dist::Exchange`]); later calls replay them, so an
+//! `execute` costs the host one graph launch however many kernels, copies and
+//! flag operations it queues. `MatmulOptions::graph = false` queues each call
+//! anew. The unfused path (NCCL + cuBLAS) is never captured.
+//!
 //! **Bias** is a vector along D's columns (one value per output feature), this
 //! rank's columns of D: added once, after any reduction. **Aux**: the `_aux`
 //! epilogues also store the pre-activation `alpha·AB + beta·C + bias` (D's local
@@ -67,6 +75,7 @@ use super::{check, unfused, Algorithm, GatherDim, ScatterDim};
 use crate::{bf16, Config, Result, Tensor};
 use std::time::Instant;
 use tilefuse_runtime::dist::ProcessGroup;
+use tilefuse_runtime::graph::Replay;
 
 const OP: &str = "DistributedMatmul";
 
@@ -156,6 +165,9 @@ pub struct MatmulOptions {
     /// `execute` returns once every rank has finished (a barrier), instead of
     /// once queued on the launch stream.
     pub blocking: bool,
+    /// Replay `execute` from CUDA graphs captured on its first call (see the
+    /// module docs); on by default.
+    pub graph: bool,
 }
 
 impl Default for MatmulOptions {
@@ -169,6 +181,7 @@ impl Default for MatmulOptions {
             chunks: None,
             gemm: None,
             blocking: false,
+            graph: true,
         }
     }
 }
@@ -194,6 +207,11 @@ struct Planned {
     a_t: Option<Tensor<bf16>>,
     b_t: Option<Tensor<bf16>>,
     aux_out: Option<Tensor<bf16>>,
+    /// The captured calls, by parity of the exchange's calls (one without an
+    /// exchange); empty until the first execute, or when not replaying.
+    replays: Vec<Replay>,
+    /// A capture failed: queue every call (logged once).
+    no_replay: bool,
 }
 
 /// The schedule `execute` runs.
@@ -398,6 +416,8 @@ impl<'pg> DistributedMatmul<'pg> {
             a_t,
             b_t,
             aux_out,
+            replays: Vec::new(),
+            no_replay: false,
         };
         self.build(&mut planned)?;
         let pg = self.pg;
@@ -421,6 +441,13 @@ impl<'pg> DistributedMatmul<'pg> {
         Ok(())
     }
 
+    /// Whether `execute` replays captured CUDA graphs (after the first call
+    /// since `plan` or `reset_operands`, on the fused path or the local GEMM,
+    /// unless `MatmulOptions::graph` is off or a capture failed).
+    pub fn replays(&self) -> bool {
+        self.planned.as_ref().is_some_and(|p| !p.replays.is_empty())
+    }
+
     /// Runs the plan; returns this rank's D (the same tensor each time). With
     /// `blocking: false` it returns once queued on the launch stream.
     pub fn execute(&mut self) -> Result<Tensor<bf16>> {
@@ -428,20 +455,29 @@ impl<'pg> DistributedMatmul<'pg> {
             .planned
             .as_mut()
             .ok_or_else(|| check::arg(OP, "plan", "execute() needs plan() first"))?;
-        if self.operands.is_none() {
-            return Err(released());
+        let ops = self.operands.as_ref().ok_or_else(released)?;
+        let replay = self.options.graph && planned.path != Algorithm::Unfused && !planned.no_replay;
+        if replay && planned.replays.iter().any(Replay::is_stale) {
+            planned.replays.clear();
         }
-        // Transposed operands: made row-major for the GEMM.
-        if let (Some(t), Some(ops)) = (&planned.a_t, &self.operands) {
-            transpose(&ops.a, t)?;
+        match planned.replays.as_slice() {
+            [] => {
+                queue(planned, ops, self.pg)?;
+                if replay {
+                    capture(planned, ops, self.pg);
+                }
+            }
+            replays => {
+                let Some(ws) = planned.ws.as_mut() else {
+                    return unreachable_plan();
+                };
+                let calls = ws.exchange.as_ref().map_or(0, |e| e.calls());
+                replays[(calls % replays.len() as u64) as usize].launch()?;
+                if let Some(ex) = ws.exchange.as_mut() {
+                    ex.replayed();
+                }
+            }
         }
-        if let (Some(t), Some(ops)) = (&planned.b_t, &self.operands) {
-            transpose(&ops.b, t)?;
-        }
-        let (Some(run), Some(ws)) = (&planned.run, planned.ws.as_mut()) else {
-            return unreachable_plan();
-        };
-        run_schedule(run, ws, self.pg, planned.path)?;
         if self.options.blocking {
             self.pg.synchronize(OP)?;
             self.pg.barrier(OP)?;
@@ -660,8 +696,67 @@ impl DistributedMatmul<'_> {
         };
         planned.ws = Some(ws);
         planned.run = Some(run);
+        // New operands or workspace: the next execute captures again.
+        planned.replays.clear();
         Ok(())
     }
+}
+
+/// Queues one call of the plan: the transposed operands made row-major for
+/// the GEMM, then the schedule.
+fn queue(planned: &mut Planned, ops: &Operands, pg: &ProcessGroup) -> Result<()> {
+    if let Some(t) = &planned.a_t {
+        transpose(&ops.a, t)?;
+    }
+    if let Some(t) = &planned.b_t {
+        transpose(&ops.b, t)?;
+    }
+    let (Some(run), Some(ws)) = (&planned.run, planned.ws.as_mut()) else {
+        return unreachable_plan();
+    };
+    run_schedule(run, ws, pg, planned.path)
+}
+
+/// Captures the plan's call as CUDA graphs, one per parity of the exchange's
+/// calls (see the module docs), after a call queued outside a capture (so
+/// nothing compiles or allocates inside one). A capture that fails leaves the
+/// plan queueing every call, with a warning.
+fn capture(planned: &mut Planned, ops: &Operands, pg: &ProcessGroup) {
+    let started = Instant::now();
+    let before = planned
+        .ws
+        .as_ref()
+        .and_then(|ws| ws.exchange.as_ref())
+        .map(|e| e.calls());
+    let parities = if before.is_some() { 2 } else { 1 };
+    let mut replays = Vec::with_capacity(parities);
+    for _ in 0..parities {
+        match Replay::capture(pg.device(), || queue(planned, ops, pg)) {
+            Ok(r) => replays.push(r),
+            Err(e) => {
+                if let (Some(calls), Some(ex)) = (
+                    before,
+                    planned.ws.as_mut().and_then(|ws| ws.exchange.as_mut()),
+                ) {
+                    ex.discard_failed_capture(calls);
+                }
+                tracing::warn!(rank = pg.rank(), error = %e, "capturing the plan as a CUDA graph failed: every execute() queues its work");
+                planned.no_replay = true;
+                return;
+            }
+        }
+    }
+    // Captured at calls c and c + 1: the replay for parity c % 2 comes first.
+    if before.is_some_and(|c| c % 2 == 1) {
+        replays.reverse();
+    }
+    tracing::debug!(
+        rank = pg.rank(),
+        graphs = replays.len(),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "plan captured for replay"
+    );
+    planned.replays = replays;
 }
 
 /// Runs `run` on `path` (the local GEMM needs no exchange: its fused path is
