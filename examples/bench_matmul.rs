@@ -2,7 +2,13 @@
 //!
 //! ```text
 //! cargo run --release --example bench_matmul [-- --sweep] [--tune]
+//! cargo run --release --example bench_matmul -- --tune-only [--shapes MxNxK,...]
 //! ```
+//!
+//! `--tune-only` compares the autotuner's pick with the config an untuned launch
+//! uses on this GPU (the Hopper path's default on an H100/H200), at the large
+//! shapes above and at LLM layer shapes (prefill-sized M, ragged sizes), each
+//! timed sustained, with cuBLAS for scale.
 //!
 //! For each shape it times, sustained (each after 300 ms of running it), cuBLAS,
 //! tilefuse's portable (`mma.sync`) default config, the default with its last wave not split along K
@@ -43,6 +49,22 @@ const SHAPES: [[usize; 3]; 4] = [
     [8192, 8192, 8192],
     [4096, 4096, 4096],
     [1000, 1000, 1000],
+];
+
+/// `--tune-only`'s shapes: the ones above, then linear layers of LLMs at
+/// prefill-sized token counts (Llama-style 4096 → 11008 / 14336 and back,
+/// attention projections) and ragged sizes.
+const TUNE_SHAPES: [[usize; 3]; 10] = [
+    [4096, 6656, 16384],
+    [8192, 8192, 8192],
+    [4096, 4096, 4096],
+    [1000, 1000, 1000],
+    [512, 4096, 4096],
+    [1024, 14336, 4096],
+    [2048, 4096, 11008],
+    [1024, 1024, 8192],
+    [3000, 5000, 700],
+    [777, 2222, 3333],
 ];
 
 fn sweep_configs() -> Vec<Config> {
@@ -104,6 +126,97 @@ struct Row {
     hopper: Vec<(String, f64, f64)>,
 }
 
+/// `--shapes MxNxK,...`, if given.
+fn shapes_arg() -> tilefuse::Result<Option<Vec<[usize; 3]>>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--shapes") else {
+        return Ok(None);
+    };
+    let bad = |what: &str| tilefuse::Error::Argument {
+        context: "bench_matmul".into(),
+        arg: "--shapes".into(),
+        message: format!("{what}: expected MxNxK[,MxNxK...] with positive sizes"),
+    };
+    let list = args.get(i + 1).ok_or_else(|| bad("no value"))?;
+    list.split(',')
+        .map(|s| {
+            let v: Vec<usize> = s
+                .split('x')
+                .map(|x| x.parse().ok().filter(|&x| x > 0))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad(s))?;
+            <[usize; 3]>::try_from(v).map_err(|_| bad(s))
+        })
+        .collect::<tilefuse::Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// `--tune-only`: the tuned config against the one an untuned launch uses.
+fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bool> {
+    let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
+    let default = matmul::kernel().default_for(dev, &matmul::kernel().declared_spec()?)?;
+    let mut ok = true;
+    let mut rows = Vec::new();
+    for [m, n, k] in shapes {
+        let a = random_tensor::<bf16>([m, k], 1.0)?;
+        let b = random_tensor::<bf16>([k, n], 1.0)?;
+        let mut reference = Tensor::<bf16>::empty([m, n])?;
+        tilefuse::cublas::matmul_into(&mut reference, &a, &b)?;
+        let reps = if m * n * k > 1 << 32 { 20 } else { 50 };
+        // Untuned: the default this launch resolves (autotuning is off here).
+        let c = matmul(&a, &b)?;
+        ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
+        let default_ms = settled(dev, reps, &mut || matmul(&a, &b).map(drop))?.median_ms;
+        autotune::set_effort(Some(level));
+        let t0 = std::time::Instant::now();
+        let c = matmul(&a, &b)?;
+        dev.synchronize()?;
+        let secs = t0.elapsed().as_secs_f64();
+        autotune::set_effort(Some(Effort::Off));
+        ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
+        let cfg = autotune::last_choice("matmul").unwrap_or_else(|| default.clone());
+        let tuned_ms = matmul::kernel().with_config(cfg.clone(), || {
+            settled(dev, reps, &mut || matmul(&a, &b).map(drop))
+        })?;
+        let mut out = Tensor::<bf16>::empty([m, n])?;
+        let cublas_ms = settled(dev, reps, &mut || {
+            tilefuse::cublas::matmul_into(&mut out, &a, &b)
+        })?
+        .median_ms;
+        let tuned_ms = tuned_ms.median_ms;
+        println!(
+            "  {m}x{n}x{k}: default {default_ms:.4} ms, tuned ({secs:.1} s) {cfg} {tuned_ms:.4} ms, {:.3}x; cuBLAS {cublas_ms:.4} ms",
+            default_ms / tuned_ms
+        );
+        rows.push(([m, n, k], default_ms, tuned_ms, cublas_ms, secs, cfg));
+    }
+    println!(
+        "\nTuned ({}) against the untuned launch's config ({default} for the declared specialization); all timed sustained, same method:",
+        level.name()
+    );
+    println!("\n| M×N×K | default ms | tuned ms | default/tuned | tuned/cuBLAS | tuning s | tuned config |");
+    println!("|---|---|---|---|---|---|---|");
+    for ([m, n, k], d, t, c, secs, cfg) in &rows {
+        let cfg = if *cfg == default {
+            "the default".to_string()
+        } else {
+            cfg.to_string()
+        };
+        println!(
+            "| {m}×{n}×{k} | {d:.4} | {t:.4} | {:.3} | {:.0}% | {secs:.1} | {cfg} |",
+            d / t,
+            100.0 * c / t
+        );
+    }
+    let faster = rows.iter().filter(|r| r.1 / r.2 > 1.01).count();
+    let slower = rows.iter().filter(|r| r.1 / r.2 < 0.99).count();
+    println!(
+        "\ntuned faster than the default by over 1% at {faster} of {} shapes, slower by over 1% at {slower}",
+        rows.len()
+    );
+    Ok(ok)
+}
+
 fn run() -> tilefuse::Result<bool> {
     let sweep = std::env::args().any(|a| a == "--sweep");
     // --tune: also tune each shape (TILEFUSE_AUTOTUNE's level; quick if off) and
@@ -122,6 +235,9 @@ fn run() -> tilefuse::Result<bool> {
         dev.arch(),
         dev.sm_count()
     );
+    if std::env::args().any(|a| a == "--tune-only") {
+        return tune_only(&dev, level);
+    }
     let mut rows = Vec::new();
     let mut all_ok = true;
     for shape @ [m, n, k] in SHAPES {

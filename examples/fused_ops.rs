@@ -12,7 +12,8 @@
 //!   columns, `[M, K/w]`; B `[K, N]` whole; C `[M, N]` on every rank;
 //! - `matmul_all_gather`: `a[M/w, K]` per rank, C `[M, N]` gathered;
 //! - `matmul_reduce_scatter`: K sharded (`a[M, K/w]`, `b[K/w, N]`), C's columns scattered;
-//! - `matmul_all_reduce`: K sharded, C `[M, N]` summed on every rank.
+//! - `matmul_all_reduce`: K sharded, C `[M, N]` summed on every rank (the ring
+//!   variant, the default); `ar_one_shot`: the same with the one-shot variant.
 //!
 //! Every op gets fresh random inputs and a random bias, writes into a poisoned
 //! output, and must match the unfused path within bf16 tolerance on every rank.
@@ -23,18 +24,21 @@
 //! fused, fused ÷ floor, what `Algorithm::Auto` picks.
 
 use std::process::ExitCode;
-use tilefuse::ops::{self, Algorithm, Bias, GatherDim, OpOptions, ScatterDim, Workspace};
+use tilefuse::ops::{
+    self, Algorithm, AllReduceVariant, Bias, GatherDim, OpOptions, ScatterDim, Workspace,
+};
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
 use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
-const OPS: [&str; 6] = [
+const OPS: [&str; 7] = [
     "ag_rows",
     "ag_cols",
     "matmul_all_gather",
     "matmul_reduce_scatter",
     "rs_rows",
     "matmul_all_reduce",
+    "ar_one_shot",
 ];
 
 struct Args {
@@ -123,6 +127,10 @@ impl Problem {
             }
             "rs_rows" => {
                 ops::matmul_reduce_scatter(pg, out, &self.a, &self.b, ScatterDim::Rows, &opts, ws)
+            }
+            "ar_one_shot" => {
+                let opts = opts.all_reduce(AllReduceVariant::OneShot);
+                ops::matmul_all_reduce(pg, out, &self.a, &self.b, &opts, ws)
             }
             _ => ops::matmul_all_reduce(pg, out, &self.a, &self.b, &opts, ws),
         }

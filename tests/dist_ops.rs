@@ -10,7 +10,9 @@
 mod plans;
 
 use std::process::{Command, ExitCode};
-use tilefuse::ops::{self, Algorithm, Bias, GatherDim, OpOptions, ScatterDim, Workspace};
+use tilefuse::ops::{
+    self, Algorithm, AllReduceVariant, Bias, GatherDim, OpOptions, ScatterDim, Workspace,
+};
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
 use tilefuse::verify::{matmul_f64, poisoned, random_vec, rel_error, Rng};
@@ -44,6 +46,7 @@ enum Op {
     ReduceScatterCols,
     ReduceScatterRows,
     AllReduce,
+    AllReduceOneShot,
 }
 
 /// Sizes of the whole problem: M, N, K (each a multiple of the world size).
@@ -67,7 +70,7 @@ fn inputs(op: Op, w: usize, rng: &mut Rng, shared: &mut Rng) -> Inputs {
         Op::MatmulAllGather => ([m / w, k], [k, n], [m, n], true),
         Op::ReduceScatterCols => ([m, k / w], [k / w, n], [m, n / w], false),
         Op::ReduceScatterRows => ([m, k / w], [k / w, n], [m / w, n], false),
-        Op::AllReduce => ([m, k / w], [k / w, n], [m, n], false),
+        Op::AllReduce | Op::AllReduceOneShot => ([m, k / w], [k / w, n], [m, n], false),
     };
     let a = random_vec::<bf16>(rng, a_shape[0] * a_shape[1], 1.0);
     let b = random_vec::<bf16>(
@@ -139,7 +142,7 @@ fn reference(op: Op, pg: &ProcessGroup, i: &Inputs, bias: &[bf16], variant: usiz
             }
             out
         }
-        Op::ReduceScatterCols | Op::ReduceScatterRows | Op::AllReduce => {
+        Op::ReduceScatterCols | Op::ReduceScatterRows | Op::AllReduce | Op::AllReduceOneShot => {
             let mut sum = vec![0.0; m * n];
             for p in 0..w {
                 let mut c = matmul_f64(&a[p], &b[p], m, k / w, n);
@@ -149,7 +152,7 @@ fn reference(op: Op, pg: &ProcessGroup, i: &Inputs, bias: &[bf16], variant: usiz
                 }
             }
             match op {
-                Op::AllReduce => sum,
+                Op::AllReduce | Op::AllReduceOneShot => sum,
                 Op::ReduceScatterRows => sum[r * (m / w) * n..(r + 1) * (m / w) * n].to_vec(),
                 _ => (0..m)
                     .flat_map(|row| {
@@ -182,16 +185,21 @@ fn call(
             ops::matmul_reduce_scatter(pg, out, a, b, ScatterDim::Rows, opts, ws)
         }
         Op::AllReduce => ops::matmul_all_reduce(pg, out, a, b, opts, ws),
+        Op::AllReduceOneShot => {
+            let opts = opts.clone().all_reduce(AllReduceVariant::OneShot);
+            ops::matmul_all_reduce(pg, out, a, b, &opts, ws)
+        }
     }
 }
 
-const ALL_OPS: [Op; 6] = [
+const ALL_OPS: [Op; 7] = [
     Op::AgRows,
     Op::AgCols,
     Op::MatmulAllGather,
     Op::ReduceScatterCols,
     Op::ReduceScatterRows,
     Op::AllReduce,
+    Op::AllReduceOneShot,
 ];
 
 fn check_ops(pg: &ProcessGroup) -> R<()> {

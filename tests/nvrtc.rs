@@ -207,14 +207,22 @@ fn op_kernels_compile() {
     ];
     compile_all(gemm, &gemm_specs, &configs);
     let epi = epilogue::kernel();
-    let epi_specs: Vec<Spec> = [[0, 0, 0], [1, 1, 2], [0, 0, 3], [1, 0, 4]]
-        .into_iter()
-        .map(|consts| {
-            let mut spec = epi.declared_spec().expect("declared dtypes");
-            spec.constexprs = consts.to_vec();
-            spec
-        })
-        .collect();
+    // [with_addend, with_c, aux_out, act]
+    let epi_specs: Vec<Spec> = [
+        [0, 0, 0, 0],
+        [0, 1, 1, 2],
+        [0, 0, 0, 3],
+        [0, 1, 0, 4],
+        [1, 0, 0, 0],
+        [1, 1, 1, 2],
+    ]
+    .into_iter()
+    .map(|consts| {
+        let mut spec = epi.declared_spec().expect("declared dtypes");
+        spec.constexprs = consts.to_vec();
+        spec
+    })
+    .collect();
     compile_all(epi, &epi_specs, &[epi.config().expect("default config")]);
     if !common::nvrtc_or_skip() {
         return;

@@ -253,15 +253,27 @@ pub(crate) fn apply(x: &Tensor<bf16>, epi: &Epilogue, unused: &Unused) -> Result
     if epi.is_identity() {
         return Ok(());
     }
+    apply_with(x, None, epi, unused)
+}
+
+/// `x = epi(x + addend)` in place (`addend`: another partial sum of `x`'s product).
+pub(crate) fn apply_with(
+    x: &Tensor<bf16>,
+    addend: Option<&Tensor<bf16>>,
+    epi: &Epilogue,
+    unused: &Unused,
+) -> Result<()> {
     let (beta, c) = epi.c_or(unused);
     epilogue(
         x,
+        addend.unwrap_or(&unused.matrix),
         c,
         epi.aux(unused),
         &epi.bias_m,
         &epi.bias_n,
         epi.alpha,
         beta,
+        addend.is_some(),
         epi.c.is_some(),
         epi.aux_out.is_some(),
         epi.act,

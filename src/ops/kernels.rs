@@ -108,17 +108,20 @@ pub fn gemm_fused(
     }
 }
 
-/// `x = epilogue(x)` in place: [`gemm_fused`]'s epilogue with `x` for `acc`.
+/// `x = epilogue(x (+ addend))` in place: [`gemm_fused`]'s epilogue with `x`
+/// (plus another partial sum, `with_addend`) for `acc`.
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn epilogue(
     x: &Tensor<bf16>,
+    addend: &Tensor<bf16>,
     c: &Tensor<bf16>,
     aux: &Tensor<bf16>,
     bias_m: &Tensor<bf16>,
     bias_n: &Tensor<bf16>,
     alpha: f32,
     beta: f32,
+    #[constexpr] with_addend: bool,
     #[constexpr] with_c: bool,
     #[constexpr] aux_out: bool,
     #[constexpr] act: usize,
@@ -126,6 +129,11 @@ pub fn epilogue(
     let [m, n] = x.shape();
     for (tm, tn) in tile([m, n]) {
         let y = x[(tm, tn)] * alpha + bias_m[tm] + bias_n[tn];
+        let y = if with_addend {
+            y + addend[(tm, tn)] * alpha
+        } else {
+            y
+        };
         let y = if with_c { y + c[(tm, tn)] * beta } else { y };
         if aux_out {
             aux[(tm, tn)] = y.cast();

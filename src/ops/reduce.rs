@@ -20,7 +20,7 @@ use super::epilogue::{
     self, check_signal_config, chunk_area, gemm, signal_chunks, Epilogue, Gemm, Signal, Wait,
 };
 use super::workspace::{FusedNeeds, Workspace};
-use super::{run_call, unfused, Algorithm, OpOptions, ScatterDim};
+use super::{run_call, unfused, Algorithm, AllReduceVariant, OpOptions, ScatterDim};
 use crate::{bf16, Config, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
 
@@ -63,6 +63,7 @@ pub(crate) enum Kind {
 /// a plan runs.
 pub(crate) struct Schedule {
     kind: Kind,
+    variant: AllReduceVariant,
     pub out: Tensor<bf16>,
     pub a: Tensor<bf16>,
     pub b: Tensor<bf16>,
@@ -106,6 +107,7 @@ pub fn matmul_reduce_scatter(
         [("out", out), ("a", a), ("b", b)],
         dim,
         opts.config.chunks,
+        None,
     )?;
     call(pg, OP, shapes, [out, a, b], opts, workspace)
 }
@@ -131,6 +133,7 @@ pub fn matmul_all_reduce(
         [("out", out), ("a", a), ("b", b)],
         ScatterDim::Rows,
         opts.config.chunks,
+        opts.config.all_reduce,
     )?;
     call(pg, OP, shapes, [out, a, b], opts, workspace)
 }
@@ -153,6 +156,8 @@ fn call(
 /// The shapes of a matmul + reduce-scatter or all-reduce, checked.
 pub(crate) struct Shapes {
     kind: Kind,
+    /// The all-reduce's variant (the ring for the reduce-scatter).
+    variant: AllReduceVariant,
     dim: ScatterDim,
     m: usize,
     k: usize,
@@ -170,7 +175,12 @@ impl Shapes {
         [out, a, b]: [(&str, &Tensor<bf16>); 3],
         dim: ScatterDim,
         chunks: Option<usize>,
+        variant: Option<AllReduceVariant>,
     ) -> Result<Shapes> {
+        let variant = match (kind, variant) {
+            (Kind::ReduceScatter, _) => AllReduceVariant::Ring,
+            (Kind::AllReduce, v) => v.unwrap_or(AllReduceVariant::Ring),
+        };
         let w = pg.world_size();
         let [m, k] = check::matrix(pg, op, a.0, a.1)?;
         let [kb, n] = check::matrix(pg, op, b.0, b.1)?;
@@ -203,16 +213,17 @@ impl Shapes {
                 }
             }
         }
-        // The all-reduce signals both its GEMMs: more, shorter chunks visit tiles
-        // in narrower bands, which costs those GEMMs L2 reuse. Measured at
+        // The ring all-reduce signals both its GEMMs: more, shorter chunks visit
+        // tiles in narrower bands, which costs those GEMMs L2 reuse. Measured at
         // 4096×6656×16384 on 2×H200: 2 chunks 0.817 ms, 4 0.839, 8 0.929.
-        let default = match kind {
-            Kind::AllReduce => 2,
-            Kind::ReduceScatter => 4,
+        let default = match variant {
+            AllReduceVariant::Ring if kind == Kind::AllReduce => 2,
+            _ => 4,
         };
         let chunks = check::chunks_or(op, chunks, default)?;
         Ok(Shapes {
             kind,
+            variant,
             dim,
             m,
             k,
@@ -253,9 +264,16 @@ impl Shapes {
             Kind::AllReduce => 3 * w - 2,
             Kind::ReduceScatter => 2 * (w - 1),
         };
+        // One-shot: every peer's whole partial product.
+        let partials = match self.variant {
+            AllReduceVariant::OneShot => (w - 1) * m * n * 2,
+            AllReduceVariant::Ring => 0,
+        };
+        let key = format!("{key}/{:?}", self.variant);
         Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
-            data_bytes: slot_bytes * slots.max(1),
-            // Counters (w steps), got flags (w - 1 hops), fin flags (w ranks).
+            data_bytes: (slot_bytes * slots).max(partials).max(1),
+            // Ring: counters (w steps), got flags (w - 1 hops), fin flags (w
+            // ranks); one-shot: counters and every rank's got flags.
             flag_slots: (3 * w - 1) * chunks,
         })
     }
@@ -271,6 +289,7 @@ impl Shapes {
         let w = ws.world();
         Schedule {
             kind: self.kind,
+            variant: self.variant,
             out: out.clone(),
             a: a.clone(),
             b: b.clone(),
@@ -332,7 +351,88 @@ impl Schedule {
         if path == Algorithm::Unfused {
             return self.run_unfused(ws, pg);
         }
-        self.run_fused(ws, pg)
+        match (self.kind, self.variant) {
+            (Kind::AllReduce, AllReduceVariant::OneShot) => self.run_one_shot(ws, pg),
+            _ => self.run_fused(ws, pg),
+        }
+    }
+
+    /// The one-shot all-reduce (see [`AllReduceVariant::OneShot`]).
+    fn run_one_shot(&self, ws: &mut Workspace, pg: &ProcessGroup) -> Result<()> {
+        const OP: &str = "matmul_all_reduce";
+        let c = self;
+        let (r, w, cap) = (pg.rank(), pg.world_size(), c.chunks);
+        let (m, n) = (c.m, c.n);
+        check_signal_config(OP, &c.gemm_config)?;
+        let (per, chunks) = signal_chunks(m, cap);
+        let rows_of = |i: usize| (i * per, per.min(m - i * per));
+        for i in 0..chunks {
+            chunk_area(OP, rows_of(i).1, n)?;
+        }
+        let whole = Slab {
+            row0: 0,
+            rows: m,
+            col0: 0,
+            cols: n,
+        };
+        let zeros = [c.zeros.narrow(0, 0, m)?, c.zeros.narrow(0, 0, n)?];
+        let after = c.epi.after_reduce(c.bias_per_rank, &zeros[0], &zeros[1]);
+        let partial = c.partial_epilogue(whole)?;
+        // Regions: partials(j), the whole partial product of rank r + 1 + j.
+        // Flags: cnt(i) counts the area this rank's GEMM finished in chunk i;
+        // got(j, i): chunk i of partials(j) is here.
+        let region = |from: usize, to: usize| ((from + w - to - 1) % w) * m * n * 2;
+        let cnt = |i: usize| i;
+        let got = |j: usize, i: usize| cap + j * cap + i;
+        let unused = ws.unused.clone();
+        let ex = ws.exchange()?;
+        ex.start()?;
+        let counters = ex.flags(cnt(0), cap)?;
+        gemm(
+            Gemm {
+                a: &c.a,
+                b: &c.b,
+                out: &c.out,
+                copy: None,
+                addend: None,
+                signal: Some(Signal {
+                    counters: &counters,
+                    rows_per_signal: per,
+                }),
+            },
+            &partial,
+            None,
+            &unused,
+            &c.gemm_config,
+        )?;
+        let peers = (1..w).map(|d| (r + d) % w);
+        // As each chunk is done: push it to every peer.
+        for i in 0..chunks {
+            let (lo, rows) = rows_of(i);
+            ex.await_count(cnt(i), chunk_area(OP, rows, n)?)?;
+            let part = c.out.narrow(0, lo, rows)?;
+            for p in peers.clone() {
+                ex.push(p, region(r, p) + lo * n * 2, n, &part)?;
+                ex.notify(p, got((r + w - p - 1) % w, i))?;
+            }
+        }
+        for j in 0..w - 1 {
+            for i in 0..chunks {
+                ex.await_slot(got(j, i))?;
+            }
+        }
+        // Every partial is here (and this rank's pushes of `out` are done):
+        // add them, the last pass with the epilogue.
+        ex.launch_follows()?;
+        for j in 0..w - 1 {
+            let theirs = ex.data::<bf16>(j * m * n * 2, &[m, n])?;
+            let epi = match j == w - 2 {
+                true => after.clone(),
+                false => Epilogue::bias(zeros[0].clone(), zeros[1].clone(), false),
+            };
+            epilogue::apply_with(&c.out, Some(&theirs), &epi, &unused)?;
+        }
+        ex.close()
     }
 
     fn run_fused(&self, ws: &mut Workspace, pg: &ProcessGroup) -> Result<()> {

@@ -219,6 +219,12 @@ impl Exchange {
             ))
     }
 
+    /// The launch stream's next work waits for the backend's work so far (e.g.
+    /// a kernel that reads what the backend received).
+    pub fn launch_follows(&self) -> Result<()> {
+        self.backend.join_into_launch_stream()
+    }
+
     /// Sets flag `slot` of rank `peer`, after the backend's earlier work (the
     /// driver fences the write behind it). The peer must wait for it in this call.
     pub fn notify(&self, peer: usize, slot: usize) -> Result<()> {

@@ -667,6 +667,7 @@ impl DistributedMatmul<'_> {
                     [("d", d), ("a", a), ("b", b)],
                     dim,
                     o.chunks,
+                    None,
                 )?;
                 let ws = shapes.workspace(pg, OP, given, o.algorithm)?;
                 // Bias, C and aux in D's coordinates, added once after the reduction.
