@@ -167,23 +167,14 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
         let c = matmul(&a, &b)?;
         ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
         let default_ms = settled(dev, reps, &mut || matmul(&a, &b).map(drop))?.median_ms;
-        autotune::set_effort(Some(level));
-        let t0 = std::time::Instant::now();
-        let c = matmul(&a, &b)?;
-        dev.synchronize()?;
-        let secs = t0.elapsed().as_secs_f64();
-        autotune::set_effort(Some(Effort::Off));
-        ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
-        let cfg = autotune::last_choice("matmul").unwrap_or_else(|| default.clone());
-        let tuned_ms = matmul::kernel().with_config(cfg.clone(), || {
-            settled(dev, reps, &mut || matmul(&a, &b).map(drop))
-        })?;
+        let (cfg, tuned_ms, secs, right) =
+            tune_and_time(dev, level, [&a, &b, &reference], reps, &default)?;
+        ok &= right;
         let mut out = Tensor::<bf16>::empty([m, n])?;
         let cublas_ms = settled(dev, reps, &mut || {
             tilefuse::cublas::matmul_into(&mut out, &a, &b)
         })?
         .median_ms;
-        let tuned_ms = tuned_ms.median_ms;
         println!(
             "  {m}x{n}x{k}: default {default_ms:.4} ms, tuned ({secs:.1} s) {cfg} {tuned_ms:.4} ms, {:.3}x; cuBLAS {cublas_ms:.4} ms",
             default_ms / tuned_ms
@@ -325,25 +316,17 @@ fn run() -> tilefuse::Result<bool> {
             }
         }
         let tuned = if tune {
-            autotune::set_effort(Some(level));
-            let t0 = std::time::Instant::now();
-            let c = matmul(&a, &b)?;
-            dev.synchronize()?;
-            let secs = t0.elapsed().as_secs_f64();
-            autotune::set_effort(Some(Effort::Off));
-            all_ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
-            let cfg = autotune::last_choice("matmul").unwrap_or_else(|| default.clone());
-            let t = matmul::kernel().with_config(cfg.clone(), || {
-                settled(&dev, reps, &mut || matmul(&a, &b).map(drop))
-            })?;
+            let (cfg, t, secs, right) =
+                tune_and_time(&dev, level, [&a, &b, &reference], reps, &default)?;
+            all_ok &= right;
             println!(
                 "  {m}x{n}x{k} tuned ({}, {secs:.1} s): {cfg} {:.3} ms ({:.0} TFLOP/s), {:.3}x the default",
                 level.name(),
-                t.median_ms,
-                tf(t.median_ms),
-                default_ms / t.median_ms
+                t,
+                tf(t),
+                default_ms / t
             );
-            Some((cfg.to_string(), t.median_ms, secs))
+            Some((cfg.to_string(), t, secs))
         } else {
             None
         };
@@ -474,6 +457,30 @@ fn run() -> tilefuse::Result<bool> {
         );
     }
     Ok(all_ok)
+}
+
+/// Tunes `a · b` at `level` and times the winner like the default: its
+/// config, its median ms, the seconds tuning took, and whether the tuned
+/// launch's result matched `reference`.
+fn tune_and_time(
+    dev: &Device,
+    level: Effort,
+    [a, b, reference]: [&Tensor<bf16>; 3],
+    reps: usize,
+    default: &Config,
+) -> tilefuse::Result<(Config, f64, f64, bool)> {
+    autotune::set_effort(Some(level));
+    let t0 = std::time::Instant::now();
+    let c = matmul(a, b);
+    dev.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64();
+    autotune::set_effort(Some(Effort::Off));
+    let right = rel_error_tensors(&c?, reference)? <= 1e-2;
+    let cfg = autotune::last_choice("matmul").unwrap_or_else(|| default.clone());
+    let t = matmul::kernel().with_config(cfg.clone(), || {
+        settled(dev, reps, &mut || matmul(a, b).map(drop))
+    })?;
+    Ok((cfg, t.median_ms, secs, right))
 }
 
 /// Times `f` (median of `reps`, L2 flushed) after running it for 300 ms: the
