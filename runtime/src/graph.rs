@@ -24,6 +24,13 @@ pub struct Replay {
     scratch_generation: u64,
 }
 
+// SAFETY: CUDA graph objects are not internally synchronized: calls on one must
+// not run concurrently from several threads. A `Replay` moved to another thread
+// is used from that thread alone; it is not `Sync`, so no two threads can launch
+// it at once. Its other fields (an `Arc<Device>`, the stream inside the graph)
+// are `Send` already.
+unsafe impl Send for Replay {}
+
 impl std::fmt::Debug for Replay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replay")

@@ -874,3 +874,14 @@ fn unreachable_plan<T>() -> Result<T> {
         "the plan is incomplete; call plan() again",
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    /// A plan (with its captured graphs) moves between threads, as it did
+    /// before replay: this fails to compile otherwise.
+    #[test]
+    fn plans_are_send() {
+        fn is_send<T: Send>() {}
+        is_send::<super::DistributedMatmul<'static>>();
+    }
+}
