@@ -309,6 +309,19 @@ fn check_bad_input(pg: &ProcessGroup) -> R<()> {
         "argument `bias`",
     )?;
     expect_error(
+        "matmul_reduce_scatter with an all-reduce variant",
+        ops::matmul_reduce_scatter(
+            pg,
+            &t(64, 48)?,
+            &a,
+            &b,
+            ScatterDim::Cols,
+            &o.clone().all_reduce(AllReduceVariant::Ring),
+            None,
+        ),
+        "config.all_reduce",
+    )?;
+    expect_error(
         "matmul_all_reduce with zero chunks",
         ops::matmul_all_reduce(pg, &t(64, 48 * w)?, &a, &b, &o.clone().chunks(0), None),
         "config.chunks",

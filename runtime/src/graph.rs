@@ -39,6 +39,17 @@ impl std::fmt::Debug for Replay {
     }
 }
 
+impl Device {
+    /// Whether the launch stream is capturing a graph now.
+    pub(crate) fn is_capturing(&self) -> Result<bool> {
+        let status = self
+            .stream()
+            .capture_status()
+            .map_err(driver("asking whether the launch stream is capturing"))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}
+
 impl Replay {
     /// Captures what `work` queues on `dev`'s launch stream (and the streams
     /// that join it). The capture is relaxed: `work` may call APIs that are not

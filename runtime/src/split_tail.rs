@@ -9,7 +9,7 @@
 //! `tilefuse_codegen::emit::SplitTail`). The whole waves are untouched.
 
 use crate::device::Device;
-use crate::error::{driver, Result};
+use crate::error::{driver, Error, Result};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -117,6 +117,16 @@ impl Device {
     /// up on a `wait` cannot leave a count behind for the next launch).
     pub(crate) fn split_scratch(&self, floats: usize, counters: usize) -> Result<(u64, u64)> {
         let mut s = self.split.lock().unwrap_or_else(|p| p.into_inner());
+        let grows = s.partials.as_ref().is_none_or(|p| p.len() < floats)
+            || s.counters.as_ref().is_none_or(|c| c.len() < counters);
+        // Inside a graph capture an allocation on the stream would belong to
+        // the graph, and the scratch kept here would be invalid outside it.
+        if grows && self.is_capturing()? {
+            return Err(Error::Driver {
+                context: "growing the split-K scratch".into(),
+                message: "the launch stream is capturing a CUDA graph; queue the work once outside the capture first, so the scratch has its size before".into(),
+            });
+        }
         if s.partials.as_ref().is_none_or(|p| p.len() < floats) {
             // The old buffer is freed in stream order, after the launches using it.
             s.generation += 1;

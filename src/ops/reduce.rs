@@ -99,6 +99,13 @@ pub fn matmul_reduce_scatter(
     workspace: Option<Workspace>,
 ) -> Result<Workspace> {
     const OP: &str = "matmul_reduce_scatter";
+    if let Some(v) = opts.config.all_reduce {
+        return Err(arg(
+            OP,
+            "config.all_reduce",
+            format!("{v:?} chooses how matmul_all_reduce sums; the reduce-scatter has no such choice, leave it None"),
+        ));
+    }
     let kind = Kind::ReduceScatter;
     let shapes = Shapes::check(
         pg,
