@@ -152,12 +152,25 @@ fn shapes_arg() -> tilefuse::Result<Option<Vec<[usize; 3]>>> {
 }
 
 /// `--tune-only`: the tuned config against the one an untuned launch uses.
+/// The specialization a launch of `matmul` at `m`×`n`×`k` sees: fresh tensors,
+/// whose rows are 16-byte aligned unless K or N is odd in 16-byte terms.
+fn spec_at(n: usize, k: usize) -> tilefuse::Result<tilefuse::codegen::Spec> {
+    use tilefuse::codegen::{DType, TensorSpec};
+    let mut spec = matmul::kernel().declared_spec()?;
+    let align = |cols: usize| TensorSpec::alignment_of(0, &[cols as i64, 1], DType::BF16);
+    spec.tensors[0].align = align(k);
+    spec.tensors[1].align = align(n);
+    spec.tensors[2].align = align(n);
+    Ok(spec)
+}
+
 fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bool> {
     let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
-    let default = matmul::kernel().default_for(dev, &matmul::kernel().declared_spec()?)?;
     let mut ok = true;
     let mut rows = Vec::new();
+    let mut unstaged = Vec::new();
     for [m, n, k] in shapes {
+        let default = matmul::kernel().default_for(dev, &spec_at(n, k)?)?;
         let a = random_tensor::<bf16>([m, k], 1.0)?;
         let b = random_tensor::<bf16>([k, n], 1.0)?;
         let mut reference = Tensor::<bf16>::empty([m, n])?;
@@ -167,6 +180,22 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
         let c = matmul(&a, &b)?;
         ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
         let default_ms = settled(dev, reps, &mut || matmul(&a, &b).map(drop))?.median_ms;
+        if default.stage {
+            // What the default was before operands were staged: the portable path
+            // loading the unaligned rows as they are.
+            let before = tilefuse::codegen::default_config_within(
+                matmul::kernel().ir()?,
+                dev.max_shared_per_block(),
+            );
+            let ms = matmul::kernel().with_config(before.clone(), || {
+                settled(dev, reps, &mut || matmul(&a, &b).map(drop))
+            })?;
+            println!(
+                "  {m}x{n}x{k}: unstaged portable default {before} {:.4} ms; staged default {default} {default_ms:.4} ms",
+                ms.median_ms
+            );
+            unstaged.push(([m, n, k], ms.median_ms, default_ms));
+        }
         let (cfg, tuned_ms, secs, right) =
             tune_and_time(dev, level, [&a, &b, &reference], reps, &default)?;
         ok &= right;
@@ -179,20 +208,28 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
             "  {m}x{n}x{k}: default {default_ms:.4} ms, tuned ({secs:.1} s) {cfg} {tuned_ms:.4} ms, {:.3}x; cuBLAS {cublas_ms:.4} ms",
             default_ms / tuned_ms
         );
+        let cfg = if cfg == default {
+            "the default".to_string()
+        } else {
+            cfg.to_string()
+        };
         rows.push(([m, n, k], default_ms, tuned_ms, cublas_ms, secs, cfg));
     }
+    if !unstaged.is_empty() {
+        println!("\nUnaligned operands: the default before and after staging (`Config::stage`):");
+        println!("\n| M×N×K | unstaged ms | staged ms | unstaged/staged |");
+        println!("|---|---|---|---|");
+        for ([m, n, k], u, s) in &unstaged {
+            println!("| {m}×{n}×{k} | {u:.4} | {s:.4} | {:.2} |", u / s);
+        }
+    }
     println!(
-        "\nTuned ({}) against the untuned launch's config ({default} for the declared specialization); all timed sustained, same method:",
+        "\nTuned ({}) against the untuned launch's config (the default for each shape's specialization); all timed sustained, same method:",
         level.name()
     );
     println!("\n| M×N×K | default ms | tuned ms | default/tuned | tuned/cuBLAS | tuning s | tuned config |");
     println!("|---|---|---|---|---|---|---|");
     for ([m, n, k], d, t, c, secs, cfg) in &rows {
-        let cfg = if *cfg == default {
-            "the default".to_string()
-        } else {
-            cfg.to_string()
-        };
         println!(
             "| {m}×{n}×{k} | {d:.4} | {t:.4} | {:.3} | {:.0}% | {secs:.1} | {cfg} |",
             d / t,

@@ -33,6 +33,13 @@ pub struct Config {
     /// common B tile for both (TMA multicast): a third less L2 traffic.
     #[serde(default = "one")]
     pub cluster_m: usize,
+    /// Matmuls whose operands are not 16-byte aligned (an odd row length, an
+    /// offset view): the runtime copies those operands into aligned scratch before
+    /// the launch, so they load with TMA or 16-byte copies instead of 2 or 4 bytes
+    /// at a time. Costs a read and a write of each copied operand and the scratch;
+    /// does nothing when the operands are aligned. See [`crate::staging`].
+    #[serde(default)]
+    pub stage: bool,
 }
 
 fn one() -> usize {
@@ -49,6 +56,7 @@ impl Config {
             wgmma: false,
             persistent: false,
             cluster_m: 1,
+            stage: false,
         }
     }
 
@@ -85,6 +93,12 @@ impl Config {
         self
     }
 
+    /// Copies of unaligned matmul operands; see [`Config::stage`].
+    pub fn stage(mut self, on: bool) -> Config {
+        self.stage = on;
+        self
+    }
+
     /// Threads per block.
     pub fn threads(&self) -> usize {
         self.num_warps * 32
@@ -105,6 +119,9 @@ impl std::fmt::Display for Config {
         )?;
         if self.cluster_m != 1 {
             write!(f, ", cluster_m={}", self.cluster_m)?;
+        }
+        if self.stage {
+            write!(f, ", stage")?;
         }
         Ok(())
     }
@@ -164,7 +181,8 @@ pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> 
 
 /// The config a launch uses without tuning: on a [`Target`] with `wgmma`, the
 /// Hopper path when this specialization can take it (16-bit operands with rows
-/// TMA can load), else [`default_config_within`].
+/// TMA can load, or that can be staged into such rows: [`Config::stage`]), else
+/// [`default_config_within`].
 pub fn default_config_for(
     kernel: &crate::ir::Kernel,
     spec: &crate::spec::Spec,
@@ -176,6 +194,14 @@ pub fn default_config_for(
         if let Some(c) = default_wgmma_config(kernel, target.shared_limit) {
             if crate::emit::lower(kernel, spec, &c).is_ok() {
                 return c;
+            }
+            // Operands TMA cannot load as they are: copied into aligned scratch,
+            // the Hopper path still beats the portable one's narrow loads by far.
+            let staged = c.stage(true);
+            if !crate::staging::unaligned_operands(kernel, spec).is_empty()
+                && crate::emit::lower(kernel, spec, &staged).is_ok()
+            {
+                return staged;
             }
         }
     }

@@ -16,6 +16,7 @@ pub mod plan;
 pub mod space;
 pub mod spec;
 mod specialize;
+pub mod staging;
 
 pub use check::check;
 pub use config::{

@@ -25,6 +25,9 @@ pub enum Axis {
     Persistent,
     /// Hopper matmuls: blocks per cluster along M (B tiles multicast in a pair).
     ClusterM(Vec<usize>),
+    /// Matmuls with unaligned operands: load them as they are (0) or copy them
+    /// into aligned scratch first (1); see [`Config::stage`].
+    Stage,
 }
 
 impl Axis {
@@ -32,7 +35,7 @@ impl Axis {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
             Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) => v,
-            Axis::Persistent => &[0, 1],
+            Axis::Persistent | Axis::Stage => &[0, 1],
         }
     }
 
@@ -44,6 +47,7 @@ impl Axis {
             Axis::GroupM(_) => c.group_m,
             Axis::Persistent => usize::from(c.persistent),
             Axis::ClusterM(_) => c.cluster_m,
+            Axis::Stage => usize::from(c.stage),
         }
     }
 
@@ -55,6 +59,7 @@ impl Axis {
             Axis::GroupM(_) => c.group_m = v,
             Axis::Persistent => c.persistent = v != 0,
             Axis::ClusterM(_) => c.cluster_m = v,
+            Axis::Stage => c.stage = v != 0,
         }
     }
 
@@ -67,6 +72,7 @@ impl Axis {
             Axis::GroupM(_) => "group_m".into(),
             Axis::Persistent => "persistent".into(),
             Axis::ClusterM(_) => "cluster_m".into(),
+            Axis::Stage => "stage".into(),
         }
     }
 }
@@ -89,6 +95,8 @@ pub struct ConfigSpace {
     default: Config,
     gemm: Option<GemmShape>,
     wgmma: bool,
+    /// Some matmul operand is unaligned and can be staged (the `stage` axis).
+    stageable: bool,
 }
 
 const GEMM_BLOCKS_MN: [usize; 4] = [32, 64, 128, 256];
@@ -128,6 +136,10 @@ impl ConfigSpace {
             axes.push(Axis::Persistent);
             axes.push(Axis::ClusterM(vec![1, 2]));
         }
+        let stageable = !crate::staging::unaligned_operands(kernel, spec).is_empty();
+        if stageable {
+            axes.push(Axis::Stage);
+        }
         ConfigSpace {
             kernel: kernel.clone(),
             shared_limit,
@@ -135,6 +147,7 @@ impl ConfigSpace {
             default,
             gemm,
             wgmma: target.wgmma,
+            stageable,
         }
     }
 
@@ -176,7 +189,17 @@ impl ConfigSpace {
                 if self.wgmma {
                     p.extend(wgmma_seeds(self.kernel.dims.len(), g, quick));
                 }
-                p.extend(gemm_seeds(self.kernel.dims.len(), g, quick));
+                let portable = gemm_seeds(self.kernel.dims.len(), g, quick);
+                if self.stageable {
+                    // Unaligned operands: every seed staged (TMA needs it), and the
+                    // best portable one also as it is, so the search weighs the
+                    // copies against the narrow loads.
+                    p = p.into_iter().map(|c| c.stage(true)).collect();
+                    p.extend(portable.iter().map(|c| c.clone().stage(true)));
+                    p.extend(portable.into_iter().take(1));
+                } else {
+                    p.extend(portable);
+                }
                 p
             }
             None => self.pointwise_seeds(),

@@ -150,12 +150,28 @@ fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
     for c in &seeds {
         assert!(space.fits(c, &spec).is_ok(), "{c}");
     }
-    // Rows TMA cannot load (2-byte alignment): the portable default, no wgmma seeds.
+    // Rows TMA cannot load (2-byte alignment): the Hopper default with staged
+    // operands, every wgmma seed staged, and the portable path both ways.
     let mut ragged = spec.clone();
     for t in &mut ragged.tensors {
         t.align = 2;
     }
     let space = ConfigSpace::new(&k, &ragged, h200);
-    assert!(!space.default_config().wgmma);
-    assert!(space.seeds(&ragged, false).iter().all(|c| !c.wgmma));
+    let d = space.default_config();
+    assert!(d.wgmma && d.stage, "{d}");
+    assert!(space.axes().contains(&Axis::Stage));
+    let seeds = space.seeds(&ragged, false);
+    assert!(seeds.iter().filter(|c| c.wgmma).all(|c| c.stage));
+    assert!(seeds.iter().any(|c| !c.wgmma && c.stage));
+    assert!(seeds.iter().any(|c| !c.wgmma && !c.stage));
+    for c in &seeds {
+        assert!(space.fits(c, &ragged).is_ok(), "{c}");
+    }
+    // Unstaged, the Hopper path refuses those rows.
+    let e = space.fits(&d.clone().stage(false), &ragged).unwrap_err();
+    assert!(e.contains("16-byte aligned rows"), "{e}");
+    // Aligned operands have no stage axis.
+    let space = ConfigSpace::new(&k, &spec, h200);
+    assert!(!space.axes().contains(&Axis::Stage));
+    assert!(!space.default_config().stage);
 }

@@ -23,6 +23,8 @@ pub struct Device {
     pub(crate) status: CudaSlice<u64>,
     /// Scratch for GEMM tiles split along K (see [`crate::split_tail`]).
     pub(crate) split: Mutex<crate::split_tail::Scratch>,
+    /// Scratch for copies of unaligned GEMM operands (see [`crate::staging`]).
+    pub(crate) staging: Mutex<crate::staging::Scratch>,
     /// Set when work on this GPU waits on a peer that is gone (see [`Device::mark_wedged`]).
     wedged: std::sync::atomic::AtomicBool,
 }
@@ -115,6 +117,7 @@ impl Device {
             max_shared_optin,
             status,
             split: Mutex::default(),
+            staging: Mutex::default(),
         })
     }
 
@@ -198,6 +201,12 @@ impl Device {
     /// Whether [`Device::mark_wedged`] was called.
     pub fn is_wedged(&self) -> bool {
         self.wedged.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Changes whenever a scratch buffer that launches pass to kernels (split-K,
+    /// staged operands) is reallocated: a captured graph holds the old address.
+    pub(crate) fn scratch_generation(&self) -> u64 {
+        self.split_scratch_generation() + self.staging_generation()
     }
 
     /// Waits for all work queued on the launch stream, then reports a `wait` that

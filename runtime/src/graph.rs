@@ -57,7 +57,7 @@ impl Replay {
     /// ended and discarded, and its error returned.
     pub fn capture(dev: &Arc<Device>, work: impl FnOnce() -> Result<()>) -> Result<Replay> {
         let stream = dev.stream();
-        let scratch_generation = dev.split_scratch_generation();
+        let scratch_generation = dev.scratch_generation();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(driver("beginning a graph capture on the launch stream"))?;
@@ -92,6 +92,6 @@ impl Replay {
     /// Whether a buffer the captured kernels use was reallocated since the
     /// capture (the graph would read freed memory): capture again.
     pub fn is_stale(&self) -> bool {
-        self.dev.split_scratch_generation() != self.scratch_generation
+        self.dev.scratch_generation() != self.scratch_generation
     }
 }

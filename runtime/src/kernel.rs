@@ -577,6 +577,14 @@ pub(crate) fn launch_variant(
     if blocks == 0 {
         return Ok(());
     }
+    // Unaligned operands of a staged config: the kernel reads aligned copies.
+    let staged;
+    let tensors = if v.lowered.staged.is_empty() {
+        tensors
+    } else {
+        staged = dev.stage_operands(k, tensors, &v.lowered.staged)?;
+        &staged[..]
+    };
     if blocks > i32::MAX as u64 {
         return Err(argument(
             format!("kernel `{}`", k.name),

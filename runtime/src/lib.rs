@@ -20,6 +20,7 @@ pub mod launcher;
 pub mod libs;
 pub mod side_stream;
 pub mod split_tail;
+mod staging;
 pub mod status;
 pub mod tensor;
 pub mod timing;

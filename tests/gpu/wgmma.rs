@@ -98,3 +98,56 @@ fn rows_tma_cannot_load_are_an_error_naming_the_operand() {
     let msg = e.to_string();
     assert!(msg.contains("`a`") && msg.contains("16-byte"), "{msg}");
 }
+
+/// Operands whose rows TMA cannot load as they are (K or N odd, an offset view)
+/// are copied into aligned rows first (`Config::stage`): by default on Hopper, and
+/// for any config that asks, on either path.
+#[test]
+fn staged_unaligned_operands_match_cublas() {
+    let Some(dev) = hopper() else { return };
+    use tilefuse::codegen::{DType, Spec, TensorSpec};
+    let ragged = |align| TensorSpec {
+        align,
+        ..TensorSpec::contiguous(DType::BF16, 2)
+    };
+    let spec = Spec {
+        tensors: vec![ragged(2), ragged(4), ragged(4)],
+        scalars: Vec::new(),
+        constexprs: Vec::new(),
+    };
+    let d = mm_bf16::kernel().default_for(&dev, &spec).unwrap();
+    assert!(d.wgmma && d.stage, "the untuned Hopper default stages: {d}");
+    let mut cfgs: Vec<Option<Config>> = vec![None];
+    cfgs.extend(configs().into_iter().map(|c| Some(c.stage(true))));
+    cfgs.push(Some(Config::new(&[128, 128, 32]).num_warps(4).stage(true)));
+    cfgs.push(Some(Config::new(&[128, 128, 32]).num_warps(4)));
+    for (m, n, k) in [(777, 2222, 3333), (3000, 520, 700), (1, 9, 7), (130, 66, 1)] {
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
+        for cfg in &cfgs {
+            let out = poisoned::<bf16>([m, n]).unwrap();
+            let label = cfg.as_ref().map_or("default".into(), |c| c.to_string());
+            match cfg {
+                Some(c) => mm_bf16::kernel().with_config(c.clone(), || mm_bf16(&a, &b, &out)),
+                None => mm_bf16(&a, &b, &out),
+            }
+            .unwrap_or_else(|e| panic!("{m}x{n}x{k} {label}: {e}"));
+            let err = err_vs(&out, &reference);
+            assert!(err <= 1e-2, "{m}x{n}x{k} {label}: rel err {err}");
+        }
+    }
+    // An offset view (base 2 bytes past a 16-byte boundary) of a wider tensor.
+    let (m, n, k) = (500, 264, 136);
+    let wide = random_tensor::<bf16>([m, k + 8], 1.0).unwrap();
+    let a = wide.narrow(1, 1, k).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let a_dense = Tensor::from_slice(&a.to_vec().unwrap(), [m, k]).unwrap();
+    let reference = host(&tilefuse::cublas::matmul(&a_dense, &b).unwrap());
+    for cfg in configs().into_iter().take(3) {
+        let out = poisoned::<bf16>([m, n]).unwrap();
+        mm_bf16::kernel()
+            .with_config(cfg.clone().stage(true), || mm_bf16(&a, &b, &out))
+            .unwrap();
+        let err = err_vs(&out, &reference);
+        assert!(err <= 1e-2, "offset view, {cfg}, stage: rel err {err}");
+    }
+}

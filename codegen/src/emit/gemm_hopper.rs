@@ -140,8 +140,13 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         }
         if !ts.last_contiguous || ts.align < 16 {
             return Err(err(format!(
-                "the wgmma path loads with TMA, which needs the {role} operand `{}` contiguous along its last dimension with 16-byte aligned rows",
-                e.k.tensors[t].name
+                "the wgmma path loads with TMA, which needs the {role} operand `{}` contiguous along its last dimension with 16-byte aligned rows{}",
+                e.k.tensors[t].name,
+                if ts.last_contiguous {
+                    "; set `stage` to copy it into such rows before the launch"
+                } else {
+                    ""
+                }
             )));
         }
     }

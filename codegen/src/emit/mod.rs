@@ -97,11 +97,16 @@ pub struct Lowered {
     /// Blocks per cluster (compiled in with `__cluster_dims__`): the grid holds
     /// this many blocks per program of [`Lowered::grid`].
     pub cluster: u32,
+    /// Operands the launch copies into 16-byte aligned scratch first (row pitch a
+    /// multiple of 16 bytes): the code reads those copies ([`Config::stage`]).
+    pub staged: Vec<TensorId>,
 }
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`.
 pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
     let kernel = &*kernel.specialize(&spec.constexprs)?;
+    let (spec, staged) = crate::staging::staged_spec(kernel, spec, config);
+    let spec = &spec;
     let checked = check(kernel, spec)?;
     if config.block_sizes.len() != kernel.dims.len() {
         let names: Vec<&str> = kernel.dims.iter().map(|d| d.name.as_str()).collect();
@@ -146,20 +151,22 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
     }
     let shape = classify(kernel)?;
     if matches!(shape, Shape::Pointwise)
-        && (config.wgmma || config.persistent || config.cluster_m != 1)
+        && (config.wgmma || config.persistent || config.cluster_m != 1 || config.stage)
     {
         return Err(config_err(
             kernel,
             config,
-            "`wgmma`, `persistent` and `cluster_m` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
+            "`wgmma`, `persistent`, `cluster_m` and `stage` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
         ));
     }
     let mut e = Emitter::new(kernel, spec, &checked, config);
-    match shape {
+    let mut lowered = match shape {
         Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
         Shape::Gemm(g) => gemm::emit(&mut e, &g),
         Shape::Pointwise => pointwise::emit(&mut e),
-    }
+    }?;
+    lowered.staged = staged;
+    Ok(lowered)
 }
 
 /// `e` with every variable in `vars` replaced by its expression.
@@ -483,6 +490,7 @@ impl<'a> Emitter<'a> {
             split_tail: None,
             persistent: false,
             cluster: 1,
+            staged: Vec::new(),
         }
     }
 }
