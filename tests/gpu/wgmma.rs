@@ -105,16 +105,11 @@ fn rows_tma_cannot_load_are_an_error_naming_the_operand() {
 #[test]
 fn staged_unaligned_operands_match_cublas() {
     let Some(dev) = hopper() else { return };
-    use tilefuse::codegen::{DType, Spec, TensorSpec};
-    let ragged = |align| TensorSpec {
-        align,
-        ..TensorSpec::contiguous(DType::BF16, 2)
-    };
-    let spec = Spec {
-        tensors: vec![ragged(2), ragged(4), ragged(4)],
-        scalars: Vec::new(),
-        constexprs: Vec::new(),
-    };
+    // K odd, N even but not a multiple of 8: rows 2- and 4-byte aligned.
+    let mut spec = mm_bf16::kernel().declared_spec().unwrap();
+    for (t, align) in [2, 4, 4].into_iter().enumerate() {
+        spec.tensors[t].align = align;
+    }
     let d = mm_bf16::kernel().default_for(&dev, &spec).unwrap();
     assert!(d.wgmma && d.stage, "the untuned Hopper default stages: {d}");
     let mut cfgs: Vec<Option<Config>> = vec![None];
