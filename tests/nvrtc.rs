@@ -244,3 +244,22 @@ fn op_kernels_compile() {
         }
     }
 }
+
+/// The row kernels (softmax, RMSNorm, LayerNorm): a warp per row, a row over
+/// several warps (shared-memory combine), one pass over 8192 columns, with rows
+/// aligned (16-byte loads) and not.
+#[test]
+fn row_kernels_compile() {
+    let configs = [
+        Config::new(&[4, 1024, 1024]).num_warps(4),
+        Config::new(&[1, 8192, 8192]).num_warps(8),
+        Config::new(&[2, 4096, 2048]).num_warps(16),
+    ];
+    for def in [
+        softmax::softmax::kernel(),
+        rms_norm::rms_norm::kernel(),
+        layer_norm::layer_norm::kernel(),
+    ] {
+        compile_all(def, &aligned_and_not(def), &configs);
+    }
+}

@@ -411,6 +411,34 @@ impl Checker<'_> {
                     dtype: *dtype,
                 }
             }
+            Expr::Reduce { op, arg, dim, at } => {
+                let t = self.expr(arg, at)?;
+                if !t.dims.contains(dim) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`.{}({})` reduces along tile `{}`, but the value has tiles [{}]",
+                            op.name(),
+                            self.k.dims[*dim].name,
+                            self.k.dims[*dim].name,
+                            self.dim_names(&t.dims)
+                        ),
+                    ));
+                }
+                if !t.dtype.is_float() {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`.{}()` reduces floating-point tiles; cast first: `.cast::<f32>()`",
+                            op.name()
+                        ),
+                    ));
+                }
+                Ty {
+                    dims: t.dims.into_iter().filter(|d| d != dim).collect(),
+                    dtype: DType::F32,
+                }
+            }
             Expr::Int(_)
             | Expr::Const(_)
             | Expr::TileBegin(_)

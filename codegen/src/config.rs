@@ -225,6 +225,14 @@ pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
             bs[g.k] = 64;
             Config::new(&bs).num_warps(8).num_stages(4)
         }
+        Ok(Shape::Rows) => {
+            // A warp per row, 1024 columns per step: 32 values a thread (bf16),
+            // loaded 16 bytes at a time; one pass for rows of up to 1024.
+            let bs: Vec<usize> = (0..kernel.dims.len())
+                .map(|d| if kernel.grid.contains(&d) { 4 } else { 1024 })
+                .collect();
+            Config::new(&bs).num_warps(4)
+        }
         _ => {
             let mut last = vec![false; kernel.dims.len()];
             kernel.walk_stmts(&mut |s| {

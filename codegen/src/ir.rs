@@ -236,6 +236,25 @@ impl UnOp {
     }
 }
 
+/// Reductions along one tile dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    /// The DSL method (`x.sum(tn)`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+}
+
 /// A tile-valued expression.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Expr {
@@ -250,6 +269,7 @@ pub enum Expr {
     Full {
         dims: Vec<DimId>,
         dtype: DType,
+        #[serde(with = "any_f64")]
         value: f64,
     },
     /// `addmm(acc, a, b)`: `acc + a·b` on tensor cores, f32 accumulation.
@@ -275,7 +295,7 @@ pub enum Expr {
         dtype: Option<DType>,
     },
     Int(i64),
-    Float(f64),
+    Float(#[serde(with = "any_f64")] f64),
     Scalar(ScalarId),
     Const(ConstId),
     /// `t.begin()`: first index the program's tile covers along `t`.
@@ -284,6 +304,14 @@ pub enum Expr {
     TileEnd(DimId),
     /// `t.size()`: `end - begin`.
     TileSize(DimId),
+    /// `x.sum(t)`, `x.max(t)`, `x.min(t)`: `x` reduced along tile `t` (its in-bounds
+    /// elements only), a tile without that dimension.
+    Reduce {
+        op: ReduceOp,
+        arg: Box<Expr>,
+        dim: DimId,
+        at: Src,
+    },
     /// `if cond { then } else { otherwise }` as a value, on `#[constexpr]`
     /// parameters: decided when the kernel is specialized.
     IfConst {
@@ -346,7 +374,9 @@ impl Expr {
                 lhs.walk(f);
                 rhs.walk(f);
             }
-            Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => arg.walk(f),
+            Expr::Unary { arg, .. } | Expr::Cast { arg, .. } | Expr::Reduce { arg, .. } => {
+                arg.walk(f)
+            }
             Expr::IfConst {
                 then, otherwise, ..
             } => {
@@ -354,6 +384,45 @@ impl Expr {
                 otherwise.walk(f);
             }
             _ => {}
+        }
+    }
+}
+
+/// JSON has no infinities or NaN: those are written as the strings `"inf"`,
+/// `"-inf"` and `"nan"` (a max's starting value is `-inf`), finite values as numbers.
+mod any_f64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else if v.is_nan() {
+            s.serialize_str("nan")
+        } else if *v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Num(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Num(v) => Ok(v),
+            Repr::Text(t) => match t.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" => Ok(f64::NAN),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, \"inf\", \"-inf\" or \"nan\", got \"{other}\""
+                ))),
+            },
         }
     }
 }

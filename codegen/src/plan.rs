@@ -26,6 +26,9 @@ pub struct GemmShape {
 pub enum Shape {
     Gemm(GemmShape),
     Pointwise,
+    /// No matmul, and tiles reduced along a dimension (`x.sum(tn)`): rows of the
+    /// grid dimension, columns walked in `tile()` loops.
+    Rows,
 }
 
 fn unsupported(k: &Kernel, at: &str, message: impl Into<String>) -> CodegenError {
@@ -74,7 +77,20 @@ pub fn classify(k: &Kernel) -> Result<Shape, CodegenError> {
         .map(|(i, _)| i)
         .collect();
     if loops.is_empty() {
-        return Ok(Shape::Pointwise);
+        let mut reduces = false;
+        k.walk_stmts(&mut |s| {
+            if let Stmt::Let { value, .. }
+            | Stmt::Assign { value, .. }
+            | Stmt::Store { value, .. } = s
+            {
+                value.walk(&mut |x| reduces |= matches!(x, Expr::Reduce { .. }));
+            }
+        });
+        return Ok(if reduces {
+            Shape::Rows
+        } else {
+            Shape::Pointwise
+        });
     }
     const FORM: &str =
         "write the matmul as `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);`, the only statement \

@@ -130,6 +130,7 @@ impl ConfigSpace {
                 Axis::Stages(vec![2, 3, 4, 5, 6]),
                 Axis::GroupM(vec![1, 4, 8, 16]),
             ],
+            None if matches!(classify(kernel), Ok(Shape::Rows)) => rows_axes(kernel),
             None => pointwise_axes(kernel),
         };
         if gemm.is_some() && target.wgmma {
@@ -202,6 +203,7 @@ impl ConfigSpace {
                 }
                 p
             }
+            None if matches!(classify(&self.kernel), Ok(Shape::Rows)) => self.rows_seeds(),
             None => self.pointwise_seeds(),
         };
         for c in proposals {
@@ -234,6 +236,36 @@ impl ConfigSpace {
             }
         }
         out
+    }
+
+    /// Row kernels: a warp per row for short rows, a whole block per row (one
+    /// pass, the row in registers) for long ones. (rows per program, columns per
+    /// step, warps.)
+    fn rows_seeds(&self) -> Vec<Config> {
+        const PROVEN: [(usize, usize, usize); 8] = [
+            (4, 1024, 4),
+            (1, 4096, 8),
+            (1, 8192, 8),
+            (1, 8192, 16),
+            (2, 4096, 8),
+            (8, 1024, 8),
+            (1, 2048, 4),
+            (16, 512, 16),
+        ];
+        PROVEN
+            .iter()
+            .map(|&(rows, cols, w)| {
+                let mut c = self.default.clone().num_warps(w);
+                for (d, b) in c.block_sizes.iter_mut().enumerate() {
+                    *b = if self.kernel.grid.contains(&d) {
+                        rows
+                    } else {
+                        cols
+                    };
+                }
+                c
+            })
+            .collect()
     }
 
     /// Pointwise: the contiguous dimension's block a quarter to four times the
@@ -317,6 +349,28 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
                 .cluster_m(cl)
         })
         .collect()
+}
+
+/// Row (reducing) kernels: the columns per step of each `tile()` loop, the rows
+/// per program, and warps.
+fn rows_axes(kernel: &Kernel) -> Vec<Axis> {
+    let mut axes = Vec::new();
+    for d in 0..kernel.dims.len() {
+        if !kernel.grid.contains(&d) {
+            axes.push(Axis::Block {
+                dim: d,
+                values: vec![256, 512, 1024, 2048, 4096, 8192],
+            });
+        }
+    }
+    for &d in &kernel.grid {
+        axes.push(Axis::Block {
+            dim: d,
+            values: vec![1, 2, 4, 8, 16],
+        });
+    }
+    axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
+    axes
 }
 
 /// Pointwise kernels: the contiguous (stored last-index) dimension first, then the

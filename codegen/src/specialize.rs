@@ -171,6 +171,12 @@ impl Specializer<'_> {
                 arg: boxed(arg)?,
                 dtype: *dtype,
             },
+            Expr::Reduce { op, arg, dim, at } => Expr::Reduce {
+                op: *op,
+                arg: boxed(arg)?,
+                dim: *dim,
+                at: at.clone(),
+            },
             other => other.clone(),
         })
     }

@@ -13,7 +13,7 @@ const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, …
                           `if` on `#[constexpr]` parameters";
 const FUNCTIONS: &str =
     "addmm, zeros, full, wait, signal, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
-                         gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .begin(), .end(), .size())";
+                         gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .sum(t), .max(t), .min(t), .begin(), .end(), .size())";
 
 /// A name visible in device code.
 #[derive(Clone, Copy, Debug)]
@@ -900,6 +900,30 @@ impl Builder {
             None => None,
         };
         let args: Vec<&SynExpr> = m.args.iter().collect();
+        // `.sum(t)`, `.max(t)`, `.min(t)` with a tile: a reduction along it
+        // (`.max(x)` with a value is the elementwise maximum).
+        let reduce = match name.as_str() {
+            "sum" => Some(ReduceOp::Sum),
+            "max" => Some(ReduceOp::Max),
+            "min" => Some(ReduceOp::Min),
+            _ => None,
+        };
+        if let (Some(op), [arg]) = (reduce, args.as_slice()) {
+            if let Ok(dim) = self.tile_ref(arg) {
+                return Ok(Expr::Reduce {
+                    op,
+                    arg: Box::new(recv),
+                    dim,
+                    at: src(m),
+                });
+            }
+        }
+        if name == "sum" {
+            return Err(err(
+                m,
+                "`.sum(t)` reduces along a tile `t` of an enclosing `tile()` loop, e.g. `x.sum(tn)`",
+            ));
+        }
         Ok(match name.as_str() {
             "cast" | "to" => {
                 if !args.is_empty() {
@@ -965,6 +989,12 @@ fn literal(e: &SynExpr) -> Option<f64> {
             _ => None,
         },
         SynExpr::Unary(u) if matches!(u.op, SynUn::Neg(_)) => literal(&u.expr).map(|v| -v),
+        // `f32::INFINITY`, `f32::NEG_INFINITY` (a max's starting value).
+        SynExpr::Path(p) => match p.path.segments.last()?.ident.to_string().as_str() {
+            "INFINITY" => Some(f64::INFINITY),
+            "NEG_INFINITY" => Some(f64::NEG_INFINITY),
+            _ => None,
+        },
         _ => None,
     }
 }

@@ -154,6 +154,60 @@ pub fn mnk_main(
     }
 }
 
+/// The `main` of a self-checking row-kernel example (`[M N] [--bench]`): parses the
+/// sizes (or takes `default`), runs `run(m, n, bench)`, and turns its outcome into
+/// the exit code.
+pub fn rows_main(
+    program: &str,
+    default: [usize; 2],
+    run: impl FnOnce(usize, usize, bool) -> Result<bool>,
+) -> std::process::ExitCode {
+    let mut bench = false;
+    let mut sizes = Vec::new();
+    for a in std::env::args().skip(1) {
+        if a == "--bench" {
+            bench = true;
+        } else if let Ok(v) = a.parse::<usize>() {
+            sizes.push(v);
+        } else {
+            eprintln!("usage: {program} [M N] [--bench]: unexpected argument `{a}`");
+            return std::process::ExitCode::from(2);
+        }
+    }
+    let [m, n] = match sizes.as_slice() {
+        [] => default,
+        [m, n] => [*m, *n],
+        _ => {
+            eprintln!(
+                "usage: {program} [M N] [--bench]: expected two sizes, got {}",
+                sizes.len()
+            );
+            return std::process::ExitCode::from(2);
+        }
+    };
+    exit_code(run(m, n, bench))
+}
+
+/// Times a memory-bound kernel (`f`, moving `bytes`: inputs read once and outputs
+/// written once) against the device's copy bandwidth in the same run, prints
+/// both, and returns the fraction of the copy bandwidth reached.
+pub fn bench_bandwidth(
+    dev: &crate::Device,
+    label: &str,
+    bytes: usize,
+    f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    let t = crate::time_gpu(dev, 5, 50, true, f)?;
+    let copy = crate::timing::copy_bandwidth_gbs(dev, bytes / 2)?;
+    let gbs = bytes as f64 / t.median_ms / 1e6;
+    println!(
+        "{label}: {:.4} ms, {gbs:.0} GB/s; device-to-device copy {copy:.0} GB/s; {:.1}% of copy",
+        t.median_ms,
+        100.0 * gbs / copy
+    );
+    Ok(gbs / copy)
+}
+
 /// Prints two timings of the same `flops` of work side by side, with the ratio
 /// `theirs / ours` (above 1: ours is faster).
 pub fn print_versus(flops: f64, ours: (&str, &crate::Timing), theirs: (&str, &crate::Timing)) {

@@ -9,3 +9,12 @@ pub mod all_gather_matmul;
 
 #[path = "../../examples/matmul_bias_gelu.rs"]
 pub mod bias_gelu;
+
+#[path = "../../examples/softmax.rs"]
+pub mod softmax;
+
+#[path = "../../examples/rms_norm.rs"]
+pub mod rms_norm;
+
+#[path = "../../examples/layer_norm.rs"]
+pub mod layer_norm;

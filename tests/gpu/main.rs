@@ -10,6 +10,7 @@ mod bad_input;
 mod epilogue;
 mod matmul;
 mod pointwise;
+mod rows;
 mod split_tail;
 mod wait;
 mod wgmma;

@@ -29,6 +29,9 @@ pub struct ElemCtx<'a> {
     pub named_vars: HashMap<VarId, String>,
     /// Variables whose value is inlined where used: their `let` expression.
     pub inline_vars: HashMap<VarId, Expr>,
+    /// Sub-expressions already computed into C values here (a row lowering's
+    /// reductions and vector loads), with the C expression of this element.
+    pub precomputed: Vec<(Expr, String)>,
 }
 
 /// The C expression of `tensor[i0, i1, …]`'s address offset and its bounds mask.
@@ -115,6 +118,13 @@ impl ElemCtx<'_> {
 
     /// The C expression of one element of `e`, and its C type.
     pub fn emit(&self, e: &Expr, at: &str) -> Result<(String, CTy), CodegenError> {
+        if let Some((_, name)) = self.precomputed.iter().find(|(x, _)| x == e) {
+            let ty = match e {
+                Expr::Load { tensor, .. } => widen(self.spec.tensors[*tensor].dtype, "").1,
+                _ => CTy::F32,
+            };
+            return Ok((name.clone(), ty));
+        }
         Ok(match e {
             Expr::Var(v) => {
                 if let Some(name) = self.named_vars.get(v) {
@@ -238,6 +248,16 @@ impl ElemCtx<'_> {
                     kernel: self.k.name.clone(),
                     at: at.clone(),
                     message: "a compile-time `if` reached the lowering undecided".into(),
+                })
+            }
+            Expr::Reduce { op, at, .. } => {
+                return Err(CodegenError::Unsupported {
+                    kernel: self.k.name.clone(),
+                    at: at.clone(),
+                    message: format!(
+                        "`.{}()` reduces inside a kernel without `addmm` (a row kernel); in a matmul's epilogue it is not supported yet",
+                        op.name()
+                    ),
                 })
             }
             Expr::Int(v) => (format!("{v}ll"), CTy::I64),

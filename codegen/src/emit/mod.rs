@@ -7,6 +7,7 @@ mod gemm_hopper;
 mod gemm_mainloop;
 mod pointwise;
 pub mod prelude;
+mod rows;
 
 pub use expr::CTy;
 
@@ -128,11 +129,11 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "num_warps must be 1, 2, 4, 8 or 16",
         ));
     }
-    if let Some(b) = config.block_sizes.iter().find(|&&b| b == 0 || b > 4096) {
+    if let Some(b) = config.block_sizes.iter().find(|&&b| b == 0 || b > 16384) {
         return Err(config_err(
             kernel,
             config,
-            format!("block size {b} is outside 1..=4096"),
+            format!("block size {b} is outside 1..=16384"),
         ));
     }
     if config.cluster_m != 1 && !(config.wgmma && config.cluster_m == 2) {
@@ -150,7 +151,7 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
         ));
     }
     let shape = classify(kernel)?;
-    if matches!(shape, Shape::Pointwise)
+    if matches!(shape, Shape::Pointwise | Shape::Rows)
         && (config.wgmma || config.persistent || config.cluster_m != 1 || config.stage)
     {
         return Err(config_err(
@@ -164,6 +165,7 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
         Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
         Shape::Gemm(g) => gemm::emit(&mut e, &g),
         Shape::Pointwise => pointwise::emit(&mut e),
+        Shape::Rows => rows::emit(&mut e),
     }?;
     lowered.staged = staged;
     Ok(lowered)
@@ -187,6 +189,12 @@ pub(crate) fn inline(e: &Expr, vars: &HashMap<VarId, Expr>) -> Expr {
         Expr::Cast { arg, dtype } => Expr::Cast {
             arg: sub(arg),
             dtype: *dtype,
+        },
+        Expr::Reduce { op, arg, dim, at } => Expr::Reduce {
+            op: *op,
+            arg: sub(arg),
+            dim: *dim,
+            at: at.clone(),
         },
         Expr::Addmm { acc, a, b, at } => Expr::Addmm {
             acc: sub(acc),
@@ -258,6 +266,7 @@ impl<'a> Emitter<'a> {
             coords: coords.iter().cloned().collect(),
             named_vars: self.named_vars.clone(),
             inline_vars: self.inline_vars.clone(),
+            precomputed: Vec::new(),
         }
     }
 

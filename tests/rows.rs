@@ -1,0 +1,117 @@
+//! Kernels that reduce tiles (softmax, RMSNorm, LayerNorm): what they lower to for
+//! their configs, the configs they refuse, and their tuning space. No GPU needed.
+
+mod common;
+
+use common::examples::{layer_norm::layer_norm, rms_norm::rms_norm, softmax::softmax};
+use tilefuse::codegen::{Axis, Config, ConfigSpace, Target};
+
+const H200: Target = Target {
+    shared_limit: 227 * 1024,
+    wgmma: true,
+};
+
+#[test]
+fn row_kernels_lower_to_the_row_path_with_vector_loads() {
+    for def in [softmax::kernel(), rms_norm::kernel(), layer_norm::kernel()] {
+        let spec = def.declared_spec().unwrap();
+        let ir = def.ir().unwrap();
+        let d = tilefuse::codegen::default_config(ir);
+        let l = def.lower(&spec, &d).unwrap();
+        assert_eq!(l.path, "rows", "{}", def.name());
+        // Rows 16-byte aligned: 8 bf16 a load; the ragged edge element by element.
+        assert!(l.source.contains("const uint4* tf_q"), "{}", def.name());
+        assert!(l.source.contains("__shfl_xor_sync"), "{}", def.name());
+        // Unaligned rows: no vector loads.
+        let mut ragged = spec.clone();
+        ragged.tensors[0].align = 2;
+        let l = def.lower(&ragged, &d).unwrap();
+        assert!(!l.source.contains("(const uint4*)(t0"), "{}", def.name());
+    }
+}
+
+#[test]
+fn a_row_spread_over_warps_meets_in_shared_memory() {
+    let def = softmax::kernel();
+    let spec = def.declared_spec().unwrap();
+    // One row per program, 8 warps: 256 lanes per row.
+    let cfg = Config::new(&[1, 8192, 8192]).num_warps(8);
+    let l = def.lower(&spec, &cfg).unwrap();
+    assert!(l.source.contains("__shared__ float tf_red["));
+    assert!(l.source.contains("__syncthreads()"));
+    // A warp per row: shuffles only.
+    let l = def
+        .lower(&spec, &Config::new(&[4, 1024, 1024]).num_warps(4))
+        .unwrap();
+    assert!(!l.source.contains("tf_red["));
+}
+
+#[test]
+fn configs_a_row_kernel_cannot_run_are_refused_with_the_reason() {
+    let def = softmax::kernel();
+    let spec = def.declared_spec().unwrap();
+    let e = def
+        .lower(&spec, &Config::new(&[4, 100, 1024]).num_warps(4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("multiple of 256"), "{e}");
+    let e = def
+        .lower(&spec, &Config::new(&[4, 8192, 1024]).num_warps(4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 128"), "{e}");
+    let e = def
+        .lower(&spec, &Config::new(&[3, 1024, 1024]).num_warps(4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("power of two"), "{e}");
+    let e = def
+        .lower(
+            &spec,
+            &Config::new(&[4, 1024, 1024]).num_warps(4).wgmma(true),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("elementwise") || e.contains("matmul"), "{e}");
+}
+
+#[test]
+fn the_tuning_space_of_a_row_kernel_spans_rows_columns_and_warps() {
+    let def = rms_norm::kernel();
+    let spec = def.declared_spec().unwrap();
+    let space = ConfigSpace::new(def.ir().unwrap(), &spec, H200);
+    let names: Vec<String> = space.axes().iter().map(Axis::name).collect();
+    // Each `tile()` loop's columns (two walks over the row), the rows, the warps.
+    assert_eq!(
+        names,
+        [
+            "block_sizes[1]",
+            "block_sizes[2]",
+            "block_sizes[0]",
+            "num_warps"
+        ]
+    );
+    let seeds = space.seeds(&spec, true);
+    let one_pass = Config::new(&[1, 8192, 8192]).num_warps(8);
+    space.fits(&one_pass, &spec).unwrap();
+    assert!(seeds.len() >= 5, "{seeds:?}");
+    for c in &seeds {
+        space.fits(c, &spec).unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+    // One pass over 8192 columns is among them.
+    assert!(seeds
+        .iter()
+        .any(|c| c.block_sizes[1] == 8192 && c.block_sizes[2] == 8192));
+}
+
+#[test]
+#[ignore]
+fn dump_softmax() {
+    let def = softmax::kernel();
+    let spec = def.declared_spec().unwrap();
+    let l = def
+        .lower(&spec, &Config::new(&[1, 2048, 2048]).num_warps(8))
+        .unwrap();
+    let src = &l.source;
+    println!("{}", &src[src.find("extern \"C\"").unwrap()..]);
+}
