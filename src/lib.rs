@@ -45,6 +45,11 @@
 //!   `gelu_grad` (functions or methods),
 //!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
 //!   dimension name: `acc + bias[tn]` adds the bias to every row;
+//! - in kernels without `addmm`: `x.sum(tn)`, `x.max(tn)`, `x.min(tn)` reduce a tile
+//!   along the tile `tn` of the enclosing `tile()` loop (its in-bounds elements only),
+//!   giving a per-row tile that broadcasts back (`exp(v - row_max)`); per-row
+//!   accumulators (`full::<f32>([tm], f32::NEG_INFINITY)`) carry across the loop's
+//!   steps. The column block decides one step or several (`examples/softmax.rs`);
 //! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
 //!   parameters are baked into the generated code;
 //! - `if cond { … } else { … }` on `#[constexpr]` parameters and integer literals

@@ -16,7 +16,7 @@ use crate::ir::*;
 use std::fmt::Write;
 
 /// Most values of one tile a thread may hold per variable (registers).
-const MAX_PER_THREAD: usize = 128;
+const MAX_PER_THREAD: usize = 64;
 
 /// Where a value lives: per thread, a scalar, a value per owned row, per owned
 /// column, or per owned (row, column).
@@ -143,7 +143,9 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         }
     }
 
-    let params = e.begin(nt, 1, "", &[]);
+    // Memory-bound: ask for enough resident threads (1024 per SM, so at most 64
+    // registers each) to keep loads in flight.
+    let params = e.begin(nt, (1024 / nt).max(1), "", &[]);
     let _ = writeln!(
         e.out,
         "  const int tid = threadIdx.x, tf_lane = tid % {c}, tf_grp = tid / {c};\n  \
