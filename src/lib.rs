@@ -42,7 +42,9 @@
 //!   f16 operands, f32 accumulation);
 //! - elementwise `+ - * / %`, `min`, `max`, `exp`, `log`, `sqrt`, `rsqrt`, `abs`, `relu`,
 //!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh`, and the derivatives `relu_grad`,
-//!   `gelu_grad` (functions or methods),
+//!   `gelu_grad` (functions or methods). As in Triton, `exp` is `2^(x·log2 e)` on the
+//!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp, plus the
+//!   rounding of `x·log2 e` for large `|x|`); the others are CUDA's libm;
 //!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
 //!   dimension name: `acc + bias[tn]` adds the bias to every row;
 //! - in kernels without `addmm`: `x.sum(tn)`, `x.max(tn)`, `x.min(tn)` reduce a tile

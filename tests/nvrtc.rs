@@ -263,3 +263,38 @@ fn row_kernels_compile() {
         compile_all(def, &aligned_and_not(def), &configs);
     }
 }
+
+/// The row kernels hold their rows in registers without spilling, at every seed
+/// of their tuning space (a spill would put the row through local memory, which
+/// costs the bandwidth these kernels live on).
+#[test]
+fn row_kernels_do_not_spill_at_their_seeds() {
+    if !common::nvrtc_or_skip() {
+        return;
+    }
+    let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
+    let h200 = tilefuse::codegen::Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+    };
+    for def in [
+        softmax::softmax::kernel(),
+        rms_norm::rms_norm::kernel(),
+        layer_norm::layer_norm::kernel(),
+    ] {
+        let spec = def.declared_spec().expect("declared dtypes");
+        let space = tilefuse::codegen::ConfigSpace::new(def.ir().expect("ir"), &spec, h200);
+        for cfg in space.seeds(&spec, false) {
+            let lowered = def
+                .lower(&spec, &cfg)
+                .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
+                .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            assert!(
+                kernel_does_not_spill(&log),
+                "{} {cfg} spills:\n{log}",
+                def.name()
+            );
+        }
+    }
+}

@@ -103,3 +103,44 @@ fn the_tuning_space_of_a_row_kernel_spans_rows_columns_and_warps() {
         .iter()
         .any(|c| c.block_sizes[1] == 8192 && c.block_sizes[2] == 8192));
 }
+
+/// A second walk over the row with the same column block reads the registers the
+/// first walk filled, and loads again only when the row took several steps; 16-bit
+/// values stay packed two to a register.
+#[test]
+fn a_second_walk_reuses_the_first_walks_registers() {
+    let def = softmax::kernel();
+    let spec = def.declared_spec().unwrap();
+    let same = def
+        .lower(&spec, &Config::new(&[1, 8192, 8192]).num_warps(8))
+        .unwrap();
+    let src = &same.source;
+    let decl = src
+        .find("tf_u32 tf_keep0[1][16];")
+        .expect("a packed kept array");
+    let first = src.find("for (long long tb1").unwrap();
+    let second = src.find("for (long long tb2").unwrap();
+    assert!(decl < first, "declared before the first walk");
+    let again = src
+        .find("if (s1 > B2) {")
+        .expect("a reload when not one step");
+    assert!(second < again);
+    // x is read in the first walk and in the reload: no other loads of it.
+    assert_eq!(
+        src.matches("const unsigned short* tf_p = t0 +").count(),
+        2,
+        "{src}"
+    );
+    // Different blocks per walk: each walk loads its own chunk, nothing is kept.
+    let apart = def
+        .lower(&spec, &Config::new(&[2, 4096, 2048]).num_warps(16))
+        .unwrap();
+    assert!(!apart.source.contains("tf_keep"));
+    assert_eq!(
+        apart
+            .source
+            .matches("const unsigned short* tf_p = t0 +")
+            .count(),
+        2
+    );
+}

@@ -192,7 +192,8 @@ impl ElemCtx<'_> {
                     (BinOp::Add, _) => format!("({a} + {b})"),
                     (BinOp::Sub, _) => format!("({a} - {b})"),
                     (BinOp::Mul, _) => format!("({a} * {b})"),
-                    (BinOp::Div, _) => format!("({a} / {b})"),
+                    (BinOp::Div, true) => format!("tf_div({a}, {b})"),
+                    (BinOp::Div, false) => format!("({a} / {b})"),
                     (BinOp::Rem, _) => format!("({a} % {b})"),
                     (BinOp::Min, true) => format!("fminf({a}, {b})"),
                     (BinOp::Max, true) => format!("fmaxf({a}, {b})"),
@@ -214,7 +215,7 @@ impl ElemCtx<'_> {
                 let f = to_f32(x);
                 let code = match op {
                     UnOp::Neg => format!("(-{f})"),
-                    UnOp::Exp => format!("expf({f})"),
+                    UnOp::Exp => format!("tf_exp({f})"),
                     UnOp::Log => format!("logf({f})"),
                     UnOp::Sqrt => format!("sqrtf({f})"),
                     UnOp::Rsqrt => format!("rsqrtf({f})"),

@@ -27,6 +27,12 @@ __device__ __forceinline__ tf_u16 tf_f32_to_f16(float f) { tf_u16 r; asm("cvt.rn
 __device__ __forceinline__ float tf_round_bf16(float f) { return tf_bf16_to_f32(tf_f32_to_bf16(f)); }
 __device__ __forceinline__ float tf_round_f16(float f) { return tf_f16_to_f32(tf_f32_to_f16(f)); }
 
+// `exp` and f32 `/` as Triton lowers them: `ex2.approx` of `x * log2(e)` (2 ulp,
+// plus the rounding of the product for large |x|) and `div.full` (2 ulp). The
+// IEEE versions cost several times the instructions, which a row kernel
+// (softmax) that is otherwise memory-bound pays in full.
+__device__ __forceinline__ float tf_exp(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f)); return r; }
+__device__ __forceinline__ float tf_div(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ float tf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tf_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tf_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }

@@ -8,11 +8,15 @@
 //! shared memory when a row spans several warps). The block of the column tile
 //! decides one pass (it covers the row) or a looped reduction.
 
-use super::expr::{narrow, tensor_mask, tensor_offset, CTy};
+mod load;
+mod reduce;
+mod store;
+
+use super::expr::CTy;
 use super::{config_err, one_line, Emitter, Lowered};
-use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
+use load::{Kept, LoadKey};
 use std::fmt::Write;
 
 /// Most values of one tile a thread may hold per variable (registers).
@@ -41,6 +45,15 @@ struct Geometry {
 impl Geometry {
     fn row(&self) -> String {
         format!("(tb{} + tf_grp + i * {})", self.rd, self.r)
+    }
+
+    /// Element `j`'s column within the loop's step (`int`; `tf_lv` is `tf_lane · VEC`).
+    fn col_in_step(&self) -> String {
+        format!(
+            "(tf_lv + (j / {v}) * {cv} + (j % {v}))",
+            v = self.vec,
+            cv = self.c * self.vec
+        )
     }
 
     fn col(&self, cd: DimId) -> String {
@@ -143,23 +156,33 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         }
     }
 
-    // Memory-bound: ask for enough resident threads (1024 per SM, so at most 64
-    // registers each) to keep loads in flight.
-    let params = e.begin(nt, (1024 / nt).max(1), "", &[]);
+    // Memory-bound: as many resident threads as the registers the loads hold
+    // allow (and a few dozen more for the rest), to keep loads in flight; at most
+    // 1024 per SM, which leaves 64 registers each.
+    let budget = load::held_words(e, &g, &k.body) + 56;
+    let min_blocks = (65536 / (budget * nt)).clamp(1, (1024 / nt).max(1));
+    let params = e.begin(nt, min_blocks, load::HELPERS, &[]);
     let _ = writeln!(
         e.out,
-        "  const int tid = threadIdx.x, tf_lane = tid % {c}, tf_grp = tid / {c};\n  \
+        "  const int tid = threadIdx.x, tf_lane = tid % {c}, tf_grp = tid / {c}, tf_lv = tf_lane * {v};\n  \
          const long long tb{rd} = (long long)blockIdx.x * B{rd};\n  \
-         (void)tf_lane; (void)tf_grp;",
+         (void)tf_lane; (void)tf_grp; (void)tf_lv;",
+        v = g.vec
     );
     if g.c > 32 {
         let _ = writeln!(e.out, "  __shared__ float tf_red[{}];", nt / 32 * g.rpt);
     }
     let body = k.body.clone();
+    let written = load::written(k);
+    let kept = load::shared_loads(e, &body, &written);
     let mut w = RowWriter {
         g,
         cur: None,
         temps: 0,
+        written,
+        kept,
+        step: Vec::new(),
+        loop_body: Vec::new(),
     };
     w.stmts(e, &body, 1)?;
     e.out.push_str("}\n");
@@ -202,6 +225,14 @@ struct RowWriter {
     /// The column dimension of the loop being emitted.
     cur: Option<DimId>,
     temps: usize,
+    /// Tensors the kernel stores to (their loads are never reused).
+    written: Vec<TensorId>,
+    /// Loads several walks share ([`load::shared_loads`]).
+    kept: Vec<Kept>,
+    /// The loads of the current loop step, and their element access.
+    step: Vec<(LoadKey, String)>,
+    /// The statements of the loop being emitted.
+    loop_body: Vec<Stmt>,
 }
 
 impl RowWriter {
@@ -268,13 +299,41 @@ impl RowWriter {
         c
     }
 
+    /// Whether a tile `let` can be recomputed at its uses instead of held: no
+    /// reduction inside, reading only tensors nothing writes, and neither it nor
+    /// a variable it reads is ever reassigned (a use would see the new value).
+    fn inlinable(&self, var: VarId, value: &Expr) -> bool {
+        let mut ok = true;
+        let mut reads = vec![var];
+        value.walk(&mut |x| match x {
+            Expr::Reduce { .. } => ok = false,
+            Expr::Load { tensor, .. } => ok &= !self.written.contains(tensor),
+            Expr::Var(v) => reads.push(*v),
+            _ => {}
+        });
+        // Tile values die with their loop, so only this loop's assignments matter.
+        for s in &self.loop_body {
+            if let Stmt::Assign { var: v, .. } = s {
+                ok &= !reads.contains(v);
+            }
+        }
+        ok
+    }
+
     fn stmts(&mut self, e: &mut Emitter, body: &[Stmt], depth: usize) -> Result<(), CodegenError> {
         let ind = "  ".repeat(depth);
         for s in body {
             match s {
                 Stmt::Let { var, value, at } => {
-                    let pre = self.hoist(e, value, at, &ind)?;
+                    let value = &super::inline(value, &e.inline_vars);
                     let p = self.place(&e.checked.vars[*var].dims);
+                    if matches!(p, Place::Tile | Place::Col) && self.inlinable(*var, value) {
+                        // Recomputed where used (the loads it reads stay in
+                        // registers for the step): a tile of f32 registers fewer.
+                        e.bind_inline(*var, value);
+                        continue;
+                    }
+                    let pre = self.hoist(e, value, at, &ind)?;
                     let (v, ty) = self.elem(e, &pre, value, at, p, &ind)?;
                     let name = format!("v{var}");
                     let cty = if ty == CTy::F32 { "float" } else { "long long" };
@@ -308,6 +367,7 @@ impl RowWriter {
                             message: "reassigning a scalar is not supported; bind a new name with `let`, or make it a tile (`full::<f32>([tm], v)`)".into(),
                         });
                     }
+                    let value = &super::inline(value, &e.inline_vars);
                     let pre = self.hoist(e, value, at, &ind)?;
                     let p = self.place(&e.checked.vars[*var].dims);
                     let at_ = one_line(at);
@@ -332,17 +392,22 @@ impl RowWriter {
                         });
                     }
                     let ext = e.k.dims[*dim].extent;
+                    self.declare_kept(e, *dim, inner, &ind);
                     let _ = writeln!(
                         e.out,
-                        "{ind}for (long long tb{dim} = 0; tb{dim} < s{ext}; tb{dim} += B{dim}) {{  // tile `{}`",
+                        "{ind}for (long long tb{dim} = 0; tb{dim} < s{ext}; tb{dim} += B{dim}) {{  // tile `{}`\n\
+                         {ind}  const int tf_rem{dim} = (int)max(0ll, min((long long)B{dim}, s{ext} - tb{dim}));  // columns in this step",
                         e.k.dims[*dim].name
                     );
                     self.cur = Some(*dim);
-                    let saved = e.named_vars.clone();
+                    self.step.clear();
+                    self.loop_body = inner.clone();
+                    let saved = (e.named_vars.clone(), e.inline_vars.clone());
                     self.stmts(e, inner, depth + 1)?;
                     // Values bound in the loop die with it; carried ones were bound outside.
-                    e.named_vars = saved;
+                    (e.named_vars, e.inline_vars) = saved;
                     self.cur = None;
+                    self.step.clear();
                     let _ = writeln!(e.out, "{ind}}}");
                 }
                 other => {
@@ -401,9 +466,8 @@ impl RowWriter {
                 Expr::Load { tensor, index, .. }
                     if self.cur.is_some_and(|c| index.contains(&c)) =>
                 {
-                    let name = self.load(e, *tensor, index, ind);
-                    let p = self.place(index);
-                    pre.push((x.clone(), format!("{name}{}", self.shape(e, p).1)));
+                    let access = self.load(e, *tensor, index, ind);
+                    pre.push((x.clone(), access));
                 }
                 Expr::Reduce { op, arg, dim, at } => {
                     if Some(*dim) != self.cur {
@@ -431,226 +495,6 @@ impl RowWriter {
         let _ = at;
         Ok(pre)
     }
-
-    /// Loads `tensor[index]` (it has the loop's column) into registers: 16 bytes
-    /// at a time where the rows allow, element by element at the ragged edge.
-    fn load(&mut self, e: &mut Emitter, t: TensorId, index: &[DimId], ind: &str) -> String {
-        let name = format!("tf_ld{}", self.temps);
-        self.temps += 1;
-        let p = self.place(index);
-        let (decl, access) = self.shape(e, p);
-        let ts = &e.spec.tensors[t];
-        let dtype = ts.dtype;
-        let cd = self.cur.unwrap_or(0);
-        let cty = if dtype.is_float() {
-            "float"
-        } else {
-            "long long"
-        };
-        let _ = writeln!(e.out, "{ind}{cty} {name}{decl};");
-        let esize = dtype.size();
-        let vec_ok = self.vec_ok(e, t, index);
-        let idx: Vec<String> = index
-            .iter()
-            .map(|&d| {
-                if d == cd {
-                    "tf_c".to_string()
-                } else {
-                    self.g.row()
-                }
-            })
-            .collect();
-        let has_row = matches!(p, Place::Tile);
-        let v = self.g.vec;
-        let chunks = self.cols(e) / v;
-        if has_row {
-            let _ = writeln!(
-                e.out,
-                "{ind}#pragma unroll\n{ind}for (int i = 0; i < {}; ++i) {{",
-                self.g.rpt
-            );
-        }
-        let _ = writeln!(
-            e.out,
-            "{ind}#pragma unroll\n{ind}for (int tf_ch = 0; tf_ch < {chunks}; ++tf_ch) {{\n\
-             {ind}  const long long tf_c0 = tb{cd} + tf_ch * {cv} + tf_lane * {v};",
-            cv = self.g.c * v
-        );
-        let elem = |j: &str| access.replace("[j]", &format!("[{j}]"));
-        let mask0 = tensor_mask(t, &idx).replace("tf_c", "(tf_c0 + {v} - 1)");
-        let mask0 = mask0.replace("{v}", &v.to_string());
-        if vec_ok {
-            let per = 16 / esize;
-            let _ = writeln!(
-                e.out,
-                "{ind}  if ({mask0}) {{\n{ind}    const long long tf_c = tf_c0;\n\
-                 {ind}    const uint4* tf_q = (const uint4*)(t{t} + {off});",
-                off = tensor_offset(t, &idx)
-            );
-            for q in 0..(v / per) {
-                let _ = writeln!(e.out, "{ind}    {{ const uint4 tf_w = tf_q[{q}];");
-                for x in 0..per {
-                    let word = ["tf_w.x", "tf_w.y", "tf_w.z", "tf_w.w"][x * esize / 4];
-                    let raw = match esize {
-                        2 => format!(
-                            "(tf_u16)({word} >> {})",
-                            if x % 2 == 0 { "0" } else { "16" }
-                        ),
-                        _ => word.to_string(),
-                    };
-                    let val = match dtype {
-                        DType::BF16 => format!("tf_bf16_to_f32({raw})"),
-                        DType::F16 => format!("tf_f16_to_f32({raw})"),
-                        _ => format!("__uint_as_float({raw})"),
-                    };
-                    let j = format!("tf_ch * {v} + {}", q * per + x);
-                    let _ = writeln!(e.out, "{ind}      {name}{} = {val};", elem(&j));
-                }
-                let _ = writeln!(e.out, "{ind}    }}");
-            }
-            let _ = writeln!(e.out, "{ind}  }} else {{");
-        } else {
-            let _ = writeln!(e.out, "{ind}  {{");
-        }
-        let (wv, ty) = super::expr::widen(dtype, &format!("t{t}[{}]", tensor_offset(t, &idx)));
-        let zero = if ty == CTy::F32 { "0.0f" } else { "0ll" };
-        let _ = writeln!(
-            e.out,
-            "{ind}    #pragma unroll\n{ind}    for (int tf_v = 0; tf_v < {v}; ++tf_v) {{\n\
-             {ind}      const long long tf_c = tf_c0 + tf_v;\n\
-             {ind}      {name}{} = ({}) ? {wv} : {zero};\n{ind}    }}\n{ind}  }}\n{ind}}}",
-            elem(&format!("tf_ch * {v} + tf_v")),
-            tensor_mask(t, &idx)
-        );
-        if has_row {
-            let _ = writeln!(e.out, "{ind}}}");
-        }
-        name
-    }
-
-    /// Reduces `arg` along the loop's column `dim` (its in-bounds columns): each
-    /// thread over its own columns, then over the row's lanes.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce(
-        &mut self,
-        e: &mut Emitter,
-        pre: &[(Expr, String)],
-        op: ReduceOp,
-        arg: &Expr,
-        dim: DimId,
-        at: &str,
-        ind: &str,
-    ) -> Result<String, CodegenError> {
-        let name = format!("tf_red{}", self.temps);
-        self.temps += 1;
-        let has_row = dims_of(e, arg).contains(&self.g.rd);
-        let (identity, comb) = match op {
-            ReduceOp::Sum => ("0.0f", "({A} + {B})"),
-            ReduceOp::Max => ("__int_as_float(0xff800000)", "fmaxf({A}, {B})"),
-            ReduceOp::Min => ("__int_as_float(0x7f800000)", "fminf({A}, {B})"),
-        };
-        let f = |a: &str, b: &str| comb.replace("{A}", a).replace("{B}", b);
-        let mut ctx = e.ctx(&self.coords());
-        ctx.precomputed = pre.to_vec();
-        let (v, ty) = ctx.emit(arg, at)?;
-        let v = if ty == CTy::I64 {
-            format!("(float)({v})")
-        } else {
-            v
-        };
-        let rpt = if has_row { self.g.rpt } else { 1 };
-        let ext = e.k.dims[dim].extent;
-        let _ = writeln!(
-            e.out,
-            "{ind}float {name}[{rpt}];  // {}\n{ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
-             {ind}  float tf_a = {identity};\n\
-             {ind}  #pragma unroll\n{ind}  for (int j = 0; j < {cols}; ++j)\n\
-             {ind}    if ({col} < s{ext}) tf_a = {upd};\n",
-            one_line(at),
-            cols = self.cols(e),
-            col = self.g.col(dim),
-            upd = f("tf_a", &format!("({v})"))
-        );
-        let lanes = self.g.c.min(32);
-        let _ = writeln!(
-            e.out,
-            "{ind}  #pragma unroll\n{ind}  for (int tf_sh = {}; tf_sh > 0; tf_sh >>= 1) tf_a = {};\n\
-             {ind}  {name}[i] = tf_a;\n{ind}}}",
-            lanes / 2,
-            f("tf_a", "__shfl_xor_sync(0xffffffffu, tf_a, tf_sh)")
-        );
-        if self.g.c > 32 {
-            let per_row = self.g.c / 32;
-            let _ = writeln!(
-                e.out,
-                "{ind}__syncthreads();\n\
-                 {ind}if (tid % 32 == 0) for (int i = 0; i < {rpt}; ++i) tf_red[(tf_grp * {rpt} + i) * {per_row} + tf_lane / 32] = {name}[i];\n\
-                 {ind}__syncthreads();\n\
-                 {ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
-                 {ind}  float tf_a = {identity};\n\
-                 {ind}  #pragma unroll\n{ind}  for (int w = 0; w < {per_row}; ++w) tf_a = {};\n\
-                 {ind}  {name}[i] = tf_a;\n{ind}}}",
-                f("tf_a", &format!("tf_red[(tf_grp * {rpt} + i) * {per_row} + w]"))
-            );
-        }
-        Ok(if has_row {
-            format!("{name}[i]")
-        } else {
-            format!("{name}[0]")
-        })
-    }
-
-    fn store(
-        &mut self,
-        e: &mut Emitter,
-        t: TensorId,
-        index: &[DimId],
-        value: &Expr,
-        at: &str,
-        ind: &str,
-    ) -> Result<(), CodegenError> {
-        let pre = self.hoist(e, value, at, ind)?;
-        let p = self.place(index);
-        let mut ctx = e.ctx(&self.coords());
-        ctx.precomputed = pre;
-        let (v, ty) = ctx.emit(value, at)?;
-        let coords = self.coords();
-        let idx: Vec<String> = index
-            .iter()
-            .map(|d| {
-                coords
-                    .iter()
-                    .find(|(x, _)| x == d)
-                    .map(|(_, c)| c.clone())
-                    .unwrap_or_default()
-            })
-            .collect();
-        // Each element is written by one thread: a row's value by its first lane,
-        // a column's by the first row group.
-        let owner = match p {
-            Place::Row => "tf_lane == 0",
-            Place::Col => "tf_grp == 0",
-            Place::Tile => "true",
-            Place::Scalar => "tid == 0",
-        };
-        let _ = writeln!(e.out, "{ind}// {}", one_line(at));
-        let dtype = e.spec.tensors[t].dtype;
-        if p == Place::Tile && self.vec_ok(e, t, index) {
-            self.store_vec(e, t, &idx, &v, ty, ind);
-            return Ok(());
-        }
-        let n = self.open(e, p, ind);
-        let cty = if ty == CTy::F32 { "float" } else { "long long" };
-        let _ = writeln!(
-            e.out,
-            "{ind}  if ({owner} && {}) {{ const {cty} v = {v}; t{t}[{}] = {}; }}",
-            tensor_mask(t, &idx),
-            tensor_offset(t, &idx),
-            narrow(dtype, "v", ty)
-        );
-        Self::close(e, n, ind);
-        Ok(())
-    }
 }
 
 /// The tile dimensions of `x`'s value.
@@ -671,84 +515,6 @@ fn dims_of(e: &Emitter, x: &Expr) -> Vec<DimId> {
         Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => dims_of(e, arg),
         Expr::Reduce { arg, dim, .. } => dims_of(e, arg).into_iter().filter(|d| d != dim).collect(),
         _ => Vec::new(),
-    }
-}
-
-impl RowWriter {
-    /// Whether `tensor[index]` moves 16 bytes at a time: 16- or 32-bit floats,
-    /// rows 16-byte aligned, the loop's column the contiguous last index.
-    fn vec_ok(&self, e: &Emitter, t: TensorId, index: &[DimId]) -> bool {
-        let ts = &e.spec.tensors[t];
-        ts.dtype.is_float()
-            && ts.last_contiguous
-            && ts.align >= 16
-            && index.last() == self.cur.as_ref()
-            && (self.g.vec * ts.dtype.size()) % 16 == 0
-    }
-
-    /// Stores a tile `VEC` columns at a time: packed 16-byte stores where the
-    /// chunk lies inside the tensor, element by element at its edge.
-    fn store_vec(&self, e: &mut Emitter, t: TensorId, idx: &[String], v: &str, ty: CTy, ind: &str) {
-        let dtype = e.spec.tensors[t].dtype;
-        let esize = dtype.size();
-        let vec = self.g.vec;
-        let chunks = self.cols(e) / vec;
-        let cv = self.g.c * vec;
-        let cd = self.cur.unwrap_or(0);
-        let col = self.g.col(cd);
-        let at_c0: Vec<String> = idx.iter().map(|x| x.replace(&col, "tf_c0")).collect();
-        let at_c: Vec<String> = idx.iter().map(|x| x.replace(&col, "tf_c")).collect();
-        let full = tensor_mask(t, &at_c0).replace("(tf_c0)", &format!("(tf_c0 + {})", vec - 1));
-        let cty = if ty == CTy::F32 { "float" } else { "long long" };
-        let bits = |x: &str| match dtype {
-            DType::BF16 => format!("(tf_u32)tf_f32_to_bf16({x})"),
-            DType::F16 => format!("(tf_u32)tf_f32_to_f16({x})"),
-            _ => format!("__float_as_uint({x})"),
-        };
-        let _ = writeln!(
-            e.out,
-            "{ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
-             {ind}#pragma unroll\n{ind}for (int tf_ch = 0; tf_ch < {chunks}; ++tf_ch) {{\n\
-             {ind}  const long long tf_c0 = tb{cd} + tf_ch * {cv} + tf_lane * {vec};\n\
-             {ind}  {cty} tf_o[{vec}];\n\
-             {ind}  #pragma unroll\n{ind}  for (int tf_v = 0; tf_v < {vec}; ++tf_v) {{ const int j = tf_ch * {vec} + tf_v; tf_o[tf_v] = {v}; }}\n\
-             {ind}  if ({full}) {{\n\
-             {ind}    uint4* tf_q = (uint4*)(t{t} + {off});",
-            rpt = self.g.rpt,
-            off = tensor_offset(t, &at_c0)
-        );
-        let per = 16 / esize;
-        for q in 0..(vec / per) {
-            let words: Vec<String> = (0..4)
-                .map(|w| {
-                    if esize == 2 {
-                        let (a, b) = (q * per + 2 * w, q * per + 2 * w + 1);
-                        format!(
-                            "{} | ({} << 16)",
-                            bits(&format!("tf_o[{a}]")),
-                            bits(&format!("tf_o[{b}]"))
-                        )
-                    } else {
-                        bits(&format!("tf_o[{}]", q * per + w))
-                    }
-                })
-                .collect();
-            let _ = writeln!(
-                e.out,
-                "{ind}    tf_q[{q}] = make_uint4({});",
-                words.join(", ")
-            );
-        }
-        let _ = writeln!(
-            e.out,
-            "{ind}  }} else {{\n\
-             {ind}    #pragma unroll\n{ind}    for (int tf_v = 0; tf_v < {vec}; ++tf_v) {{\n\
-             {ind}      const long long tf_c = tf_c0 + tf_v;\n\
-             {ind}      if ({}) t{t}[{}] = {};\n{ind}    }}\n{ind}  }}\n{ind}}}\n{ind}}}",
-            tensor_mask(t, &at_c),
-            tensor_offset(t, &at_c),
-            narrow(dtype, "tf_o[tf_v]", ty)
-        );
     }
 }
 
