@@ -88,7 +88,8 @@ fn the_tuning_space_of_a_row_kernel_spans_rows_columns_and_warps() {
             "block_sizes[1]",
             "block_sizes[2]",
             "block_sizes[0]",
-            "num_warps"
+            "num_warps",
+            "occupancy"
         ]
     );
     let seeds = space.seeds(&spec, true);
@@ -142,5 +143,35 @@ fn a_second_walk_reuses_the_first_walks_registers() {
             .matches("const unsigned short* tf_p = t0 +")
             .count(),
         2
+    );
+}
+
+/// `occupancy` sets the launch bounds of a row kernel (resident threads per SM);
+/// out-of-range values and other kernels' use of it are refused with the reason.
+#[test]
+fn occupancy_sets_the_launch_bounds_of_row_kernels() {
+    let def = rms_norm::kernel();
+    let spec = def.declared_spec().unwrap();
+    let base = Config::new(&[1, 8192, 8192]).num_warps(8);
+    let l = def.lower(&spec, &base.clone().occupancy(768)).unwrap();
+    assert!(l.source.contains("__launch_bounds__(256, 3)"));
+    let l = def.lower(&spec, &base.clone().occupancy(512)).unwrap();
+    assert!(l.source.contains("__launch_bounds__(256, 2)"));
+    for bad in [128, 4096] {
+        let e = def
+            .lower(&spec, &base.clone().occupancy(bad))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("occupancy") && e.contains("2048"), "{e}");
+    }
+    let mm = common::examples::matmul::matmul::kernel();
+    let mm_spec = mm.declared_spec().unwrap();
+    let e = mm
+        .lower(&mm_spec, &mm.config().unwrap().occupancy(1024))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`occupancy` is an option of kernels that reduce"),
+        "{e}"
     );
 }

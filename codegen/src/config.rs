@@ -40,6 +40,12 @@ pub struct Config {
     /// does nothing when the operands are aligned. See [`crate::staging`].
     #[serde(default)]
     pub stage: bool,
+    /// Row kernels (reductions): the resident threads per SM the launch bounds ask
+    /// for, which caps each thread's registers at `65536 / occupancy`. More
+    /// threads keep more loads in flight; fewer leave registers for wide rows.
+    /// 0: derived from the registers the kernel's loads hold.
+    #[serde(default)]
+    pub occupancy: usize,
 }
 
 fn one() -> usize {
@@ -57,6 +63,7 @@ impl Config {
             persistent: false,
             cluster_m: 1,
             stage: false,
+            occupancy: 0,
         }
     }
 
@@ -99,6 +106,12 @@ impl Config {
         self
     }
 
+    /// Resident threads per SM for a row kernel; see [`Config::occupancy`].
+    pub fn occupancy(mut self, threads: usize) -> Config {
+        self.occupancy = threads;
+        self
+    }
+
     /// Threads per block.
     pub fn threads(&self) -> usize {
         self.num_warps * 32
@@ -122,6 +135,9 @@ impl std::fmt::Display for Config {
         }
         if self.stage {
             write!(f, ", stage")?;
+        }
+        if self.occupancy != 0 {
+            write!(f, ", occupancy={}", self.occupancy)?;
         }
         Ok(())
     }

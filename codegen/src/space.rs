@@ -28,13 +28,15 @@ pub enum Axis {
     /// Matmuls with unaligned operands: load them as they are (0) or copy them
     /// into aligned scratch first (1); see [`Config::stage`].
     Stage,
+    /// Row kernels: resident threads per SM (0: derived); see [`Config::occupancy`].
+    Occupancy(Vec<usize>),
 }
 
 impl Axis {
     fn values(&self) -> &[usize] {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
-            Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) => v,
+            Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) | Axis::Occupancy(v) => v,
             Axis::Persistent | Axis::Stage => &[0, 1],
         }
     }
@@ -48,6 +50,7 @@ impl Axis {
             Axis::Persistent => usize::from(c.persistent),
             Axis::ClusterM(_) => c.cluster_m,
             Axis::Stage => usize::from(c.stage),
+            Axis::Occupancy(_) => c.occupancy,
         }
     }
 
@@ -60,6 +63,7 @@ impl Axis {
             Axis::Persistent => c.persistent = v != 0,
             Axis::ClusterM(_) => c.cluster_m = v,
             Axis::Stage => c.stage = v != 0,
+            Axis::Occupancy(_) => c.occupancy = v,
         }
     }
 
@@ -73,6 +77,7 @@ impl Axis {
             Axis::Persistent => "persistent".into(),
             Axis::ClusterM(_) => "cluster_m".into(),
             Axis::Stage => "stage".into(),
+            Axis::Occupancy(_) => "occupancy".into(),
         }
     }
 }
@@ -370,6 +375,7 @@ fn rows_axes(kernel: &Kernel) -> Vec<Axis> {
         });
     }
     axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
+    axes.push(Axis::Occupancy(vec![0, 512, 768, 1024]));
     axes
 }
 

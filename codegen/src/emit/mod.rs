@@ -160,6 +160,13 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "`wgmma`, `persistent`, `cluster_m` and `stage` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
         ));
     }
+    if config.occupancy != 0 && !matches!(shape, Shape::Rows) {
+        return Err(config_err(
+            kernel,
+            config,
+            "`occupancy` is an option of kernels that reduce tiles (`x.sum(t)`, `.max(t)`, `.min(t)`); leave it 0 here",
+        ));
+    }
     let mut e = Emitter::new(kernel, spec, &checked, config);
     let mut lowered = match shape {
         Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
