@@ -52,6 +52,10 @@
 //!   giving a per-row tile that broadcasts back (`exp(v - row_max)`); per-row
 //!   accumulators (`full::<f32>([tm], f32::NEG_INFINITY)`) carry across the loop's
 //!   steps. The column block decides one step or several (`examples/softmax.rs`);
+//! - masks: `t.index()` is each element's index along tile `t`; comparisons
+//!   (`==`, `!=`, `<`, `<=`, `>`, `>=`) give 1 or 0; `select(mask, a, b)` picks `a`
+//!   where the mask is not zero, else `b` (`select(tn.index() == label, v, 0.0)`
+//!   picks a row's label column, `examples/cross_entropy.rs`);
 //! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
 //!   parameters are baked into the generated code;
 //! - `if cond { … } else { … }` on `#[constexpr]` parameters and integer literals

@@ -262,6 +262,13 @@ fn row_kernels_compile() {
     ] {
         compile_all(def, &aligned_and_not(def), &configs);
     }
+    // One walk (two tile dimensions): the same blocks, its first walk's.
+    let def = cross_entropy::cross_entropy::kernel();
+    let two: Vec<Config> = configs
+        .iter()
+        .map(|c| Config::new(&c.block_sizes[..2]).num_warps(c.num_warps))
+        .collect();
+    compile_all(def, &aligned_and_not(def), &two);
 }
 
 /// The row kernels hold their rows in registers: with room (occupancy 512, so
@@ -282,6 +289,7 @@ fn row_kernels_do_not_spill_at_their_seeds() {
         softmax::softmax::kernel(),
         rms_norm::rms_norm::kernel(),
         layer_norm::layer_norm::kernel(),
+        cross_entropy::cross_entropy::kernel(),
     ] {
         let spec = def.declared_spec().expect("declared dtypes");
         let space = tilefuse::codegen::ConfigSpace::new(def.ir().expect("ir"), &spec, h200);

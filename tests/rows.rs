@@ -175,3 +175,24 @@ fn occupancy_sets_the_launch_bounds_of_row_kernels() {
         "{e}"
     );
 }
+
+/// Masks: `tn.index()` is each column's index, a comparison gives 1 or 0, and
+/// `select` picks elementwise; cross-entropy picks its label's logit so.
+#[test]
+fn masks_pick_by_index() {
+    let def = common::examples::cross_entropy::cross_entropy::kernel();
+    let spec = def.declared_spec().unwrap();
+    let ir = def.ir().unwrap();
+    let l = def
+        .lower(&spec, &tilefuse::codegen::default_config(ir))
+        .unwrap();
+    assert_eq!(l.path, "rows");
+    let src = &l.source;
+    assert!(src.contains(" == "), "{src}");
+    assert!(src.contains("? 1ll : 0ll)) != 0 ?"), "{src}");
+    // The label is a 64-bit integer per row, loaded before the walk.
+    let label = src
+        .find("long long v0[1];  // label")
+        .expect("the label per row");
+    assert!(label < src.find("for (long long tb1").unwrap(), "{src}");
+}

@@ -385,6 +385,53 @@ impl Checker<'_> {
                     dtype,
                 }
             }
+            Expr::Compare { lhs, rhs, at, .. } => {
+                let l = self.expr(lhs, at)?;
+                let r = self.expr(rhs, at)?;
+                Ty {
+                    dims: union(&l.dims, &r.dims),
+                    dtype: DType::I64,
+                }
+            }
+            Expr::Select {
+                mask,
+                then,
+                otherwise,
+                at,
+            } => {
+                let m = self.expr(mask, at)?;
+                let a = self.expr(then, at)?;
+                let b = self.expr(otherwise, at)?;
+                if m.dtype.is_float() {
+                    return Err(self.err(
+                        at,
+                        "the mask of `select(mask, a, b)` is a comparison or an integer tile, e.g. `tm.index() >= tn.index()`",
+                    ));
+                }
+                Ty {
+                    dims: union(&union(&m.dims, &a.dims), &b.dims),
+                    dtype: if a.dtype.is_float() || b.dtype.is_float() {
+                        DType::F32
+                    } else {
+                        DType::I64
+                    },
+                }
+            }
+            Expr::TileIndex(d) => {
+                if !self.scope.contains(d) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "tile `{}` is used outside the loop that defines it",
+                            self.k.dims[*d].name
+                        ),
+                    ));
+                }
+                Ty {
+                    dims: vec![*d],
+                    dtype: DType::I64,
+                }
+            }
             Expr::Unary { op, arg } => {
                 let t = self.expr(arg, at)?;
                 let keeps_int = matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Relu);

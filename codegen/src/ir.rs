@@ -144,6 +144,20 @@ pub enum CmpOp {
     Ge,
 }
 
+impl CmpOp {
+    /// The operator as C and Rust write it.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "==",
+            CmpOp::Ne => "!=",
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+        }
+    }
+}
+
 /// A condition over `#[constexpr]` parameters and integer literals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Cond {
@@ -312,6 +326,25 @@ pub enum Expr {
         dim: DimId,
         at: Src,
     },
+    /// `t.index()`: each element's index along tile `t` (an integer tile over `t`),
+    /// e.g. for a causal mask `tm.index() >= tn.index()`.
+    TileIndex(DimId),
+    /// `a < b`, `a == b`, …: 1 where the comparison holds, else 0 (an integer tile
+    /// over both operands' tiles).
+    Compare {
+        op: CmpOp,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+        at: Src,
+    },
+    /// `select(mask, a, b)`: `a` where `mask` is not zero, else `b`, elementwise
+    /// (broadcast by tile name).
+    Select {
+        mask: Box<Expr>,
+        then: Box<Expr>,
+        otherwise: Box<Expr>,
+        at: Src,
+    },
     /// `if cond { then } else { otherwise }` as a value, on `#[constexpr]`
     /// parameters: decided when the kernel is specialized.
     IfConst {
@@ -370,9 +403,19 @@ impl Expr {
                 a.walk(f);
                 b.walk(f);
             }
-            Expr::Binary { lhs, rhs, .. } => {
+            Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => {
                 lhs.walk(f);
                 rhs.walk(f);
+            }
+            Expr::Select {
+                mask,
+                then,
+                otherwise,
+                ..
+            } => {
+                mask.walk(f);
+                then.walk(f);
+                otherwise.walk(f);
             }
             Expr::Unary { arg, .. } | Expr::Cast { arg, .. } | Expr::Reduce { arg, .. } => {
                 arg.walk(f)

@@ -163,6 +163,23 @@ impl Specializer<'_> {
                 rhs: boxed(rhs)?,
                 at: at.clone(),
             },
+            Expr::Compare { op, lhs, rhs, at } => Expr::Compare {
+                op: *op,
+                lhs: boxed(lhs)?,
+                rhs: boxed(rhs)?,
+                at: at.clone(),
+            },
+            Expr::Select {
+                mask,
+                then,
+                otherwise,
+                at,
+            } => Expr::Select {
+                mask: boxed(mask)?,
+                then: boxed(then)?,
+                otherwise: boxed(otherwise)?,
+                at: at.clone(),
+            },
             Expr::Unary { op, arg } => Expr::Unary {
                 op: *op,
                 arg: boxed(arg)?,

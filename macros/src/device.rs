@@ -12,8 +12,8 @@ const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, …
                           `wait(flags, index, value);`, `signal(counters, index, value);`, nested `for t in tile(extent) { … }` loops and \
                           `if` on `#[constexpr]` parameters";
 const FUNCTIONS: &str =
-    "addmm, zeros, full, wait, signal, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
-                         gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .sum(t), .max(t), .min(t), .begin(), .end(), .size())";
+    "addmm, zeros, full, select, wait, signal, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
+                         gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .sum(t), .max(t), .min(t), and on tiles .begin(), .end(), .size(), .index())";
 
 /// A name visible in device code.
 #[derive(Clone, Copy, Debug)]
@@ -711,7 +711,7 @@ impl Builder {
                     Some(Binding::Tile(_)) => {
                         return Err(err(
                             p,
-                            format!("tile `{name}` is not a value; use `{name}.begin()`, `{name}.end()` or `{name}.size()`"),
+                            format!("tile `{name}` is not a value; use `{name}.begin()`, `{name}.end()`, `{name}.size()` or `{name}.index()` (each element's index)"),
                         ))
                     }
                     None => {
@@ -745,11 +745,27 @@ impl Builder {
                     SynBin::Mul(_) => BinOp::Mul,
                     SynBin::Div(_) => BinOp::Div,
                     SynBin::Rem(_) => BinOp::Rem,
-                    _ => {
-                        return Err(err(
-                            b,
-                            "device code supports `+ - * / %` (comparisons and masks are not in the DSL yet)",
-                        ))
+                    other => {
+                        let cmp = match other {
+                            SynBin::Eq(_) => CmpOp::Eq,
+                            SynBin::Ne(_) => CmpOp::Ne,
+                            SynBin::Lt(_) => CmpOp::Lt,
+                            SynBin::Le(_) => CmpOp::Le,
+                            SynBin::Gt(_) => CmpOp::Gt,
+                            SynBin::Ge(_) => CmpOp::Ge,
+                            _ => {
+                                return Err(err(
+                                    b,
+                                    "device code supports `+ - * / %` and comparisons (`==`, `<`, …, giving a mask for `select`); combine masks with `*` (and) or `select`",
+                                ))
+                            }
+                        };
+                        return Ok(Expr::Compare {
+                            op: cmp,
+                            lhs: Box::new(self.expr(&b.left)?),
+                            rhs: Box::new(self.expr(&b.right)?),
+                            at: src(b),
+                        });
                     }
                 };
                 Expr::Binary {
@@ -843,6 +859,15 @@ impl Builder {
                     at: src(c),
                 }
             }
+            "select" => {
+                arity(3)?;
+                Expr::Select {
+                    mask: Box::new(self.expr(args[0])?),
+                    then: Box::new(self.expr(args[1])?),
+                    otherwise: Box::new(self.expr(args[2])?),
+                    at: src(c),
+                }
+            }
             "wait" | "signal" => {
                 return Err(err(
                     c,
@@ -878,7 +903,7 @@ impl Builder {
     fn method(&mut self, m: &syn::ExprMethodCall) -> syn::Result<Expr> {
         let name = m.method.to_string();
         // Tile methods: begin/end/size on a tile name.
-        if matches!(name.as_str(), "begin" | "end" | "size") {
+        if matches!(name.as_str(), "begin" | "end" | "size" | "index") {
             let d = self.tile_ref(&m.receiver).map_err(|_| {
                 err(
                     &m.receiver,
@@ -888,6 +913,7 @@ impl Builder {
             return Ok(match name.as_str() {
                 "begin" => Expr::TileBegin(d),
                 "end" => Expr::TileEnd(d),
+                "index" => Expr::TileIndex(d),
                 _ => Expr::TileSize(d),
             });
         }

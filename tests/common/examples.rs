@@ -18,3 +18,6 @@ pub mod rms_norm;
 
 #[path = "../../examples/layer_norm.rs"]
 pub mod layer_norm;
+
+#[path = "../../examples/cross_entropy.rs"]
+pub mod cross_entropy;

@@ -2,7 +2,7 @@
 //! ragged shapes (rows not a multiple of the block, columns not a multiple of a
 //! chunk, rows not 16-byte aligned), under several configs, outputs poisoned.
 
-use crate::common::examples::{layer_norm, rms_norm, softmax};
+use crate::common::examples::{cross_entropy, layer_norm, rms_norm, softmax};
 use crate::common::gpu;
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor, rel_error};
@@ -97,6 +97,40 @@ fn layer_norm_matches_f64() {
             })
             .unwrap();
             check("layer_norm", m, n, &cfg, &out, &expect);
+        }
+    }
+}
+
+/// Cross-entropy: the label's logit picked by a mask (`tn.index() == label`), on
+/// ragged shapes, with labels at the row's first and last column among them and
+/// one outside the row (it picks nothing); the loss is f32, poisoned with NaN.
+#[test]
+fn cross_entropy_matches_f64() {
+    let Some(_dev) = gpu() else { return };
+    for (m, n) in SHAPES {
+        let x = random_tensor::<bf16>([m, n], 4.0).unwrap();
+        let mut labels = cross_entropy::random_labels(m, n);
+        labels[0] = 0;
+        labels[m - 1] = n as i64 - 1;
+        if m > 2 {
+            labels[1] = n as i64 + 5;
+        }
+        let labels_d = Tensor::from_slice(&labels, [m]).unwrap();
+        let expect = cross_entropy::reference(&host(&x), &labels, m, n);
+        // One walk: each config's rows and its first walk's columns.
+        let two = configs()
+            .into_iter()
+            .map(|c| c.map(|c| Config::new(&c.block_sizes[..2]).num_warps(c.num_warps)));
+        for cfg in two {
+            let loss = Tensor::full([m], f32::NAN).unwrap();
+            with(cross_entropy::cross_entropy::kernel(), &cfg, || {
+                cross_entropy::cross_entropy(&x, &labels_d, &loss)
+            })
+            .unwrap();
+            let err = rel_error(&loss.to_vec().unwrap(), &expect, |v: f32| v as f64, |v| v);
+            let label = cfg.as_ref().map_or("default".into(), |c| c.to_string());
+            eprintln!("cross_entropy {m}x{n} {label}: rel err {err:.2e}");
+            assert!(err <= 1e-4, "cross_entropy {m}x{n} {label}: rel err {err}");
         }
     }
 }

@@ -202,6 +202,32 @@ impl ElemCtx<'_> {
                 };
                 (code, if float { CTy::F32 } else { CTy::I64 })
             }
+            Expr::TileIndex(d) => (format!("(long long)({})", self.coord(*d, at)?), CTy::I64),
+            Expr::Compare { op, lhs, rhs, at } => {
+                let l = self.emit(lhs, at)?;
+                let r = self.emit(rhs, at)?;
+                let (a, b) = if l.1 == CTy::F32 || r.1 == CTy::F32 {
+                    (to_f32(l), to_f32(r))
+                } else {
+                    (l.0, r.0)
+                };
+                (format!("(({a} {} {b}) ? 1ll : 0ll)", op.symbol()), CTy::I64)
+            }
+            Expr::Select {
+                mask,
+                then,
+                otherwise,
+                at,
+            } => {
+                let (m, _) = self.emit(mask, at)?;
+                let a = self.emit(then, at)?;
+                let b = self.emit(otherwise, at)?;
+                if a.1 == CTy::F32 || b.1 == CTy::F32 {
+                    (format!("(({m}) != 0 ? {} : {})", to_f32(a), to_f32(b)), CTy::F32)
+                } else {
+                    (format!("(({m}) != 0 ? {} : {})", a.0, b.0), CTy::I64)
+                }
+            }
             Expr::Unary { op, arg } => {
                 let x = self.emit(arg, at)?;
                 if x.1 == CTy::I64 {

@@ -189,6 +189,23 @@ pub(crate) fn inline(e: &Expr, vars: &HashMap<VarId, Expr>) -> Expr {
             rhs: sub(rhs),
             at: at.clone(),
         },
+        Expr::Compare { op, lhs, rhs, at } => Expr::Compare {
+            op: *op,
+            lhs: sub(lhs),
+            rhs: sub(rhs),
+            at: at.clone(),
+        },
+        Expr::Select {
+            mask,
+            then,
+            otherwise,
+            at,
+        } => Expr::Select {
+            mask: sub(mask),
+            then: sub(then),
+            otherwise: sub(otherwise),
+            at: at.clone(),
+        },
         Expr::Unary { op, arg } => Expr::Unary {
             op: *op,
             arg: sub(arg),

@@ -527,6 +527,23 @@ fn dims_of(e: &Emitter, x: &Expr) -> Vec<DimId> {
             }
             d
         }
+        Expr::Compare { lhs, rhs, .. } => {
+            let mut d = dims_of(e, lhs);
+            d.extend(dims_of(e, rhs));
+            d
+        }
+        Expr::Select {
+            mask,
+            then,
+            otherwise,
+            ..
+        } => {
+            let mut d = dims_of(e, mask);
+            d.extend(dims_of(e, then));
+            d.extend(dims_of(e, otherwise));
+            d
+        }
+        Expr::TileIndex(d) => vec![*d],
         Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => dims_of(e, arg),
         Expr::Reduce { arg, dim, .. } => dims_of(e, arg).into_iter().filter(|d| d != dim).collect(),
         _ => Vec::new(),
@@ -535,9 +552,19 @@ fn dims_of(e: &Emitter, x: &Expr) -> Vec<DimId> {
 
 fn post_order<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
     match e {
-        Expr::Binary { lhs, rhs, .. } => {
+        Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => {
             post_order(lhs, out);
             post_order(rhs, out);
+        }
+        Expr::Select {
+            mask,
+            then,
+            otherwise,
+            ..
+        } => {
+            post_order(mask, out);
+            post_order(then, out);
+            post_order(otherwise, out);
         }
         Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => post_order(arg, out),
         // A reduction's argument is computed inside it (its loads hoisted first).
