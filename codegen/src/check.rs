@@ -68,6 +68,21 @@ fn union(a: &[DimId], b: &[DimId]) -> Vec<DimId> {
 }
 
 impl Checker<'_> {
+    /// Tile `d` is bound by an enclosing loop here.
+    fn in_scope(&self, d: DimId, at: &str) -> Result<(), CodegenError> {
+        if self.scope.contains(&d) {
+            Ok(())
+        } else {
+            Err(self.err(
+                at,
+                format!(
+                    "tile `{}` is used outside the loop that defines it",
+                    self.k.dims[d].name
+                ),
+            ))
+        }
+    }
+
     fn err(&self, at: &str, message: impl Into<String>) -> CodegenError {
         CodegenError::Type {
             kernel: self.k.name.clone(),
@@ -353,15 +368,7 @@ impl Checker<'_> {
             }
             Expr::Full { dims, dtype, .. } => {
                 for d in dims {
-                    if !self.scope.contains(d) {
-                        return Err(self.err(
-                            at,
-                            format!(
-                                "tile `{}` is used outside the loop that defines it",
-                                self.k.dims[*d].name
-                            ),
-                        ));
-                    }
+                    self.in_scope(*d, at)?;
                 }
                 Ty {
                     dims: union(dims, &[]),
@@ -418,15 +425,7 @@ impl Checker<'_> {
                 }
             }
             Expr::TileIndex(d) => {
-                if !self.scope.contains(d) {
-                    return Err(self.err(
-                        at,
-                        format!(
-                            "tile `{}` is used outside the loop that defines it",
-                            self.k.dims[*d].name
-                        ),
-                    ));
-                }
+                self.in_scope(*d, at)?;
                 Ty {
                     dims: vec![*d],
                     dtype: DType::I64,
@@ -492,15 +491,7 @@ impl Checker<'_> {
             | Expr::TileEnd(_)
             | Expr::TileSize(_) => {
                 if let Expr::TileBegin(d) | Expr::TileEnd(d) | Expr::TileSize(d) = e {
-                    if !self.scope.contains(d) {
-                        return Err(self.err(
-                            at,
-                            format!(
-                                "tile `{}` is used outside the loop that defines it",
-                                self.k.dims[*d].name
-                            ),
-                        ));
-                    }
+                    self.in_scope(*d, at)?;
                 }
                 Ty::scalar(DType::I64)
             }

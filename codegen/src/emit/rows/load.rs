@@ -373,23 +373,16 @@ impl RowWriter {
              {ind}  const int tf_n = (int)max(0ll, min((long long)B{cur}, t{t}_n{last} - tb{cur}));",
             cty = ts.dtype.c_storage()
         );
-        let inner = format!("{ind}  ");
-        if self.vec_ok(e, t, index) {
-            let checked = format!(
-                "if (tf_rok && tf_c + {} < tf_n) {{\n{}}} else {{\n{}}}\n",
-                v - 1,
-                indent(&vector, "  "),
-                indent(&edge, "  ")
-            );
-            let _ = write!(
-                e.out,
-                "{inner}if (tf_rok && tf_n == B{cur}) {{  // a whole step of a row in bounds\n{}{inner}}} else {{\n{}{inner}}}\n",
-                chunk_loop(&vector, &format!("{inner}  ")),
-                chunk_loop(&checked, &format!("{inner}  "))
-            );
-        } else {
-            e.out.push_str(&chunk_loop(&edge, &inner));
-        }
+        let paths = step_paths(
+            self.vec_ok(e, t, index),
+            cur,
+            v,
+            &vector,
+            &edge,
+            chunk_loop,
+            ind,
+        );
+        e.out.push_str(&paths);
         let _ = writeln!(e.out, "{ind}}}");
     }
 
@@ -482,4 +475,35 @@ impl RowWriter {
 /// `code` with each line indented by `ind`.
 pub(super) fn indent(code: &str, ind: &str) -> String {
     code.lines().map(|l| format!("{ind}{l}\n")).collect()
+}
+
+/// The chunks of one step of a row (inside its `for i` or block, at `ind`): with
+/// 16-byte access, the `vector` chunk code alone when the row is in bounds and
+/// the step whole, else chunk by chunk `vector` or the `edge` code; without it,
+/// `edge` alone. `chunk_loop(body, indent)` wraps a chunk's code in the loop over
+/// chunks.
+pub(super) fn step_paths(
+    vec_ok: bool,
+    cur: DimId,
+    v: usize,
+    vector: &str,
+    edge: &str,
+    chunk_loop: impl Fn(&str, &str) -> String,
+    ind: &str,
+) -> String {
+    let inner = format!("{ind}  ");
+    if !vec_ok {
+        return chunk_loop(edge, &inner);
+    }
+    let checked = format!(
+        "if (tf_rok && tf_c + {} < tf_n) {{\n{}}} else {{\n{}}}\n",
+        v - 1,
+        indent(vector, "  "),
+        indent(edge, "  ")
+    );
+    format!(
+        "{inner}if (tf_rok && tf_n == B{cur}) {{  // a whole step of a row in bounds\n{}{inner}}} else {{\n{}{inner}}}\n",
+        chunk_loop(vector, &format!("{inner}  ")),
+        chunk_loop(&checked, &format!("{inner}  "))
+    )
 }

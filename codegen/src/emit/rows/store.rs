@@ -3,7 +3,7 @@
 //! anything else (a row's or a column's values, strided or transposed outputs)
 //! element by element with 64-bit indices, each element by one thread.
 
-use super::load::indent;
+use super::load::{indent, step_paths};
 use super::{Place, RowWriter};
 use crate::dtype::DType;
 use crate::emit::expr::{narrow, tensor_mask, tensor_offset, CTy};
@@ -146,23 +146,9 @@ impl RowWriter {
             row = self.g.row(),
             st = dtype.c_storage(),
         );
-        let inner = format!("{ind}  ");
-        if vec_ok {
-            let checked = format!(
-                "if (tf_rok && tf_c + {} < tf_n) {{\n{}}} else {{\n{}}}\n",
-                vec - 1,
-                indent(&vector, "  "),
-                indent(&edge, "  ")
-            );
-            let _ = write!(
-                e.out,
-                "{inner}if (tf_rok && tf_n == B{cd}) {{  // a whole step of a row in bounds\n{}{inner}}} else {{\n{}{inner}}}\n",
-                chunk_loop(&vector, &format!("{inner}  ")),
-                chunk_loop(&checked, &format!("{inner}  "))
-            );
-        } else {
-            e.out.push_str(&chunk_loop(&edge, &inner));
-        }
+        e.out.push_str(&step_paths(
+            vec_ok, cd, vec, &vector, &edge, chunk_loop, ind,
+        ));
         let _ = writeln!(e.out, "{ind}}}");
     }
 }
