@@ -40,6 +40,13 @@ pub struct Config {
     /// does nothing when the operands are aligned. See [`crate::staging`].
     #[serde(default)]
     pub stage: bool,
+    /// Hopper matmuls: the output tiles left over after the last whole wave share
+    /// their K iterations evenly among one wave of programs (stream-K), a program
+    /// crossing from one tile into the next; partial sums meet in scratch and
+    /// are added in a fixed order. Without it such a partial wave is split along
+    /// K only when it leaves half the SMs idle or more. See `runtime::split_tail`.
+    #[serde(default)]
+    pub stream_k: bool,
     /// Row kernels (reductions): the resident threads per SM the launch bounds ask
     /// for, which caps each thread's registers at `65536 / occupancy`. More
     /// threads keep more loads in flight; fewer leave registers for wide rows.
@@ -63,6 +70,7 @@ impl Config {
             persistent: false,
             cluster_m: 1,
             stage: false,
+            stream_k: false,
             occupancy: 0,
         }
     }
@@ -106,6 +114,12 @@ impl Config {
         self
     }
 
+    /// Stream-K for the last partial wave of a Hopper matmul; see [`Config::stream_k`].
+    pub fn stream_k(mut self, on: bool) -> Config {
+        self.stream_k = on;
+        self
+    }
+
     /// Resident threads per SM for a row kernel; see [`Config::occupancy`].
     pub fn occupancy(mut self, threads: usize) -> Config {
         self.occupancy = threads;
@@ -135,6 +149,9 @@ impl std::fmt::Display for Config {
         }
         if self.stage {
             write!(f, ", stage")?;
+        }
+        if self.stream_k {
+            write!(f, ", stream_k")?;
         }
         if self.occupancy != 0 {
             write!(f, ", occupancy={}", self.occupancy)?;

@@ -25,6 +25,10 @@ pub enum Axis {
     Persistent,
     /// Hopper matmuls: blocks per cluster along M (B tiles multicast in a pair).
     ClusterM(Vec<usize>),
+    /// Hopper matmuls: the last partial wave split as the runtime's split tail
+    /// does (0), or shared by one wave of programs, stream-K (1); see
+    /// [`Config::stream_k`].
+    StreamK,
     /// Matmuls with unaligned operands: load them as they are (0) or copy them
     /// into aligned scratch first (1); see [`Config::stage`].
     Stage,
@@ -37,7 +41,7 @@ impl Axis {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
             Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) | Axis::Occupancy(v) => v,
-            Axis::Persistent | Axis::Stage => &[0, 1],
+            Axis::Persistent | Axis::Stage | Axis::StreamK => &[0, 1],
         }
     }
 
@@ -50,6 +54,7 @@ impl Axis {
             Axis::Persistent => usize::from(c.persistent),
             Axis::ClusterM(_) => c.cluster_m,
             Axis::Stage => usize::from(c.stage),
+            Axis::StreamK => usize::from(c.stream_k),
             Axis::Occupancy(_) => c.occupancy,
         }
     }
@@ -63,6 +68,7 @@ impl Axis {
             Axis::Persistent => c.persistent = v != 0,
             Axis::ClusterM(_) => c.cluster_m = v,
             Axis::Stage => c.stage = v != 0,
+            Axis::StreamK => c.stream_k = v != 0,
             Axis::Occupancy(_) => c.occupancy = v,
         }
     }
@@ -77,6 +83,7 @@ impl Axis {
             Axis::Persistent => "persistent".into(),
             Axis::ClusterM(_) => "cluster_m".into(),
             Axis::Stage => "stage".into(),
+            Axis::StreamK => "stream_k".into(),
             Axis::Occupancy(_) => "occupancy".into(),
         }
     }
@@ -141,6 +148,7 @@ impl ConfigSpace {
         if gemm.is_some() && target.wgmma {
             axes.push(Axis::Persistent);
             axes.push(Axis::ClusterM(vec![1, 2]));
+            axes.push(Axis::StreamK);
         }
         let stageable = !crate::staging::unaligned_operands(kernel, spec).is_empty();
         if stageable {

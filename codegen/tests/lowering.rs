@@ -1463,3 +1463,43 @@ fn lower_wgmma_persistent_and_clustered() {
     let pw_cfg = Config::new(&[4, 256]).wgmma(true).cluster_m(2);
     expect_config_err(lower(&pw, &pw_spec, &pw_cfg), "elementwise");
 }
+
+/// Stream-K: the split-tail parameters plus the count of shared units, and a unit
+/// that walks segments of consecutive tiles (the producer and the consumers the
+/// same ones); only the Hopper path has it.
+#[test]
+fn lower_wgmma_stream_k() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let cfg = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true)
+        .persistent(true);
+    let plain = lowered(&k, &spec, &cfg);
+    let l = lowered(&k, &spec, &cfg.clone().stream_k(true));
+    assert_eq!(plain.split_tail.as_ref().map(|t| t.stream_k), Some(false));
+    assert_eq!(l.split_tail.as_ref().map(|t| t.stream_k), Some(true));
+    // One kernel serves both plans (the runtime passes how the units share K):
+    // the sources differ in the comment naming the config only.
+    let code = |src: &str| -> String {
+        src.lines()
+            .filter(|line| !line.starts_with("// kernel `matmul`, config:"))
+            .collect()
+    };
+    assert_eq!(code(&l.source), code(&plain.source));
+    use tilefuse_codegen::Param;
+    assert!(l.params.contains(&Param::SplitParts));
+    assert_eq!(l.source.matches("} while (tf_it < tf_end);").count(), 2);
+    assert!(l
+        .source
+        .contains("const long long tf_units = tf_whole + tf_parts;"));
+    assert!(cfg
+        .clone()
+        .stream_k(true)
+        .to_string()
+        .ends_with(", stream_k"));
+
+    let portable = Config::new(&[128, 256, 64]).num_warps(8).stream_k(true);
+    expect_config_err(lower(&k, &spec, &portable), "stream-K");
+}

@@ -597,21 +597,18 @@ pub(crate) fn launch_variant(
     let cluster = u64::from(v.lowered.cluster.max(1));
     let resident_programs = (v.resident_blocks / cluster).max(1);
     // GEMMs: split the last, partial wave of tiles along K.
-    let (mut split, mut scratch) = (
-        SplitPlan {
-            whole: blocks,
-            ways: 1,
-            split: 0,
-        },
-        (0, 0),
-    );
+    let (mut split, mut scratch) = (SplitPlan::none(blocks), (0, 0));
     if let Some(st) = &v.lowered.split_tail {
         let ext = |s: usize| match scalars[s] {
             ScalarArg::Int(x) => x.max(0) as u64,
             ScalarArg::Float(_) => 0,
         };
         let k_tiles = ext(st.k).div_ceil(st.bk as u64);
-        split = split_tail::plan(blocks, k_tiles, resident_programs);
+        split = if st.stream_k {
+            split_tail::stream_k_plan(blocks, k_tiles, resident_programs)
+        } else {
+            split_tail::plan(blocks, k_tiles, resident_programs)
+        };
         if split.ways > 1 {
             // Scratch per program: its blocks' tiles (`st.bm` spans the cluster).
             let floats = split.split * split.ways * (st.bm * st.bn) as u64;
@@ -660,6 +657,7 @@ pub(crate) fn launch_variant(
             Param::SiteBase => v.site_base,
             Param::SplitWhole => split.whole,
             Param::SplitWays => split.ways,
+            Param::SplitParts => split.parts,
             Param::SplitPartials => scratch.0,
             Param::SplitCounters => scratch.1,
         });

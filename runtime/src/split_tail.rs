@@ -3,10 +3,20 @@
 //! A GEMM grid of `T` output tiles on `S` resident program slots (SMs × blocks per
 //! SM) runs `ceil(T / S)` waves; when the last wave is partial, most SMs idle
 //! through it (4096×6656 in 128×256 tiles: 832 tiles, 6.3 waves of 132, so 10% of
-//! the time is lost). Here the tiles of that last wave are shared by `ways`
-//! programs each, each taking a contiguous range of K tiles; the last of them to
-//! finish adds the parts in order and runs the epilogue (see
-//! `tilefuse_codegen::emit::SplitTail`). The whole waves are untouched.
+//! the time is lost). Two ways to share that last wave's tiles, both leaving the
+//! whole waves untouched (see `tilefuse_codegen::emit::SplitTail`):
+//!
+//! - [`plan`], the split tail: when the tiles left fill at most half the slots,
+//!   each is shared by `ways` programs, each taking a contiguous range of its K
+//!   tiles;
+//! - [`stream_k_plan`] (Hopper path, `Config::stream_k`): the tiles left share
+//!   their K iterations evenly among one wave of programs, program `q` taking
+//!   iterations `[q·I/P, (q+1)·I/P)` of all `I`, tile after tile, so a program
+//!   may finish one tile and start the next. Every slot gets the same work
+//!   however few tiles are left.
+//!
+//! Either way the last program to finish a tile adds the parts in order and runs
+//! the epilogue, so results do not depend on timing.
 
 use crate::device::Device;
 use crate::error::{driver, Error, Result};
@@ -24,17 +34,77 @@ const MIN_K_TILES_PER_PART: u64 = 4;
 pub struct SplitPlan {
     /// Tiles computed by one program each (the first ones in tile order).
     pub whole: u64,
-    /// Programs per split tile; 1 means nothing is split.
+    /// The most programs that share one split tile (the scratch holds this many
+    /// partial tiles per split tile); 1 means nothing is split.
     pub ways: u64,
-    /// Tiles after `whole`, each split `ways` ways.
+    /// Tiles after `whole`, split along K.
     pub split: u64,
+    /// Programs sharing the split tiles' K iterations, evenly and in order:
+    /// `split × ways` for the split tail, one wave for stream-K.
+    pub parts: u64,
 }
 
 impl SplitPlan {
+    /// Nothing split: one program per tile.
+    pub fn none(tiles: u64) -> SplitPlan {
+        SplitPlan {
+            whole: tiles,
+            ways: 1,
+            split: 0,
+            parts: 0,
+        }
+    }
+
     /// Programs to launch.
     pub fn programs(&self) -> u64 {
-        self.whole + self.split * self.ways
+        self.whole + self.parts
     }
+
+    /// The K tiles of a program's share, as the kernel walks them:
+    /// `(tile, k_lo, k_hi, part, parts of the tile)` in order, split tiles
+    /// numbered from 0. For tests and tools; the kernel computes the same.
+    pub fn segments(&self, program: u64, k_tiles: u64) -> Vec<Segment> {
+        if program < self.whole {
+            return vec![Segment {
+                tile: program,
+                k: (0, k_tiles),
+                part: 0,
+                of: 1,
+            }];
+        }
+        let (q, iters, p) = (program - self.whole, self.split * k_tiles, self.parts);
+        // The program holding iteration x: the last q with q·I/P <= x.
+        let owner = |x: u64| ((x + 1) * p).div_ceil(iters) - 1;
+        let (mut it, end) = (q * iters / p, (q + 1) * iters / p);
+        let mut out = Vec::new();
+        while it < end {
+            let t = it / k_tiles;
+            let lo = it - t * k_tiles;
+            let hi = k_tiles.min(lo + end - it);
+            let (q0, q1) = (owner(t * k_tiles), owner((t + 1) * k_tiles - 1));
+            out.push(Segment {
+                tile: t,
+                k: (lo, hi),
+                part: q - q0,
+                of: q1 - q0 + 1,
+            });
+            it += hi - lo;
+        }
+        out
+    }
+}
+
+/// One program's work on one tile (see [`SplitPlan::segments`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// The tile: among the whole ones, or among the split ones.
+    pub tile: u64,
+    /// Its K tiles `[lo, hi)`.
+    pub k: (u64, u64),
+    /// This part's rank among the tile's parts, in K order.
+    pub part: u64,
+    /// How many parts the tile has.
+    pub of: u64,
 }
 
 /// The split for `tiles` output tiles of `k_tiles` K tiles each on `slots`
@@ -44,28 +114,61 @@ impl SplitPlan {
 /// use tilefuse_runtime::split_tail::plan;
 /// // 832 tiles on 132 SMs: 6 whole waves, the 40 left over split 3 ways.
 /// let p = plan(832, 256, 132);
-/// assert_eq!((p.whole, p.ways, p.split), (792, 3, 40));
+/// assert_eq!((p.whole, p.ways, p.split, p.parts), (792, 3, 40, 120));
 /// ```
 pub fn plan(tiles: u64, k_tiles: u64, slots: u64) -> SplitPlan {
-    let none = SplitPlan {
-        whole: tiles,
-        ways: 1,
-        split: 0,
-    };
     let tail = if slots == 0 { 0 } else { tiles % slots };
     if tail == 0 || !enabled() {
-        return none;
+        return SplitPlan::none(tiles);
     }
     let ways = (slots / tail)
         .min(MAX_WAYS)
         .min(k_tiles / MIN_K_TILES_PER_PART);
     if ways < 2 {
-        return none;
+        return SplitPlan::none(tiles);
     }
     SplitPlan {
         whole: tiles - tail,
         ways,
         split: tail,
+        parts: tail * ways,
+    }
+}
+
+/// Stream-K for the tiles of the last, partial wave: one wave of `slots`
+/// programs (fewer where a program would get under `MIN_K_TILES_PER_PART` K
+/// tiles) shares their K iterations evenly.
+///
+/// ```
+/// use tilefuse_runtime::split_tail::stream_k_plan;
+/// // 4096³ in 128×256 tiles: 512 tiles on 132 SMs, 3 waves and 116 tiles of 64
+/// // K tiles left: 132 programs of 56 or 57 K tiles, at most 3 on one tile.
+/// let p = stream_k_plan(512, 64, 132);
+/// assert_eq!((p.whole, p.split, p.parts, p.ways), (396, 116, 132, 3));
+/// ```
+pub fn stream_k_plan(tiles: u64, k_tiles: u64, slots: u64) -> SplitPlan {
+    let tail = if slots == 0 { 0 } else { tiles % slots };
+    if tail == 0 || k_tiles == 0 || !enabled() {
+        return SplitPlan::none(tiles);
+    }
+    let iters = tail * k_tiles;
+    let parts = slots.min(iters / MIN_K_TILES_PER_PART);
+    if parts <= tail {
+        // No program would get less than a tile: nothing gained over whole tiles.
+        return SplitPlan::none(tiles);
+    }
+    // The most programs on one tile: those holding its first and last iterations
+    // and every one between.
+    let owner = |x: u64| ((x + 1) * parts).div_ceil(iters) - 1;
+    let ways = (0..tail)
+        .map(|t| owner((t + 1) * k_tiles - 1) - owner(t * k_tiles) + 1)
+        .max()
+        .unwrap_or(1);
+    SplitPlan {
+        whole: tiles - tail,
+        ways,
+        split: tail,
+        parts,
     }
 }
 
@@ -192,5 +295,79 @@ mod tests {
         // Short K keeps MIN_K_TILES_PER_PART tiles per part.
         assert_eq!(plan(8, 8, 132).ways, 2);
         assert_eq!(plan(8, 7, 132).ways, 1);
+    }
+
+    /// Every K tile of every split tile is computed by exactly one program, a
+    /// tile's parts are numbered 0.. in K order, its programs agree on their
+    /// count, and the plan's `ways` bounds it.
+    fn assert_covers(p: &SplitPlan, tiles: u64, k_tiles: u64) {
+        assert_eq!(p.whole + p.split, tiles);
+        let mut seen = vec![Vec::new(); p.split as usize];
+        for q in p.whole..p.programs() {
+            let segs = p.segments(q, k_tiles);
+            assert!(!segs.is_empty(), "program {q} has no work");
+            for s in segs {
+                assert!(s.k.0 < s.k.1 && s.k.1 <= k_tiles && s.part < s.of && s.of <= p.ways);
+                seen[s.tile as usize].push(s);
+            }
+        }
+        for (t, parts) in seen.iter().enumerate() {
+            let w = parts[0].of;
+            assert_eq!(parts.len() as u64, w, "tile {t}");
+            let mut k = 0;
+            for (i, s) in parts.iter().enumerate() {
+                assert_eq!((s.k.0, s.part, s.of), (k, i as u64, w), "tile {t}");
+                k = s.k.1;
+            }
+            assert_eq!(k, k_tiles, "tile {t}");
+        }
+    }
+
+    #[test]
+    fn the_split_tail_covers_each_k_tile_once() {
+        set_enabled(true);
+        for (tiles, k_tiles) in [(832, 256), (8, 256), (8, 8), (133, 17), (50, 9)] {
+            let p = plan(tiles, k_tiles, 132);
+            if p.ways > 1 {
+                assert_covers(&p, tiles, k_tiles);
+            }
+        }
+    }
+
+    #[test]
+    fn stream_k_shares_the_last_wave_evenly() {
+        set_enabled(true);
+        for (tiles, k_tiles, slots) in [
+            (512, 64, 132),
+            (448, 64, 66),
+            (256, 172, 132),
+            (2048, 128, 132),
+            (7, 1000, 132),
+            (131, 5, 132),
+            (1, 4, 132),
+            (100, 3, 7),
+        ] {
+            let p = stream_k_plan(tiles, k_tiles, slots);
+            if p.parts == 0 {
+                continue;
+            }
+            assert!(p.parts <= slots);
+            assert_covers(&p, tiles, k_tiles);
+            // Even: the programs' shares differ by at most one K tile.
+            let shares: Vec<u64> = (p.whole..p.programs())
+                .map(|q| p.segments(q, k_tiles).iter().map(|s| s.k.1 - s.k.0).sum())
+                .collect();
+            let (lo, hi) = (shares.iter().min(), shares.iter().max());
+            let (Some(&lo), Some(&hi)) = (lo, hi) else {
+                unreachable!("a plan with parts has programs");
+            };
+            assert!(
+                hi - lo <= 1 && lo >= MIN_K_TILES_PER_PART,
+                "{tiles} {k_tiles}: {lo}..{hi}"
+            );
+        }
+        // Whole waves, or too little K to share, are left alone.
+        assert_eq!(stream_k_plan(264, 64, 132).parts, 0);
+        assert_eq!(stream_k_plan(100, 2, 132).parts, 0);
     }
 }

@@ -153,5 +153,18 @@ pub fn wgmma_configs() -> Vec<tilefuse::Config> {
             .wgmma(true)
             .persistent(true)
             .cluster_m(2),
+        // Stream-K: a persistent pair, and one block per unit.
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true)
+            .persistent(true)
+            .cluster_m(2)
+            .stream_k(true),
+        Config::new(&[128, 192, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true)
+            .stream_k(true),
     ]
 }

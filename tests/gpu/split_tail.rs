@@ -61,3 +61,64 @@ fn split_runs(dev: &tilefuse::Device, cfg: &Config) {
         "no shape was split: the test checked nothing split"
     );
 }
+
+/// Stream-K on the Hopper path: units that cross from one tile into the next
+/// (4096³ and a ragged 700×2000×1000, whose last K tile is partial), a single
+/// small wave shared by a whole wave of units (1000×1000×1000), each against
+/// cuBLAS, the same bits on a second run, and close to the unsplit kernel.
+#[test]
+fn stream_k_matches_cublas_and_is_deterministic() {
+    let Some(dev) = gpu_alone() else { return };
+    if dev.compute_capability().0 != 9 {
+        eprintln!("SKIPPED: stream-K is on the wgmma path, which needs an sm_90 GPU");
+        return;
+    }
+    let base = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true);
+    let configs = [
+        base.clone().persistent(true).cluster_m(2).stream_k(true),
+        base.clone().stream_k(true),
+    ];
+    let mut shared = 0;
+    for [m, n, k] in [[4096, 4096, 4096], [700, 2000, 1000], [1000, 1000, 1000]] {
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
+        for cfg in &configs {
+            let cl = cfg.cluster_m;
+            let tiles = (m.div_ceil(128 * cl) * n.div_ceil(256)) as u64;
+            let slots = (dev.sm_count() / cl) as u64;
+            split_tail::set_enabled(true);
+            let planned = split_tail::stream_k_plan(tiles, k.div_ceil(64) as u64, slots);
+            let run = || {
+                let out = poisoned::<bf16>([m, n]).unwrap();
+                mm_bf16::kernel()
+                    .with_config(cfg.clone(), || mm_bf16(&a, &b, &out))
+                    .unwrap_or_else(|e| panic!("{m}x{n}x{k} {cfg}: {e}"));
+                out
+            };
+            let (first, second) = (run(), run());
+            split_tail::set_enabled(false);
+            let whole = poisoned::<bf16>([m, n]).unwrap();
+            let unsplit = mm_bf16::kernel().with_config(cfg.clone(), || mm_bf16(&a, &b, &whole));
+            split_tail::set_enabled(true);
+            unsplit.unwrap();
+
+            let err = err_vs(&first, &reference);
+            assert!(err <= 1e-2, "{m}x{n}x{k} {cfg} {planned:?}: rel err {err}");
+            assert_eq!(
+                first.to_vec().unwrap(),
+                second.to_vec().unwrap(),
+                "{m}x{n}x{k} {cfg}: two stream-K runs differ"
+            );
+            let err = err_vs(&whole, &reference);
+            assert!(err <= 1e-2, "{m}x{n}x{k} {cfg} unsplit: rel err {err}");
+            eprintln!("{m}x{n}x{k} {cfg}: {planned:?}, ok");
+            shared += usize::from(planned.parts > planned.split);
+        }
+    }
+    assert!(
+        shared >= 4,
+        "stream-K shared the last wave at {shared} of 6 runs"
+    );
+}

@@ -247,6 +247,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bm,
         bn,
         bk,
+        stream_k: false,
     });
     Ok(lowered)
 }

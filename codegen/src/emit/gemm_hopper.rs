@@ -6,9 +6,12 @@
 //! flight). The kernel's statements before and after the K loop are the portable
 //! path's, on the same fragment layout.
 //!
-//! Work: blocks walk work units (`unit += gridDim.x`): one per output tile, and
-//! for the tiles of the last, partial wave one per contiguous part of K, the parts
-//! meeting in scratch (the portable path's split tail). One block per unit, or a
+//! Work: blocks walk work units (`unit += gridDim.x`): one per output tile, then
+//! `tf_parts` units that share the K iterations of the tiles left (the last,
+//! partial wave) evenly and in order, the parts of a tile meeting in scratch.
+//! With as many parts per tile as units that is the portable path's split tail;
+//! with one wave of units it is stream-K (`Config::stream_k`), a unit crossing
+//! from the end of one tile into the start of the next. One block per unit, or a
 //! persistent grid (`Config::persistent`: the producer loads the next tile while
 //! the consumers run the epilogue). With `cluster_m = 2`, a cluster of two blocks
 //! takes two vertically adjacent tiles and each loads half of their common B
@@ -202,6 +205,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             ),
             (Param::SplitWhole, "long long tf_whole"),
             (Param::SplitWays, "int tf_ways"),
+            (Param::SplitParts, "long long tf_parts"),
             (Param::SplitPartials, "float* tf_partials"),
             (Param::SplitCounters, "unsigned* tf_counters"),
         ],
@@ -244,9 +248,9 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   const long long M = s{ext_m}, N = s{ext_n}, K = s{ext_k};
   const long long tiles_m = {tiles_m}, tiles_n = (N + {bn} - 1) / {bn};
   const long long tf_tiles = tiles_m * tiles_n;
-  // Work units: tiles [0, tf_whole) one each; each later tile (the last, partial
-  // wave) as tf_ways units, one per contiguous part of K.
-  const long long tf_units = tf_whole + (tf_tiles - tf_whole) * tf_ways;
+  // Work units: tiles [0, tf_whole) one each, then tf_parts units sharing the
+  // later tiles' tf_iters K iterations (tile by tile) evenly.
+  const long long tf_units = tf_whole + tf_parts;
 
   // The ring: stage s holds A at sA + s * {a_stage} and B's {slabs} slabs of 64 columns
   // at sB + s * {b_stage}; full[s] / empty[s] barriers after it. Producer and
@@ -255,6 +259,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   const tf_u32 tf_base = (tf_smem_u32(tf_smem) + {atom_m1}u) & ~{atom_m1}u;
   const tf_u32 sA = tf_base, sB = tf_base + {a_ring}u, tf_full = tf_base + {tiles_bytes}u, tf_empty = tf_full + {bar_bytes}u;
   const int KT = (int)((K + {bk} - 1) / {bk});
+  const long long tf_iters = (tf_tiles - tf_whole) * KT;
   // Set by the producer when a `wait` timed out (the status block says which): it
   // stops waiting, the consumers stop storing, and the kernel ends.
   __shared__ volatile int tf_failed;
@@ -324,18 +329,33 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             })
             .collect()
     };
-    // Producer and consumers walk the same work units: the unit's tile (`pid`) and
-    // its K tiles [kt_lo, kt_hi) (all of them, or its part of a split tile).
+    // Producer and consumers walk the same work units, and within a shared unit
+    // the same segments: the tile (`pid`) and its K tiles [kt_lo, kt_hi).
     let units = format!(
         r#"for (long long unit = {first_pid}; unit < tf_units; unit += {pid_step}) {{
-  long long pid = unit;
-  int tf_part = 0, tf_w = 1;
+  // A shared unit's iterations [tf_it, tf_end) of the split tiles' tf_iters.
+  long long tf_it = 0, tf_end = 0;
   if (unit >= tf_whole) {{
-    pid = tf_whole + (unit - tf_whole) / tf_ways;
-    tf_part = (int)((unit - tf_whole) % tf_ways);
-    tf_w = tf_ways;
+    tf_it = (unit - tf_whole) * tf_iters / tf_parts;
+    tf_end = (unit - tf_whole + 1) * tf_iters / tf_parts;
+    if (tf_it == tf_end) continue;
   }}
-  const int kt_lo = (int)((long long)tf_part * KT / tf_w), kt_hi = (int)((long long)(tf_part + 1) * KT / tf_w);
+  do {{
+  long long pid = unit;
+  int tf_part = 0, tf_w = 1, kt_lo = 0, kt_hi = KT;
+  if (unit >= tf_whole) {{
+    const long long t = tf_it / KT;
+    kt_lo = (int)(tf_it - t * KT);
+    kt_hi = (int)tf_min_i((long long)KT, kt_lo + tf_end - tf_it);
+    tf_it += kt_hi - kt_lo;
+    // The units holding the tile's first and last iterations (unit q holds
+    // [q * I / P, (q + 1) * I / P)): this one's rank among them, and their count.
+    const long long q0 = ((t * KT + 1) * tf_parts + tf_iters - 1) / tf_iters - 1;
+    const long long q1 = ((t + 1) * KT * tf_parts + tf_iters - 1) / tf_iters - 1;
+    tf_part = (int)(unit - tf_whole - q0);
+    tf_w = (int)(q1 - q0 + 1);
+    pid = tf_whole + t;
+  }}
 "#
     );
     let _ = write!(
@@ -351,6 +371,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         tf_mbar_expect_tx(tf_full + s * 8, {stage_bytes}u);
         tf_tma_2d(sA + s * {a_stage}u, &tf_map_a, kt * {bk}, (int)tb{dm}, tf_full + s * 8);
 {b_loads}      }}
+      }} while (tf_it < tf_end);
       }}
     }}
   }} else {{
@@ -454,7 +475,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         ),
     );
     after_loop(e, g, &geo, "    ")?;
-    e.out.push_str("    }\n  }\n");
+    e.out
+        .push_str("    } while (tf_it < tf_end);\n    }\n  }\n");
     if cl > 1 {
         // No block leaves while its peer may still arrive on its barriers.
         e.out.push_str("  tf_cluster_sync();\n");
@@ -471,6 +493,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bm: bm * cl,
         bn,
         bk,
+        stream_k: c.stream_k,
     });
     // One program per cluster tile; the launch multiplies by the cluster size.
     for (&d, (_, b)) in e.k.grid.iter().zip(&mut l.grid) {

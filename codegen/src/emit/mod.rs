@@ -42,8 +42,13 @@ pub enum Param {
     /// Split tail ([`SplitTail`]): how many output tiles run as one program each
     /// (`long long`); every later tile is split along K.
     SplitWhole,
-    /// Split tail: programs per split tile (`int`, 1 = no split).
+    /// Split tail: the most programs that share one split tile (`int`, 1 = no
+    /// split); the scratch holds this many partial tiles per split tile.
     SplitWays,
+    /// Split tail, Hopper path: how many programs share the split tiles' K
+    /// iterations, evenly and in order (`long long`): `split × ways` for an even
+    /// split, one wave of programs for stream-K.
+    SplitParts,
     /// Split tail: f32 scratch for partial accumulators, `tiles × ways × BM × BN` (`float*`).
     SplitPartials,
     /// Split tail: one arrival counter per split tile, zero at launch (`unsigned*`).
@@ -72,6 +77,10 @@ pub struct SplitTail {
     pub bm: usize,
     pub bn: usize,
     pub bk: usize,
+    /// The split tiles' K iterations are shared by one wave of programs, a
+    /// program crossing tile boundaries ([`Config::stream_k`]), rather than
+    /// split evenly within each tile.
+    pub stream_k: bool,
 }
 
 /// The generated code and how to launch it.
@@ -141,6 +150,13 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             kernel,
             config,
             "cluster_m takes 1, or 2 on the Hopper (wgmma) matmul path",
+        ));
+    }
+    if config.stream_k && !config.wgmma {
+        return Err(config_err(
+            kernel,
+            config,
+            "stream-K is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `stream_k`",
         ));
     }
     if config.persistent && !config.wgmma {
