@@ -101,6 +101,7 @@ pub mod ops;
 pub use half::{bf16, f16};
 pub use tilefuse_codegen as codegen;
 pub use tilefuse_codegen::Config;
+pub use tilefuse_interpret as interpret;
 pub use tilefuse_macros::fused_kernel;
 pub use tilefuse_runtime as runtime;
 pub use tilefuse_runtime::{

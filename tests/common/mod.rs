@@ -20,6 +20,7 @@ pub fn nvrtc_or_skip() -> bool {
 /// The example programs' kernels, compiled into the tests.
 #[path = "examples.rs"]
 pub mod examples;
+pub mod interp;
 
 /// A GPU held by a test. Tests share the GPU; a test that makes the device report
 /// an error on purpose (a `wait` timeout) holds it alone, so the error does not

@@ -8,6 +8,7 @@ mod common;
 mod autotune;
 mod bad_input;
 mod epilogue;
+mod interpret;
 mod matmul;
 mod pointwise;
 mod rows;

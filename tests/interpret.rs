@@ -1,0 +1,296 @@
+//! Interpret mode: the example kernels' IR run on the CPU
+//! (`tilefuse::interpret`) at small ragged shapes, against float64 references,
+//! with block sizes that leave partial tiles; and what it reports instead of
+//! the GPU's silent zeros. No GPU needed.
+
+mod common;
+
+use common::interp::{out, scalars, tensors};
+
+use common::examples::{
+    all_gather_matmul::ag_matmul, bias_gelu::matmul_bias_gelu, cross_entropy, layer_norm,
+    matmul::matmul, rms_norm, softmax,
+};
+use tilefuse::codegen::{ir::Kernel, Config, DType};
+use tilefuse::interpret::{run, HostTensor, InterpretError, Scalar};
+use tilefuse::verify::{gelu_f64, matmul_f64, Rng};
+
+/// A bf16 tensor of fresh values in [-1, 1) and those values as f64.
+fn random(shape: &[usize], rng: &mut Rng) -> (HostTensor, Vec<f64>) {
+    let n = shape.iter().product();
+    let data: Vec<f64> = (0..n).map(|_| 2.0 * rng.uniform() - 1.0).collect();
+    let t = HostTensor::from_f64(DType::BF16, shape, data).unwrap();
+    let exact = t.data().to_vec();
+    (t, exact)
+}
+
+/// ‖out − ref‖ / ‖ref‖ (NaN where an element was never written).
+fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
+    tilefuse::verify::rel_error(out, reference, |x| x, |x| x)
+}
+
+fn nan(dtype: DType, shape: &[usize]) -> HostTensor {
+    HostTensor::filled(dtype, shape, f64::NAN)
+}
+
+#[test]
+fn matmul_and_its_epilogue_match_f64_on_partial_tiles() {
+    let mut rng = Rng::fresh();
+    // 67×45×40 on 32×32×16 blocks: the last tile is partial along M, N and K.
+    let (m, n, k) = (67, 45, 40);
+    let cfg = Config::new(&[32, 32, 16]);
+    let (a, a64) = random(&[m, k], &mut rng);
+    let (b, b64) = random(&[k, n], &mut rng);
+    let (bias, bias64) = random(&[n], &mut rng);
+    let reference = matmul_f64(&a64, &b64, m, k, n);
+    let ints = |ir: &Kernel| {
+        scalars(
+            ir,
+            &[
+                ("m", Scalar::Int(m as i64)),
+                ("n", Scalar::Int(n as i64)),
+                ("k", Scalar::Int(k as i64)),
+            ],
+        )
+    };
+
+    let ir = matmul::kernel().ir().unwrap().clone();
+    let mut t = tensors(
+        &ir,
+        vec![
+            ("a", a.clone()),
+            ("b", b.clone()),
+            ("out", nan(DType::BF16, &[m, n])),
+        ],
+    );
+    run(&ir, &cfg, &[], &mut t, &ints(&ir)).unwrap();
+    let err = rel_error(out(&ir, &t, "out"), &reference);
+    assert!(err < 1e-2, "matmul: rel err {err}");
+
+    let ir = matmul_bias_gelu::kernel().ir().unwrap().clone();
+    let mut t = tensors(
+        &ir,
+        vec![
+            ("a", a),
+            ("b", b),
+            ("bias", bias),
+            ("out", nan(DType::BF16, &[m, n])),
+        ],
+    );
+    run(&ir, &cfg, &[], &mut t, &ints(&ir)).unwrap();
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| gelu_f64(reference[i] + bias64[i % n]))
+        .collect();
+    let err = rel_error(out(&ir, &t, "out"), &want);
+    assert!(err < 1e-2, "matmul_bias_gelu: rel err {err}");
+}
+
+#[test]
+fn row_kernels_match_f64_when_rows_take_several_steps() {
+    let mut rng = Rng::fresh();
+    // 13 rows of 100 on 4 × 32 blocks: rows and columns end in partial tiles,
+    // and each row is reduced over four steps.
+    let (m, n) = (13, 100);
+    let (x, x64) = random(&[m, n], &mut rng);
+    let (w, w64) = random(&[n], &mut rng);
+    let (b, b64) = random(&[n], &mut rng);
+    let eps = 1e-5f32;
+    let named = [
+        ("m", Scalar::Int(m as i64)),
+        ("n", Scalar::Int(n as i64)),
+        ("n as f32", Scalar::Float(n as f32)),
+        ("eps", Scalar::Float(eps)),
+    ];
+
+    let def = softmax::softmax::kernel();
+    let ir = def.ir().unwrap().clone();
+    let cfg_for = |ir: &Kernel| Config::new(&vec![32; ir.dims.len()]).num_warps(4);
+    let mut t = tensors(
+        &ir,
+        vec![("x", x.clone()), ("out", nan(DType::BF16, &[m, n]))],
+    );
+    let c = {
+        let mut c = cfg_for(&ir);
+        c.block_sizes[ir.grid[0]] = 4;
+        c
+    };
+    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
+    let err = rel_error(out(&ir, &t, "out"), &softmax::reference(&x64, m, n));
+    assert!(err < 1e-2, "softmax: rel err {err}");
+
+    let ir = rms_norm::rms_norm::kernel().ir().unwrap().clone();
+    let mut c = cfg_for(&ir);
+    c.block_sizes[ir.grid[0]] = 4;
+    let mut t = tensors(
+        &ir,
+        vec![
+            ("x", x.clone()),
+            ("weight", w.clone()),
+            ("out", nan(DType::BF16, &[m, n])),
+        ],
+    );
+    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
+    let err = rel_error(
+        out(&ir, &t, "out"),
+        &rms_norm::reference(&x64, &w64, m, n, f64::from(eps)),
+    );
+    assert!(err < 1e-2, "rms_norm: rel err {err}");
+
+    let ir = layer_norm::layer_norm::kernel().ir().unwrap().clone();
+    let mut c = cfg_for(&ir);
+    c.block_sizes[ir.grid[0]] = 4;
+    let mut t = tensors(
+        &ir,
+        vec![
+            ("x", x.clone()),
+            ("weight", w),
+            ("bias", b),
+            ("out", nan(DType::BF16, &[m, n])),
+        ],
+    );
+    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
+    let err = rel_error(
+        out(&ir, &t, "out"),
+        &layer_norm::reference(&x64, &w64, &b64, m, n, f64::from(eps)),
+    );
+    assert!(err < 1e-2, "layer_norm: rel err {err}");
+
+    // Labels at the first and last column and outside the row.
+    let ir = cross_entropy::cross_entropy::kernel().ir().unwrap().clone();
+    let mut c = cfg_for(&ir);
+    c.block_sizes[ir.grid[0]] = 4;
+    let mut labels = cross_entropy::random_labels(m, n);
+    labels[0] = 0;
+    labels[1] = n as i64 - 1;
+    labels[2] = n as i64 + 5;
+    let labels_t =
+        HostTensor::from_f64(DType::I64, &[m], labels.iter().map(|&l| l as f64).collect()).unwrap();
+    let mut t = tensors(
+        &ir,
+        vec![
+            ("logits", x),
+            ("labels", labels_t),
+            ("loss", nan(DType::F32, &[m])),
+        ],
+    );
+    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
+    let err = rel_error(
+        out(&ir, &t, "loss"),
+        &cross_entropy::reference(&x64, &labels, m, n),
+    );
+    assert!(err < 1e-4, "cross_entropy: rel err {err}");
+}
+
+/// The GPU reads zeros outside a tensor; interpret mode names the access, the
+/// tensor, the index and the tiles instead.
+#[test]
+fn a_read_outside_its_tensor_is_reported_with_tile_and_index() {
+    let mut rng = Rng::fresh();
+    let ir = matmul::kernel().ir().unwrap().clone();
+    // `a` is one row short of the M extent the kernel is launched with.
+    let (a, _) = random(&[9, 16], &mut rng);
+    let (b, _) = random(&[16, 8], &mut rng);
+    let mut t = tensors(
+        &ir,
+        vec![("a", a), ("b", b), ("out", nan(DType::BF16, &[10, 8]))],
+    );
+    let s = scalars(
+        &ir,
+        &[
+            ("m", Scalar::Int(10)),
+            ("n", Scalar::Int(8)),
+            ("k", Scalar::Int(16)),
+        ],
+    );
+    let e = run(&ir, &Config::new(&[8, 8, 16]), &[], &mut t, &s).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, InterpretError::OutOfBounds(_)), "{msg}");
+    assert!(msg.contains("reads `a` at index [9, 0]"), "{msg}");
+    assert!(msg.contains("tm = 8..10"), "{msg}");
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_them() {
+    let ir = matmul::kernel().ir().unwrap().clone();
+    let s = scalars(
+        &ir,
+        &[
+            ("m", Scalar::Int(8)),
+            ("n", Scalar::Int(8)),
+            ("k", Scalar::Int(8)),
+        ],
+    );
+    let t = || {
+        [
+            nan(DType::BF16, &[8, 8]),
+            nan(DType::BF16, &[8, 8]),
+            nan(DType::BF16, &[8, 8]),
+        ]
+    };
+    let e = run(&ir, &Config::new(&[8, 8]), &[], &mut t(), &s).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("one block size above 0 per tile dimension (3)"),
+        "{e}"
+    );
+    let e = run(&ir, &Config::new(&[8, 8, 8]), &[], &mut t()[..2], &s).unwrap_err();
+    assert!(
+        e.to_string().contains("2 tensors and 3 scalars given"),
+        "{e}"
+    );
+    let mut bad = t();
+    bad[0] = nan(DType::BF16, &[64]);
+    let e = run(&ir, &Config::new(&[8, 8, 8]), &[], &mut bad, &s).unwrap_err();
+    assert!(
+        e.to_string().contains("argument `a`: a tensor of rank 2"),
+        "{e}"
+    );
+}
+
+/// `wait` reads the flags as the GPU does: a range of chunks, each at least the
+/// epoch; a flag left unset is the GPU's timeout message, at once (nothing else
+/// runs meanwhile to set it).
+#[test]
+fn waits_pass_on_set_flags_and_report_unset_ones() {
+    let mut rng = Rng::fresh();
+    let ir = ag_matmul::kernel().ir().unwrap().clone();
+    let (m, n, k) = (40, 24, 16);
+    let (a, a64) = random(&[m, k], &mut rng);
+    let (b, b64) = random(&[k, n], &mut rng);
+    let s = scalars(
+        &ir,
+        &[
+            ("m", Scalar::Int(m as i64)),
+            ("n", Scalar::Int(n as i64)),
+            ("k", Scalar::Int(k as i64)),
+            ("rows_per_chunk", Scalar::Int(10)),
+            ("epoch", Scalar::Int(3)),
+            ("first_row", Scalar::Int(20)),
+            ("0", Scalar::Int(0)),
+        ],
+    );
+    let cfg = Config::new(&[16, 16, 16]);
+    let launch = |flags: Vec<f64>| {
+        let flags = HostTensor::from_f64(DType::U32, &[4], flags).unwrap();
+        let mut t = tensors(
+            &ir,
+            vec![
+                ("a", a.clone()),
+                ("b", b.clone()),
+                ("out", nan(DType::BF16, &[m, n])),
+                ("progress", flags),
+            ],
+        );
+        run(&ir, &cfg, &[], &mut t, &s).map(|()| out(&ir, &t, "out").to_vec())
+    };
+    let got = launch(vec![3.0, 4.0, 3.0, 3.0]).unwrap();
+    let err = rel_error(&got, &matmul_f64(&a64, &b64, m, k, n));
+    assert!(err < 1e-2, "rel err {err}");
+
+    let e = launch(vec![3.0, 3.0, 2.0, 3.0]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("flag index 2 holds 2, expected >= 3") && msg.contains("stopped waiting at"),
+        "{msg}"
+    );
+}
