@@ -102,70 +102,53 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
         ("eps", Scalar::Float(eps)),
     ];
 
-    let def = softmax::softmax::kernel();
-    let ir = def.ir().unwrap().clone();
-    let cfg_for = |ir: &Kernel| Config::new(&vec![32; ir.dims.len()]).num_warps(4);
-    let mut t = tensors(
-        &ir,
-        vec![("x", x.clone()), ("out", nan(DType::BF16, &[m, n]))],
-    );
-    let c = {
-        let mut c = cfg_for(&ir);
+    // Rows of 4, column steps of 32.
+    let go = |ir: &Kernel, named_tensors: Vec<(&str, HostTensor)>| {
+        let mut c = Config::new(&vec![32; ir.dims.len()]);
         c.block_sizes[ir.grid[0]] = 4;
-        c
+        let mut t = tensors(ir, named_tensors);
+        run(ir, &c, &[], &mut t, &scalars(ir, &named)).unwrap();
+        t
     };
-    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
+    let out_of = || nan(DType::BF16, &[m, n]);
+
+    let ir = softmax::softmax::kernel().ir().unwrap().clone();
+    let t = go(&ir, vec![("x", x.clone()), ("out", out_of())]);
     let err = rel_error(out(&ir, &t, "out"), &softmax::reference(&x64, m, n));
     assert!(err < 1e-2, "softmax: rel err {err}");
 
     let ir = rms_norm::rms_norm::kernel().ir().unwrap().clone();
-    let mut c = cfg_for(&ir);
-    c.block_sizes[ir.grid[0]] = 4;
-    let mut t = tensors(
+    let t = go(
         &ir,
-        vec![
-            ("x", x.clone()),
-            ("weight", w.clone()),
-            ("out", nan(DType::BF16, &[m, n])),
-        ],
+        vec![("x", x.clone()), ("weight", w.clone()), ("out", out_of())],
     );
-    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
-    let err = rel_error(
-        out(&ir, &t, "out"),
-        &rms_norm::reference(&x64, &w64, m, n, f64::from(eps)),
-    );
+    let want = rms_norm::reference(&x64, &w64, m, n, f64::from(eps));
+    let err = rel_error(out(&ir, &t, "out"), &want);
     assert!(err < 1e-2, "rms_norm: rel err {err}");
 
     let ir = layer_norm::layer_norm::kernel().ir().unwrap().clone();
-    let mut c = cfg_for(&ir);
-    c.block_sizes[ir.grid[0]] = 4;
-    let mut t = tensors(
+    let t = go(
         &ir,
         vec![
             ("x", x.clone()),
             ("weight", w),
             ("bias", b),
-            ("out", nan(DType::BF16, &[m, n])),
+            ("out", out_of()),
         ],
     );
-    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
-    let err = rel_error(
-        out(&ir, &t, "out"),
-        &layer_norm::reference(&x64, &w64, &b64, m, n, f64::from(eps)),
-    );
+    let want = layer_norm::reference(&x64, &w64, &b64, m, n, f64::from(eps));
+    let err = rel_error(out(&ir, &t, "out"), &want);
     assert!(err < 1e-2, "layer_norm: rel err {err}");
 
     // Labels at the first and last column and outside the row.
     let ir = cross_entropy::cross_entropy::kernel().ir().unwrap().clone();
-    let mut c = cfg_for(&ir);
-    c.block_sizes[ir.grid[0]] = 4;
     let mut labels = cross_entropy::random_labels(m, n);
     labels[0] = 0;
     labels[1] = n as i64 - 1;
     labels[2] = n as i64 + 5;
     let labels_t =
         HostTensor::from_f64(DType::I64, &[m], labels.iter().map(|&l| l as f64).collect()).unwrap();
-    let mut t = tensors(
+    let t = go(
         &ir,
         vec![
             ("logits", x),
@@ -173,11 +156,8 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
             ("loss", nan(DType::F32, &[m])),
         ],
     );
-    run(&ir, &c, &[], &mut t, &scalars(&ir, &named)).unwrap();
-    let err = rel_error(
-        out(&ir, &t, "loss"),
-        &cross_entropy::reference(&x64, &labels, m, n),
-    );
+    let want = cross_entropy::reference(&x64, &labels, m, n);
+    let err = rel_error(out(&ir, &t, "loss"), &want);
     assert!(err < 1e-4, "cross_entropy: rel err {err}");
 }
 

@@ -2,10 +2,12 @@
 //! each with the meaning its CUDA C lowering has.
 
 use crate::error::{InterpretError, OutOfBounds};
-use crate::tensor::{f32r, round_to, HostTensor};
+use crate::tensor::HostTensor;
 use crate::tile::Tile;
 use tilefuse_codegen::ir::*;
-use tilefuse_codegen::{Config, DType};
+use tilefuse_codegen::Config;
+
+pub(crate) use crate::eval::is_int;
 
 /// A runtime scalar argument, as the GPU launch takes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -135,16 +137,16 @@ pub fn run(
     }
 }
 
-struct Program<'a> {
-    k: &'a Kernel,
-    blocks: &'a [usize],
-    extents: Vec<i64>,
-    consts: &'a [i64],
-    scalars: &'a [Scalar],
-    tensors: &'a mut [HostTensor],
+pub(crate) struct Program<'a> {
+    pub(crate) k: &'a Kernel,
+    pub(crate) blocks: &'a [usize],
+    pub(crate) extents: Vec<i64>,
+    pub(crate) consts: &'a [i64],
+    pub(crate) scalars: &'a [Scalar],
+    pub(crate) tensors: &'a mut [HostTensor],
     /// Each tile dimension's current range `[begin, end)`, clipped to its extent.
-    ranges: Vec<Option<(i64, i64)>>,
-    vars: Vec<Option<Tile>>,
+    pub(crate) ranges: Vec<Option<(i64, i64)>>,
+    pub(crate) vars: Vec<Option<Tile>>,
 }
 
 impl Program<'_> {
@@ -156,14 +158,14 @@ impl Program<'_> {
         self.ranges[d] = Some((begin, (begin + self.block(d)).min(self.extents[d])));
     }
 
-    fn unsupported(&self, message: String) -> InterpretError {
+    pub(crate) fn unsupported(&self, message: String) -> InterpretError {
         InterpretError::Unsupported {
             kernel: self.k.name.clone(),
             message,
         }
     }
 
-    fn range(&self, d: DimId) -> Result<(i64, i64), InterpretError> {
+    pub(crate) fn range(&self, d: DimId) -> Result<(i64, i64), InterpretError> {
         self.ranges[d].ok_or_else(|| {
             self.unsupported(format!(
                 "tile `{}` is used outside its loop",
@@ -172,7 +174,7 @@ impl Program<'_> {
         })
     }
 
-    fn lens(&self, dims: &[DimId]) -> Result<Vec<usize>, InterpretError> {
+    pub(crate) fn lens(&self, dims: &[DimId]) -> Result<Vec<usize>, InterpretError> {
         dims.iter()
             .map(|&d| self.range(d).map(|(b, e)| (e - b) as usize))
             .collect()
@@ -348,7 +350,12 @@ impl Program<'_> {
         Ok(())
     }
 
-    fn load(&self, tensor: TensorId, index: &[DimId], at: &str) -> Result<Tile, InterpretError> {
+    pub(crate) fn load(
+        &self,
+        tensor: TensorId,
+        index: &[DimId],
+        at: &str,
+    ) -> Result<Tile, InterpretError> {
         let lens = self.lens(index)?;
         let begins: Vec<i64> = index
             .iter()
@@ -370,244 +377,5 @@ impl Program<'_> {
             Some(idx) => Err(self.oob(tensor, at, "reads", idx)),
             None => Ok(tile),
         }
-    }
-
-    /// The value of `e`; `cast_to` is the dtype a `.cast()` without a type
-    /// takes (the tensor being stored to).
-    fn eval(&mut self, e: &Expr, cast_to: Option<DType>) -> Result<Tile, InterpretError> {
-        Ok(match e {
-            Expr::Var(v) => self.vars[*v].clone().ok_or_else(|| {
-                self.unsupported(format!(
-                    "`{}` is read before it is set",
-                    self.k.vars[*v].name
-                ))
-            })?,
-            Expr::Load { tensor, index, at } => self.load(*tensor, index, at)?,
-            Expr::Full { dims, dtype, value } => {
-                let lens = self.lens(dims)?;
-                let v = round_to(*dtype, *value);
-                Tile::build(dims, &lens, is_int(*dtype), |_| v)
-            }
-            Expr::Addmm { acc, a, b, at } => {
-                let (acc, a, b) = (
-                    self.eval(acc, None)?,
-                    self.eval(a, None)?,
-                    self.eval(b, None)?,
-                );
-                self.addmm(&acc, &a, &b, at)?
-            }
-            Expr::Binary { op, lhs, rhs, at } => {
-                let (l, r) = (self.eval(lhs, cast_to)?, self.eval(rhs, cast_to)?);
-                let int = l.int && r.int;
-                if int && matches!(op, BinOp::Div | BinOp::Rem) && r.data.contains(&0.0) {
-                    return Err(self.unsupported(format!("`{at}` divides an integer by zero")));
-                }
-                Tile::zip(&[&l, &r], int, |x| binary(*op, x[0], x[1], int))
-            }
-            Expr::Unary { op, arg } => {
-                let a = self.eval(arg, cast_to)?;
-                if a.int && *op == UnOp::Neg {
-                    a.map(true, |x| -x)
-                } else {
-                    a.map(false, |x| unary(*op, x))
-                }
-            }
-            Expr::Cast { arg, dtype } => {
-                let a = self.eval(arg, None)?;
-                match dtype.or(cast_to) {
-                    Some(t) => a.map(is_int(t), |x| round_to(t, x)),
-                    None => a,
-                }
-            }
-            Expr::Int(i) => Tile::scalar(*i as f64, true),
-            Expr::Float(f) => Tile::scalar(f32r(*f), false),
-            Expr::Scalar(s) => match self.scalars[*s] {
-                Scalar::Int(i) => Tile::scalar(i as f64, true),
-                Scalar::Float(f) => Tile::scalar(f64::from(f), false),
-            },
-            Expr::Const(c) => Tile::scalar(self.consts[*c] as f64, true),
-            Expr::TileBegin(d) => Tile::scalar(self.range(*d)?.0 as f64, true),
-            Expr::TileEnd(d) => Tile::scalar(self.range(*d)?.1 as f64, true),
-            Expr::TileSize(d) => {
-                let (b, e) = self.range(*d)?;
-                Tile::scalar((e - b) as f64, true)
-            }
-            Expr::TileIndex(d) => {
-                let (b, e) = self.range(*d)?;
-                Tile::build(&[*d], &[(e - b) as usize], true, |pos| {
-                    (b + pos[0] as i64) as f64
-                })
-            }
-            Expr::Reduce { op, arg, dim, at } => {
-                let a = self.eval(arg, None)?;
-                self.reduce(*op, &a, *dim, at)?
-            }
-            Expr::Compare { op, lhs, rhs, .. } => {
-                let (l, r) = (self.eval(lhs, None)?, self.eval(rhs, None)?);
-                Tile::zip(&[&l, &r], true, |x| {
-                    f64::from(u8::from(compare(*op, x[0], x[1])))
-                })
-            }
-            Expr::Select {
-                mask,
-                then,
-                otherwise,
-                ..
-            } => {
-                let m = self.eval(mask, None)?;
-                let (t, o) = (self.eval(then, cast_to)?, self.eval(otherwise, cast_to)?);
-                let int = t.int && o.int;
-                Tile::zip(
-                    &[&m, &t, &o],
-                    int,
-                    |x| if x[0] != 0.0 { x[1] } else { x[2] },
-                )
-            }
-            Expr::IfConst { at, .. } => {
-                return Err(self.unsupported(format!("`{at}` was not specialized away")))
-            }
-        })
-    }
-
-    /// `acc + a·b`: the K dimension is `a`'s dimension that `acc` lacks; f32
-    /// accumulation, one rounding per K step (the GPU adds a K block's products
-    /// on the tensor cores, then into the f32 accumulator).
-    fn addmm(&self, acc: &Tile, a: &Tile, b: &Tile, at: &str) -> Result<Tile, InterpretError> {
-        let shape_err = || {
-            self.unsupported(format!(
-                "`{at}`: addmm takes acc over [m, n], a over [m, k] and b over [k, n]"
-            ))
-        };
-        if acc.dims.len() != 2 || a.dims.len() != 2 || b.dims.len() != 2 {
-            return Err(shape_err());
-        }
-        let k = *a
-            .dims
-            .iter()
-            .find(|d| !acc.dims.contains(d))
-            .ok_or_else(shape_err)?;
-        let m = *a.dims.iter().find(|&&d| d != k).ok_or_else(shape_err)?;
-        let n = *b.dims.iter().find(|&&d| d != k).ok_or_else(shape_err)?;
-        if !b.dims.contains(&k) || !acc.dims.contains(&m) || !acc.dims.contains(&n) {
-            return Err(shape_err());
-        }
-        let kn = a.lens[a.dims.iter().position(|&d| d == k).ok_or_else(shape_err)?];
-        Ok(Tile::build(&acc.dims, &acc.lens, false, |pos| {
-            let (i, j) = (
-                pos[acc.dims.iter().position(|&d| d == m).unwrap_or(0)],
-                pos[acc.dims.iter().position(|&d| d == n).unwrap_or(0)],
-            );
-            let mut s = 0.0;
-            for kk in 0..kn {
-                s += a.at(&[m, k], &[i, kk]) * b.at(&[k, n], &[kk, j]);
-            }
-            f32r(acc.at(&acc.dims, pos) + s)
-        }))
-    }
-
-    fn reduce(&self, op: ReduceOp, a: &Tile, dim: DimId, at: &str) -> Result<Tile, InterpretError> {
-        let Some(axis) = a.dims.iter().position(|&d| d == dim) else {
-            return Err(self.unsupported(format!(
-                "`{at}` reduces along tile `{}`, which the value does not have",
-                self.k.dims[dim].name
-            )));
-        };
-        let dims: Vec<DimId> = a.dims.iter().copied().filter(|&d| d != dim).collect();
-        let lens: Vec<usize> = a
-            .lens
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != axis)
-            .map(|(_, &n)| n)
-            .collect();
-        let mut full = vec![0usize; a.dims.len()];
-        Ok(Tile::build(&dims, &lens, a.int, |pos| {
-            let mut acc: Option<f64> = None;
-            for i in 0..a.lens[axis] {
-                let mut p = pos.iter().copied();
-                for (slot, x) in full.iter_mut().enumerate() {
-                    *x = if slot == axis {
-                        i
-                    } else {
-                        p.next().unwrap_or(0)
-                    };
-                }
-                let v = a.at(&a.dims, &full);
-                acc = Some(match (acc, op) {
-                    (None, _) => v,
-                    (Some(s), ReduceOp::Sum) => s + v,
-                    (Some(s), ReduceOp::Max) => s.max(v),
-                    (Some(s), ReduceOp::Min) => s.min(v),
-                });
-            }
-            let v = acc.unwrap_or(0.0);
-            if a.int {
-                v
-            } else {
-                f32r(v)
-            }
-        }))
-    }
-}
-
-fn is_int(t: DType) -> bool {
-    matches!(t, DType::I32 | DType::U32 | DType::I64)
-}
-
-fn binary(op: BinOp, a: f64, b: f64, int: bool) -> f64 {
-    if int {
-        let (x, y) = (a as i64, b as i64);
-        return match op {
-            BinOp::Add => x.wrapping_add(y),
-            BinOp::Sub => x.wrapping_sub(y),
-            BinOp::Mul => x.wrapping_mul(y),
-            BinOp::Div => x.wrapping_div(y),
-            BinOp::Rem => x.wrapping_rem(y),
-            BinOp::Min => x.min(y),
-            BinOp::Max => x.max(y),
-        } as f64;
-    }
-    f32r(match op {
-        BinOp::Add => a + b,
-        BinOp::Sub => a - b,
-        BinOp::Mul => a * b,
-        BinOp::Div => a / b,
-        BinOp::Rem => a % b,
-        BinOp::Min => a.min(b),
-        BinOp::Max => a.max(b),
-    })
-}
-
-fn unary(op: UnOp, x: f64) -> f64 {
-    const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
-    let phi = |x: f64| 0.5 * (1.0 + libm::erf(x * FRAC_1_SQRT_2));
-    f32r(match op {
-        UnOp::Neg => -x,
-        UnOp::Exp => x.exp(),
-        UnOp::Log => x.ln(),
-        UnOp::Sqrt => x.sqrt(),
-        UnOp::Rsqrt => 1.0 / x.sqrt(),
-        UnOp::Abs => x.abs(),
-        UnOp::Relu => x.max(0.0),
-        UnOp::Gelu => x * phi(x),
-        UnOp::GeluTanh => {
-            0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).tanh())
-        }
-        UnOp::Silu => x / (1.0 + (-x).exp()),
-        UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnOp::Tanh => x.tanh(),
-        UnOp::ReluGrad => f64::from(u8::from(x > 0.0)),
-        UnOp::GeluGrad => phi(x) + x * 0.398_942_280_401_432_7 * (-0.5 * x * x).exp(),
-    })
-}
-
-fn compare(op: CmpOp, a: f64, b: f64) -> bool {
-    match op {
-        CmpOp::Eq => a == b,
-        CmpOp::Ne => a != b,
-        CmpOp::Lt => a < b,
-        CmpOp::Le => a <= b,
-        CmpOp::Gt => a > b,
-        CmpOp::Ge => a >= b,
     }
 }

@@ -54,6 +54,7 @@
 //! ```
 
 mod error;
+mod eval;
 mod exec;
 mod tensor;
 mod tile;
