@@ -3,11 +3,11 @@
 
 use crate::error::{InterpretError, OutOfBounds};
 use crate::tensor::HostTensor;
-use crate::tile::Tile;
+use crate::tile::{for_each_position, Tile};
 use tilefuse_codegen::ir::*;
 use tilefuse_codegen::Config;
 
-pub(crate) use crate::eval::is_int;
+use crate::eval::is_int;
 
 /// A runtime scalar argument, as the GPU launch takes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -323,31 +323,44 @@ impl Program<'_> {
                 self.k.dims[d].name
             )));
         }
+        let offsets = self.offsets(tensor, index, at, "writes")?;
+        let lens = self.lens(index)?;
+        let values = Tile::build(index, &lens, v.int, |pos| v.at(index, pos));
+        let t = &mut self.tensors[tensor];
+        for (off, x) in offsets.into_iter().zip(values.data) {
+            t.store(off, x);
+        }
+        Ok(())
+    }
+    /// The offsets in `tensor` of the current tiles of `index`, row-major over
+    /// the tiles, or an error naming the first index outside the tensor.
+    fn offsets(
+        &self,
+        tensor: TensorId,
+        index: &[DimId],
+        at: &str,
+        access: &'static str,
+    ) -> Result<Vec<usize>, InterpretError> {
         let lens = self.lens(index)?;
         let begins: Vec<i64> = index
             .iter()
             .map(|&d| self.range(d).map(|r| r.0))
             .collect::<Result<_, _>>()?;
-        let mut err = None;
-        let mut writes = Vec::new();
-        Tile::build(index, &lens, false, |pos| {
+        let t = &self.tensors[tensor];
+        let (mut offsets, mut outside) = (Vec::with_capacity(lens.iter().product()), None);
+        for_each_position(&lens, |pos| {
             let idx: Vec<i64> = begins.iter().zip(pos).map(|(b, &p)| b + p as i64).collect();
-            match self.tensors[tensor].offset_of(&idx) {
-                Some(off) => writes.push((off, v.at(index, pos))),
+            match t.offset_of(&idx) {
+                Some(off) => offsets.push(off),
                 None => {
-                    err.get_or_insert(idx);
+                    outside.get_or_insert(idx);
                 }
             }
-            0.0
         });
-        if let Some(idx) = err {
-            return Err(self.oob(tensor, at, "writes", idx));
+        match outside {
+            Some(idx) => Err(self.oob(tensor, at, access, idx)),
+            None => Ok(offsets),
         }
-        let t = &mut self.tensors[tensor];
-        for (off, x) in writes {
-            t.store(off, x);
-        }
-        Ok(())
     }
 
     pub(crate) fn load(
@@ -356,26 +369,13 @@ impl Program<'_> {
         index: &[DimId],
         at: &str,
     ) -> Result<Tile, InterpretError> {
-        let lens = self.lens(index)?;
-        let begins: Vec<i64> = index
-            .iter()
-            .map(|&d| self.range(d).map(|r| r.0))
-            .collect::<Result<_, _>>()?;
+        let offsets = self.offsets(tensor, index, at, "reads")?;
         let t = &self.tensors[tensor];
-        let mut err = None;
-        let tile = Tile::build(index, &lens, is_int(t.dtype()), |pos| {
-            let idx: Vec<i64> = begins.iter().zip(pos).map(|(b, &p)| b + p as i64).collect();
-            match t.offset_of(&idx) {
-                Some(off) => t.load(off),
-                None => {
-                    err.get_or_insert(idx);
-                    0.0
-                }
-            }
-        });
-        match err {
-            Some(idx) => Err(self.oob(tensor, at, "reads", idx)),
-            None => Ok(tile),
-        }
+        Ok(Tile {
+            dims: index.to_vec(),
+            lens: self.lens(index)?,
+            int: is_int(t.dtype()),
+            data: offsets.into_iter().map(|off| t.load(off)).collect(),
+        })
     }
 }

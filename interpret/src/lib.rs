@@ -50,7 +50,8 @@
 //! let out = HostTensor::filled(DType::F32, &[10], f64::NAN);
 //! let mut tensors = [x, out];
 //! run(&k, &Config::new(&[4]), &[], &mut tensors, &[Scalar::Int(10)]).unwrap();
-//! assert_eq!(tensors[1].get(&[9]), 18.0);
+//! assert_eq!(tensors[1].get(&[9]), Some(18.0));
+//! assert_eq!(tensors[1].get(&[10]), None);
 //! ```
 
 mod error;

@@ -61,15 +61,9 @@ impl HostTensor {
         &self.data
     }
 
-    /// The element at `index` (one entry per dimension, each in range).
-    ///
-    /// # Panics
-    /// When `index` is outside the shape (a caller's bug, not a kernel's).
-    pub fn get(&self, index: &[usize]) -> f64 {
-        let at = self
-            .offset_of(index)
-            .unwrap_or_else(|| panic!("index {index:?} is outside the shape {:?}", self.shape));
-        self.data[at]
+    /// The element at `index` (one entry per dimension), or `None` outside the shape.
+    pub fn get(&self, index: &[usize]) -> Option<f64> {
+        self.offset_of(index).map(|at| self.data[at])
     }
 
     /// Row-major offset of `index`, or `None` outside the shape.

@@ -31,19 +31,8 @@ impl Tile {
         int: bool,
         mut f: impl FnMut(&[usize]) -> f64,
     ) -> Tile {
-        let n: usize = lens.iter().product();
-        let mut data = Vec::with_capacity(n);
-        let mut pos = vec![0usize; dims.len()];
-        for _ in 0..n {
-            data.push(f(&pos));
-            for d in (0..pos.len()).rev() {
-                pos[d] += 1;
-                if pos[d] < lens[d] {
-                    break;
-                }
-                pos[d] = 0;
-            }
-        }
+        let mut data = Vec::with_capacity(lens.iter().product());
+        for_each_position(lens, |pos| data.push(f(pos)));
         Tile {
             dims: dims.to_vec(),
             lens: lens.to_vec(),
@@ -96,6 +85,23 @@ impl Tile {
             lens: self.lens.clone(),
             int,
             data: self.data.iter().map(|&v| f(v)).collect(),
+        }
+    }
+}
+
+/// Calls `f` on every position of a block of `lens`, in row-major order (the
+/// order of a tile's `data`).
+pub(crate) fn for_each_position(lens: &[usize], mut f: impl FnMut(&[usize])) {
+    let n: usize = lens.iter().product();
+    let mut pos = vec![0usize; lens.len()];
+    for _ in 0..n {
+        f(&pos);
+        for d in (0..pos.len()).rev() {
+            pos[d] += 1;
+            if pos[d] < lens[d] {
+                break;
+            }
+            pos[d] = 0;
         }
     }
 }
