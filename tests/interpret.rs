@@ -11,8 +11,9 @@ use common::examples::{
     all_gather_matmul::ag_matmul, bias_gelu::matmul_bias_gelu, cross_entropy, layer_norm,
     matmul::matmul, rms_norm, softmax,
 };
+use std::time::{Duration, Instant};
 use tilefuse::codegen::{ir::Kernel, Config, DType};
-use tilefuse::interpret::{run, HostTensor, InterpretError, Scalar};
+use tilefuse::interpret::{run, run_with, HostTensor, InterpretError, Options, Scalar};
 use tilefuse::verify::{gelu_f64, matmul_f64, Rng};
 
 /// A bf16 tensor of fresh values in [-1, 1) and those values as f64.
@@ -20,7 +21,7 @@ fn random(shape: &[usize], rng: &mut Rng) -> (HostTensor, Vec<f64>) {
     let n = shape.iter().product();
     let data: Vec<f64> = (0..n).map(|_| 2.0 * rng.uniform() - 1.0).collect();
     let t = HostTensor::from_f64(DType::BF16, shape, data).unwrap();
-    let exact = t.data().to_vec();
+    let exact = t.values();
     (t, exact)
 }
 
@@ -55,7 +56,7 @@ fn matmul_and_its_epilogue_match_f64_on_partial_tiles() {
     };
 
     let ir = matmul::kernel().ir().unwrap().clone();
-    let mut t = tensors(
+    let t = tensors(
         &ir,
         vec![
             ("a", a.clone()),
@@ -63,12 +64,12 @@ fn matmul_and_its_epilogue_match_f64_on_partial_tiles() {
             ("out", nan(DType::BF16, &[m, n])),
         ],
     );
-    run(&ir, &cfg, &[], &mut t, &ints(&ir)).unwrap();
-    let err = rel_error(out(&ir, &t, "out"), &reference);
+    run(&ir, &cfg, &[], &t, &ints(&ir)).unwrap();
+    let err = rel_error(&out(&ir, &t, "out"), &reference);
     assert!(err < 1e-2, "matmul: rel err {err}");
 
     let ir = matmul_bias_gelu::kernel().ir().unwrap().clone();
-    let mut t = tensors(
+    let t = tensors(
         &ir,
         vec![
             ("a", a),
@@ -77,11 +78,11 @@ fn matmul_and_its_epilogue_match_f64_on_partial_tiles() {
             ("out", nan(DType::BF16, &[m, n])),
         ],
     );
-    run(&ir, &cfg, &[], &mut t, &ints(&ir)).unwrap();
+    run(&ir, &cfg, &[], &t, &ints(&ir)).unwrap();
     let want: Vec<f64> = (0..m * n)
         .map(|i| gelu_f64(reference[i] + bias64[i % n]))
         .collect();
-    let err = rel_error(out(&ir, &t, "out"), &want);
+    let err = rel_error(&out(&ir, &t, "out"), &want);
     assert!(err < 1e-2, "matmul_bias_gelu: rel err {err}");
 }
 
@@ -106,15 +107,15 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
     let go = |ir: &Kernel, named_tensors: Vec<(&str, HostTensor)>| {
         let mut c = Config::new(&vec![32; ir.dims.len()]);
         c.block_sizes[ir.grid[0]] = 4;
-        let mut t = tensors(ir, named_tensors);
-        run(ir, &c, &[], &mut t, &scalars(ir, &named)).unwrap();
+        let t = tensors(ir, named_tensors);
+        run(ir, &c, &[], &t, &scalars(ir, &named)).unwrap();
         t
     };
     let out_of = || nan(DType::BF16, &[m, n]);
 
     let ir = softmax::softmax::kernel().ir().unwrap().clone();
     let t = go(&ir, vec![("x", x.clone()), ("out", out_of())]);
-    let err = rel_error(out(&ir, &t, "out"), &softmax::reference(&x64, m, n));
+    let err = rel_error(&out(&ir, &t, "out"), &softmax::reference(&x64, m, n));
     assert!(err < 1e-2, "softmax: rel err {err}");
 
     let ir = rms_norm::rms_norm::kernel().ir().unwrap().clone();
@@ -123,7 +124,7 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
         vec![("x", x.clone()), ("weight", w.clone()), ("out", out_of())],
     );
     let want = rms_norm::reference(&x64, &w64, m, n, f64::from(eps));
-    let err = rel_error(out(&ir, &t, "out"), &want);
+    let err = rel_error(&out(&ir, &t, "out"), &want);
     assert!(err < 1e-2, "rms_norm: rel err {err}");
 
     let ir = layer_norm::layer_norm::kernel().ir().unwrap().clone();
@@ -137,7 +138,7 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
         ],
     );
     let want = layer_norm::reference(&x64, &w64, &b64, m, n, f64::from(eps));
-    let err = rel_error(out(&ir, &t, "out"), &want);
+    let err = rel_error(&out(&ir, &t, "out"), &want);
     assert!(err < 1e-2, "layer_norm: rel err {err}");
 
     // Labels at the first and last column and outside the row.
@@ -157,7 +158,7 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
         ],
     );
     let want = cross_entropy::reference(&x64, &labels, m, n);
-    let err = rel_error(out(&ir, &t, "loss"), &want);
+    let err = rel_error(&out(&ir, &t, "loss"), &want);
     assert!(err < 1e-4, "cross_entropy: rel err {err}");
 }
 
@@ -170,7 +171,7 @@ fn a_read_outside_its_tensor_is_reported_with_tile_and_index() {
     // `a` is one row short of the M extent the kernel is launched with.
     let (a, _) = random(&[9, 16], &mut rng);
     let (b, _) = random(&[16, 8], &mut rng);
-    let mut t = tensors(
+    let t = tensors(
         &ir,
         vec![("a", a), ("b", b), ("out", nan(DType::BF16, &[10, 8]))],
     );
@@ -182,7 +183,7 @@ fn a_read_outside_its_tensor_is_reported_with_tile_and_index() {
             ("k", Scalar::Int(16)),
         ],
     );
-    let e = run(&ir, &Config::new(&[8, 8, 16]), &[], &mut t, &s).unwrap_err();
+    let e = run(&ir, &Config::new(&[8, 8, 16]), &[], &t, &s).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, InterpretError::OutOfBounds(_)), "{msg}");
     assert!(msg.contains("reads `a` at index [9, 0]"), "{msg}");
@@ -207,70 +208,138 @@ fn bad_arguments_are_errors_naming_them() {
             nan(DType::BF16, &[8, 8]),
         ]
     };
-    let e = run(&ir, &Config::new(&[8, 8]), &[], &mut t(), &s).unwrap_err();
+    let e = run(&ir, &Config::new(&[8, 8]), &[], &t(), &s).unwrap_err();
     assert!(
         e.to_string()
             .contains("one block size above 0 per tile dimension (3)"),
         "{e}"
     );
-    let e = run(&ir, &Config::new(&[8, 8, 8]), &[], &mut t()[..2], &s).unwrap_err();
+    let e = run(&ir, &Config::new(&[8, 8, 8]), &[], &t()[..2], &s).unwrap_err();
     assert!(
         e.to_string().contains("2 tensors and 3 scalars given"),
         "{e}"
     );
     let mut bad = t();
     bad[0] = nan(DType::BF16, &[64]);
-    let e = run(&ir, &Config::new(&[8, 8, 8]), &[], &mut bad, &s).unwrap_err();
+    let e = run(&ir, &Config::new(&[8, 8, 8]), &[], &bad, &s).unwrap_err();
     assert!(
         e.to_string().contains("argument `a`: a tensor of rank 2"),
         "{e}"
     );
 }
 
-/// `wait` reads the flags as the GPU does: a range of chunks, each at least the
-/// epoch; a flag left unset is the GPU's timeout message, at once (nothing else
-/// runs meanwhile to set it).
-#[test]
-fn waits_pass_on_set_flags_and_report_unset_ones() {
-    let mut rng = Rng::fresh();
-    let ir = ag_matmul::kernel().ir().unwrap().clone();
-    let (m, n, k) = (40, 24, 16);
-    let (a, a64) = random(&[m, k], &mut rng);
-    let (b, b64) = random(&[k, n], &mut rng);
-    let s = scalars(
-        &ir,
-        &[
-            ("m", Scalar::Int(m as i64)),
-            ("n", Scalar::Int(n as i64)),
-            ("k", Scalar::Int(k as i64)),
-            ("rows_per_chunk", Scalar::Int(10)),
-            ("epoch", Scalar::Int(3)),
-            ("first_row", Scalar::Int(20)),
-            ("0", Scalar::Int(0)),
-        ],
-    );
-    let cfg = Config::new(&[16, 16, 16]);
-    let launch = |flags: Vec<f64>| {
-        let flags = HostTensor::from_f64(DType::U32, &[4], flags).unwrap();
-        let mut t = tensors(
+/// `ag_matmul` at 40×24×16 on 16×16×16 blocks with chunks of 10 rows, and its
+/// f64 reference: `launch(flags, timeout)` runs it with those progress flags.
+struct AgMatmul {
+    ir: Kernel,
+    a: HostTensor,
+    b: HostTensor,
+    reference: Vec<f64>,
+    scalars: Vec<Scalar>,
+}
+
+impl AgMatmul {
+    const EPOCH: i64 = 3;
+
+    fn new() -> AgMatmul {
+        let mut rng = Rng::fresh();
+        let ir = ag_matmul::kernel().ir().unwrap().clone();
+        let (m, n, k) = (40, 24, 16);
+        let (a, a64) = random(&[m, k], &mut rng);
+        let (b, b64) = random(&[k, n], &mut rng);
+        let scalars = scalars(
             &ir,
-            vec![
-                ("a", a.clone()),
-                ("b", b.clone()),
-                ("out", nan(DType::BF16, &[m, n])),
-                ("progress", flags),
+            &[
+                ("m", Scalar::Int(m as i64)),
+                ("n", Scalar::Int(n as i64)),
+                ("k", Scalar::Int(k as i64)),
+                ("rows_per_chunk", Scalar::Int(10)),
+                ("epoch", Scalar::Int(Self::EPOCH)),
+                ("first_row", Scalar::Int(20)),
+                ("0", Scalar::Int(0)),
             ],
         );
-        run(&ir, &cfg, &[], &mut t, &s).map(|()| out(&ir, &t, "out").to_vec())
-    };
-    let got = launch(vec![3.0, 4.0, 3.0, 3.0]).unwrap();
-    let err = rel_error(&got, &matmul_f64(&a64, &b64, m, k, n));
+        AgMatmul {
+            reference: matmul_f64(&a64, &b64, m, k, n),
+            ir,
+            a,
+            b,
+            scalars,
+        }
+    }
+
+    fn launch(&self, flags: &HostTensor, timeout: Duration) -> Result<Vec<f64>, InterpretError> {
+        let t = tensors(
+            &self.ir,
+            vec![
+                ("a", self.a.clone()),
+                ("b", self.b.clone()),
+                ("out", nan(DType::BF16, &[40, 24])),
+                ("progress", flags.clone()),
+            ],
+        );
+        let options = Options {
+            wait_timeout: timeout,
+        };
+        let cfg = Config::new(&[16, 16, 16]);
+        run_with(&self.ir, &cfg, &[], &t, &self.scalars, &options)
+            .map(|()| out(&self.ir, &t, "out"))
+    }
+}
+
+fn flags(values: &[f64]) -> HostTensor {
+    HostTensor::from_f64(DType::U32, &[values.len()], values.to_vec()).unwrap()
+}
+
+/// `wait` reads the flags as the GPU does: a range of chunks, each at least the
+/// epoch; a flag left unset gives the GPU's timeout message once the timeout
+/// has passed.
+#[test]
+fn waits_pass_on_set_flags_and_time_out_on_unset_ones() {
+    let ag = AgMatmul::new();
+    let got = ag
+        .launch(&flags(&[3.0, 4.0, 3.0, 3.0]), Duration::from_secs(10))
+        .unwrap();
+    let err = rel_error(&got, &ag.reference);
     assert!(err < 1e-2, "rel err {err}");
 
-    let e = launch(vec![3.0, 3.0, 2.0, 3.0]).unwrap_err();
+    let started = Instant::now();
+    let e = ag
+        .launch(&flags(&[3.0, 3.0, 2.0, 3.0]), Duration::from_millis(200))
+        .unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(200));
     let msg = e.to_string();
     assert!(
-        msg.contains("flag index 2 holds 2, expected >= 3") && msg.contains("stopped waiting at"),
+        msg.contains("stopped waiting at `wait(progress")
+            && msg.contains("after 200 ms: flag index 2 holds 2, expected >= 3"),
         "{msg}"
     );
+}
+
+/// A `wait` blocks until another thread sets its flag: the flags start unset,
+/// a thread sets them one by one in the order an all-gather's chunks arrive,
+/// and the kernel, started first, finishes with the right product.
+#[test]
+fn a_wait_blocks_until_another_thread_sets_the_flag() {
+    let ag = AgMatmul::new();
+    let progress = flags(&[0.0; 4]);
+    let setter = {
+        let mem = progress.memory().clone();
+        std::thread::spawn(move || {
+            // This rank's own chunks first (rows 20..40), then the peer's.
+            for chunk in [2, 3, 0, 1] {
+                std::thread::sleep(Duration::from_millis(30));
+                mem.store_flag(chunk, AgMatmul::EPOCH as u32).unwrap();
+            }
+        })
+    };
+    let started = Instant::now();
+    let got = ag.launch(&progress, Duration::from_secs(20)).unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "the kernel finished before the last flag was set"
+    );
+    setter.join().unwrap();
+    let err = rel_error(&got, &ag.reference);
+    assert!(err < 1e-2, "rel err {err}");
 }

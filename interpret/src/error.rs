@@ -9,11 +9,10 @@ pub enum InterpretError {
     /// dropped write.
     #[error("{0}")]
     OutOfBounds(Box<OutOfBounds>),
-    /// A `wait` whose flag is not set: nothing else runs while a program is
-    /// interpreted, so it never will be.
+    /// A `wait` whose flag was not set in time: the GPU's message, word for word.
     #[error(
-        "kernel `{kernel}` stopped waiting at `{at}`: flag index {index} holds {seen}, expected >= {expected}; \
-         the producer never set it (in interpret mode, flags must be set before the launch)"
+        "kernel `{kernel}` stopped waiting at `{at}` after {timeout_ms} ms: flag index {index} holds {seen}, \
+         expected >= {expected}; the producer never set it (raise TILEFUSE_WAIT_TIMEOUT_MS if it is only slow)"
     )]
     WaitTimeout {
         kernel: String,
@@ -21,6 +20,7 @@ pub enum InterpretError {
         index: i64,
         expected: i64,
         seen: i64,
+        timeout_ms: u64,
     },
     /// The arguments do not fit the kernel.
     #[error("kernel `{kernel}`: argument `{arg}`: {message}")]

@@ -4,6 +4,7 @@
 use crate::error::{InterpretError, OutOfBounds};
 use crate::tensor::HostTensor;
 use crate::tile::{for_each_position, Tile};
+use std::time::{Duration, Instant};
 use tilefuse_codegen::ir::*;
 use tilefuse_codegen::Config;
 
@@ -16,15 +17,53 @@ pub enum Scalar {
     Float(f32),
 }
 
+/// How a run waits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// How long a `wait` waits for its flag before the run fails with
+    /// [`InterpretError::WaitTimeout`] (the GPU's `TILEFUSE_WAIT_TIMEOUT_MS`).
+    pub wait_timeout: Duration,
+}
+
+impl Default for Options {
+    /// Waits of 10 s, the GPU's default.
+    fn default() -> Options {
+        Options {
+            wait_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Runs every program of `kernel` on the host, in grid order, with `config`'s
 /// block sizes: `tensors` and `scalars` in the kernel's parameter order,
-/// `constexprs` the values of its `#[constexpr]` parameters.
+/// `constexprs` the values of its `#[constexpr]` parameters. Stores go to the
+/// tensors' memory; a `wait` waits up to 10 s for another thread or process to
+/// set its flag ([`run_with`] sets the time).
 pub fn run(
     kernel: &Kernel,
     config: &Config,
     constexprs: &[i64],
-    tensors: &mut [HostTensor],
+    tensors: &[HostTensor],
     scalars: &[Scalar],
+) -> Result<(), InterpretError> {
+    run_with(
+        kernel,
+        config,
+        constexprs,
+        tensors,
+        scalars,
+        &Options::default(),
+    )
+}
+
+/// [`run`] with [`Options`].
+pub fn run_with(
+    kernel: &Kernel,
+    config: &Config,
+    constexprs: &[i64],
+    tensors: &[HostTensor],
+    scalars: &[Scalar],
+    options: &Options,
 ) -> Result<(), InterpretError> {
     let k = &*kernel
         .specialize(constexprs)
@@ -103,6 +142,7 @@ pub fn run(
         consts: constexprs,
         scalars,
         tensors,
+        wait_timeout: options.wait_timeout,
         ranges: vec![None; k.dims.len()],
         vars: vec![None; k.vars.len()],
     };
@@ -143,7 +183,8 @@ pub(crate) struct Program<'a> {
     pub(crate) extents: Vec<i64>,
     pub(crate) consts: &'a [i64],
     pub(crate) scalars: &'a [Scalar],
-    pub(crate) tensors: &'a mut [HostTensor],
+    pub(crate) tensors: &'a [HostTensor],
+    wait_timeout: Duration,
     /// Each tile dimension's current range `[begin, end)`, clipped to its extent.
     pub(crate) ranges: Vec<Option<(i64, i64)>>,
     pub(crate) vars: Vec<Option<Tile>>,
@@ -233,16 +274,7 @@ impl Program<'_> {
                 };
                 let want = self.int_scalar(value)?;
                 for i in lo..hi {
-                    let seen = self.flag(*tensor, i, at, "waits on")?;
-                    if (seen as i64) < want {
-                        return Err(InterpretError::WaitTimeout {
-                            kernel: self.k.name.clone(),
-                            at: at.clone(),
-                            index: i,
-                            expected: want,
-                            seen: seen as i64,
-                        });
-                    }
+                    self.wait_for(*tensor, i, want, at)?;
                 }
             }
             Stmt::Signal {
@@ -253,11 +285,12 @@ impl Program<'_> {
             } => {
                 let i = self.int_scalar(index)?;
                 let add = self.int_scalar(value)?;
-                let t = &mut self.tensors[*tensor];
+                let t = &self.tensors[*tensor];
                 // Outside the tensor a signal adds nothing, as on the GPU.
-                if let Some(off) = usize::try_from(i).ok().filter(|&i| i < t.data().len()) {
-                    let old = t.load(off) as i64;
-                    t.store(off, (old.wrapping_add(add) as u32) as f64);
+                if let Some(off) = t.flat_offset(i) {
+                    t.memory()
+                        .add_flag(off, add as u32)
+                        .map_err(|e| self.unsupported(e.to_string()))?;
                 }
             }
             Stmt::If { at, .. } => {
@@ -267,18 +300,48 @@ impl Program<'_> {
         Ok(())
     }
 
-    /// Flag `i` of `tensor` (indexed flat, as `wait` does on the GPU).
-    fn flag(
+    /// Waits until flag `i` of `tensor` (indexed flat, as on the GPU) holds at
+    /// least `want`, or the timeout passes: spinning first, then yielding, then
+    /// sleeping, so a waiter does not starve the thread that sets the flag.
+    fn wait_for(
         &self,
         tensor: TensorId,
         i: i64,
+        want: i64,
         at: &str,
-        access: &'static str,
-    ) -> Result<f64, InterpretError> {
+    ) -> Result<(), InterpretError> {
         let t = &self.tensors[tensor];
-        match usize::try_from(i).ok().filter(|&i| i < t.data().len()) {
-            Some(off) => Ok(t.load(off)),
-            None => Err(self.oob(tensor, at, access, vec![i])),
+        let Some(off) = t.flat_offset(i) else {
+            return Err(self.oob(tensor, at, "waits on", vec![i]));
+        };
+        let read = || {
+            t.memory()
+                .load_flag(off)
+                .map_err(|e| self.unsupported(e.to_string()))
+        };
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            let seen = read()?;
+            if i64::from(seen) >= want {
+                return Ok(());
+            }
+            if start.elapsed() >= self.wait_timeout {
+                return Err(InterpretError::WaitTimeout {
+                    kernel: self.k.name.clone(),
+                    at: at.into(),
+                    index: i,
+                    expected: want,
+                    seen: i64::from(seen),
+                    timeout_ms: self.wait_timeout.as_millis() as u64,
+                });
+            }
+            polls += 1;
+            match polls {
+                0..=100 => std::hint::spin_loop(),
+                101..=1000 => std::thread::yield_now(),
+                _ => std::thread::sleep(Duration::from_micros(100)),
+            }
         }
     }
 
@@ -326,7 +389,7 @@ impl Program<'_> {
         let offsets = self.offsets(tensor, index, at, "writes")?;
         let lens = self.lens(index)?;
         let values = Tile::build(index, &lens, v.int, |pos| v.at(index, pos));
-        let t = &mut self.tensors[tensor];
+        let t = &self.tensors[tensor];
         for (off, x) in offsets.into_iter().zip(values.data) {
             t.store(off, x);
         }

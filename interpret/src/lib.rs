@@ -9,9 +9,13 @@
 //!   to bf16/f16 and a store to a bf16/f16 tensor round to nearest even;
 //! - reductions see a tile's in-bounds elements only.
 //!
+//! Tensors are views of [`HostMemory`], which other threads and processes may
+//! write while a kernel runs: a `wait` blocks until its flag is set (by a copy
+//! thread, another rank) or its timeout passes, with the GPU's message.
+//!
 //! Where the GPU is silent, this is not: a load or store outside its tensor is
 //! an error naming the access, the tile and the index (the GPU reads zeros and
-//! drops the write), and so is a `wait` whose flag is not set.
+//! drops the write).
 //!
 //! Differences in the last bits: the GPU's `exp` is `ex2.approx` and its f32
 //! division `div.full` (2 ulp), tensor cores and warp reductions add in their
@@ -48,8 +52,8 @@
 //! };
 //! let x = HostTensor::from_f64(DType::F32, &[10], (0..10).map(f64::from).collect()).unwrap();
 //! let out = HostTensor::filled(DType::F32, &[10], f64::NAN);
-//! let mut tensors = [x, out];
-//! run(&k, &Config::new(&[4]), &[], &mut tensors, &[Scalar::Int(10)]).unwrap();
+//! let tensors = [x, out];
+//! run(&k, &Config::new(&[4]), &[], &tensors, &[Scalar::Int(10)]).unwrap();
 //! assert_eq!(tensors[1].get(&[9]), Some(18.0));
 //! assert_eq!(tensors[1].get(&[10]), None);
 //! ```
@@ -57,10 +61,12 @@
 mod error;
 mod eval;
 mod exec;
+mod memory;
 mod tensor;
 mod tile;
 
 pub use error::{InterpretError, OutOfBounds};
-pub use exec::{run, Scalar};
+pub use exec::{run, run_with, Options, Scalar};
+pub use memory::HostMemory;
 pub use tensor::HostTensor;
 pub use tilefuse_codegen::Config;

@@ -36,7 +36,7 @@ pub fn tensors(k: &Kernel, named: Vec<(&str, HostTensor)>) -> Vec<HostTensor> {
 }
 
 /// The elements of the tensor argument named `name` after a run.
-pub fn out<'a>(k: &Kernel, t: &'a [HostTensor], name: &str) -> &'a [f64] {
+pub fn out(k: &Kernel, t: &[HostTensor], name: &str) -> Vec<f64> {
     let i = k.tensors.iter().position(|p| p.name == name);
-    t[i.unwrap_or_else(|| panic!("`{}` has no tensor `{name}`", k.name))].data()
+    t[i.unwrap_or_else(|| panic!("`{}` has no tensor `{name}`", k.name))].values()
 }

@@ -32,7 +32,7 @@ fn interpret_mode_agrees_with_the_gpu() {
         // The interpreter takes the launch's block sizes (the Hopper path's on an H100/H200).
         let cfg = mm_bf16::kernel().config_on(&dev).unwrap();
         let ir = mm_bf16::kernel().ir().unwrap().clone();
-        let mut t = tensors(
+        let t = tensors(
             &ir,
             vec![
                 ("a", on_host(&a, &[m, k])),
@@ -48,11 +48,11 @@ fn interpret_mode_agrees_with_the_gpu() {
                 ("k", Scalar::Int(k as i64)),
             ],
         );
-        run(&ir, &cfg, &[], &mut t, &s).unwrap();
+        run(&ir, &cfg, &[], &t, &s).unwrap();
         agree(
             &format!("matmul {m}x{n}x{k} {cfg}"),
             &c,
-            out(&ir, &t, "out"),
+            &out(&ir, &t, "out"),
         );
     }
 
@@ -69,21 +69,21 @@ fn interpret_mode_agrees_with_the_gpu() {
     softmax::softmax(&x, &y).unwrap();
     let def = softmax::softmax::kernel();
     let (cfg, ir) = (def.config_on(&dev).unwrap(), def.ir().unwrap().clone());
-    let mut t = tensors(
+    let t = tensors(
         &ir,
         vec![
             ("x", on_host(&x, &[m, n])),
             ("out", HostTensor::filled(DType::BF16, &[m, n], f64::NAN)),
         ],
     );
-    run(&ir, &cfg, &[], &mut t, &scalars(&ir, &named)).unwrap();
-    agree(&format!("softmax {m}x{n} {cfg}"), &y, out(&ir, &t, "out"));
+    run(&ir, &cfg, &[], &t, &scalars(&ir, &named)).unwrap();
+    agree(&format!("softmax {m}x{n} {cfg}"), &y, &out(&ir, &t, "out"));
 
     let y = poisoned::<bf16>([m, n]).unwrap();
     rms_norm::rms_norm(&x, &w, &y, 1e-5).unwrap();
     let def = rms_norm::rms_norm::kernel();
     let (cfg, ir) = (def.config_on(&dev).unwrap(), def.ir().unwrap().clone());
-    let mut t = tensors(
+    let t = tensors(
         &ir,
         vec![
             ("x", on_host(&x, &[m, n])),
@@ -91,6 +91,6 @@ fn interpret_mode_agrees_with_the_gpu() {
             ("out", HostTensor::filled(DType::BF16, &[m, n], f64::NAN)),
         ],
     );
-    run(&ir, &cfg, &[], &mut t, &scalars(&ir, &named)).unwrap();
-    agree(&format!("rms_norm {m}x{n} {cfg}"), &y, out(&ir, &t, "out"));
+    run(&ir, &cfg, &[], &t, &scalars(&ir, &named)).unwrap();
+    agree(&format!("rms_norm {m}x{n} {cfg}"), &y, &out(&ir, &t, "out"));
 }

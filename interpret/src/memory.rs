@@ -1,0 +1,224 @@
+//! Host memory that tensors view in interpret mode: owned by this process, or a
+//! mapping shared with other processes (symmetric buffers between CPU ranks).
+//!
+//! Another thread (a copy thread filling an all-gather's chunks) or process may
+//! write the same bytes while a kernel runs, so every access is atomic: elements
+//! with relaxed atomics of their size, flags with acquire loads and release adds,
+//! which give `wait` and `signal` the ordering they have on the GPU. On x86 and
+//! ARM relaxed atomics are plain loads and stores, so this costs nothing.
+
+use crate::error::InterpretError;
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use tilefuse_codegen::DType;
+
+/// A block of host bytes, 8-byte aligned, that tensors view.
+///
+/// ```
+/// use tilefuse_interpret::HostMemory;
+/// let m = HostMemory::zeroed(16);
+/// m.write_bytes(0, &[1, 2, 3]).unwrap();
+/// let mut back = [0u8; 4];
+/// m.read_bytes(0, &mut back).unwrap();
+/// assert_eq!(back, [1, 2, 3, 0]);
+/// ```
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    /// What keeps `ptr..ptr + bytes` alive: our own words, or a mapping.
+    _owner: Owner,
+}
+
+enum Owner {
+    Words(#[allow(dead_code)] Box<[u64]>),
+    External(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+}
+
+// SAFETY: the memory is only accessed through atomics (see the module docs), and
+// the owner is `Send + Sync`.
+unsafe impl Send for HostMemory {}
+// SAFETY: as above.
+unsafe impl Sync for HostMemory {}
+
+impl std::fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostMemory({} bytes at {:p})", self.bytes, self.ptr)
+    }
+}
+
+impl HostMemory {
+    /// `bytes` zeroed bytes (at least 8).
+    pub fn zeroed(bytes: usize) -> Arc<HostMemory> {
+        let mut words = vec![0u64; bytes.div_ceil(8).max(1)].into_boxed_slice();
+        let ptr = NonNull::from(&mut words[0]).cast::<u8>();
+        Arc::new(HostMemory {
+            ptr,
+            bytes,
+            _owner: Owner::Words(words),
+        })
+    }
+
+    /// Memory that `owner` keeps mapped (e.g. a shared-memory mapping).
+    ///
+    /// # Safety
+    /// `ptr` must be 8-byte aligned and valid for reads and writes of `bytes`
+    /// bytes for as long as `owner` lives, and every other user of those bytes
+    /// (another process included) must access them atomically too.
+    pub unsafe fn from_raw(
+        ptr: NonNull<u8>,
+        bytes: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Arc<HostMemory> {
+        Arc::new(HostMemory {
+            ptr,
+            bytes,
+            _owner: Owner::External(owner),
+        })
+    }
+
+    /// The size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// The address of the first byte (an identity for the memory; all access
+    /// goes through the methods here).
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    fn check(&self, at: usize, len: usize) -> Result<(), InterpretError> {
+        match at.checked_add(len) {
+            Some(end) if end <= self.bytes => Ok(()),
+            _ => Err(InterpretError::Argument {
+                kernel: "(host memory)".into(),
+                arg: "range".into(),
+                message: format!(
+                    "bytes {at}..{} are outside the {} bytes of this memory",
+                    at.saturating_add(len),
+                    self.bytes
+                ),
+            }),
+        }
+    }
+
+    fn byte(&self, at: usize) -> &AtomicU8 {
+        debug_assert!(at < self.bytes);
+        // SAFETY: `at` is inside the live allocation (checked by the callers), and
+        // all accesses to it are atomic.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) }
+    }
+
+    /// Copies `src` into the bytes from `at`.
+    pub fn write_bytes(&self, at: usize, src: &[u8]) -> Result<(), InterpretError> {
+        self.check(at, src.len())?;
+        for (i, &b) in src.iter().enumerate() {
+            self.byte(at + i).store(b, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Copies the bytes from `at` into `dst`.
+    pub fn read_bytes(&self, at: usize, dst: &mut [u8]) -> Result<(), InterpretError> {
+        self.check(at, dst.len())?;
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = self.byte(at + i).load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Sets every byte to `value`.
+    pub fn fill(&self, value: u8) {
+        for i in 0..self.bytes {
+            self.byte(i).store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// The `T` at element index `elem` (of `T`-sized elements).
+    ///
+    /// # Safety
+    /// `elem` must be inside the memory (the tensor views check it).
+    unsafe fn cell<T>(&self, elem: usize) -> *mut T {
+        debug_assert!((elem + 1) * std::mem::size_of::<T>() <= self.bytes);
+        // SAFETY: inside the allocation (the caller's contract); aligned because the
+        // base is 8-aligned and `T` is at most 8 bytes.
+        unsafe { self.ptr.as_ptr().cast::<T>().add(elem) }
+    }
+
+    /// Element `elem` of a `dtype` array starting at the first byte, as the exact
+    /// value of the dtype.
+    pub(crate) fn load(&self, dtype: DType, elem: usize) -> f64 {
+        let r = Ordering::Relaxed;
+        // SAFETY (all arms): `elem` is inside the memory (the views check their
+        // extent against it), and the cell is only accessed atomically.
+        unsafe {
+            match dtype {
+                DType::BF16 => {
+                    let bits = AtomicU16::from_ptr(self.cell(elem)).load(r);
+                    f64::from(half::bf16::from_bits(bits))
+                }
+                DType::F16 => {
+                    let bits = AtomicU16::from_ptr(self.cell(elem)).load(r);
+                    f64::from(half::f16::from_bits(bits))
+                }
+                DType::F32 => {
+                    f64::from(f32::from_bits(AtomicU32::from_ptr(self.cell(elem)).load(r)))
+                }
+                DType::I32 => f64::from(AtomicU32::from_ptr(self.cell(elem)).load(r) as i32),
+                DType::U32 => f64::from(AtomicU32::from_ptr(self.cell(elem)).load(r)),
+                DType::I64 => AtomicU64::from_ptr(self.cell(elem)).load(r) as i64 as f64,
+            }
+        }
+    }
+
+    /// Stores `v` (already a value of `dtype`) into element `elem`.
+    pub(crate) fn store(&self, dtype: DType, elem: usize, v: f64) {
+        let r = Ordering::Relaxed;
+        // SAFETY (all arms): as in `load`.
+        unsafe {
+            match dtype {
+                DType::BF16 => {
+                    AtomicU16::from_ptr(self.cell(elem)).store(half::bf16::from_f64(v).to_bits(), r)
+                }
+                DType::F16 => {
+                    AtomicU16::from_ptr(self.cell(elem)).store(half::f16::from_f64(v).to_bits(), r)
+                }
+                DType::F32 => AtomicU32::from_ptr(self.cell(elem)).store((v as f32).to_bits(), r),
+                DType::I32 => AtomicU32::from_ptr(self.cell(elem)).store(v as i32 as u32, r),
+                DType::U32 => AtomicU32::from_ptr(self.cell(elem)).store(v as u32, r),
+                DType::I64 => AtomicU64::from_ptr(self.cell(elem)).store(v as i64 as u64, r),
+            }
+        }
+    }
+
+    /// The `u32` flag at element `elem`, read with acquire ordering: what its
+    /// writer stored before setting it is visible after this returns it.
+    pub fn load_flag(&self, elem: usize) -> Result<u32, InterpretError> {
+        self.check(elem * 4, 4)?;
+        // SAFETY: checked inside the memory just above; atomic access only.
+        Ok(unsafe { AtomicU32::from_ptr(self.cell(elem)) }.load(Ordering::Acquire))
+    }
+
+    /// Sets the `u32` flag at element `elem` with release ordering (what was
+    /// written before is visible to whoever acquires the flag).
+    pub fn store_flag(&self, elem: usize, value: u32) -> Result<(), InterpretError> {
+        self.check(elem * 4, 4)?;
+        // SAFETY: as in `load_flag`.
+        unsafe { AtomicU32::from_ptr(self.cell(elem)) }.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    /// Adds `value` (wrapping) to the `u32` flag at element `elem`, release and
+    /// acquire, as `signal` does on the GPU.
+    pub fn add_flag(&self, elem: usize, value: u32) -> Result<u32, InterpretError> {
+        self.check(elem * 4, 4)?;
+        // SAFETY: as in `load_flag`.
+        Ok(unsafe { AtomicU32::from_ptr(self.cell(elem)) }.fetch_add(value, Ordering::AcqRel))
+    }
+}
