@@ -50,7 +50,7 @@ fn run() -> tilefuse::Result<bool> {
     for chains in [8usize, 16, 32] {
         let cubin = tilefuse::jit::compile_cubin("tf_mma_peak", &source(chains), &dev.arch())?;
         let module = dev
-            .context()
+            .context()?
             .load_module(Ptx::from_binary(cubin.image))
             .map_err(driver("loading the peak kernel"))?;
         let func = module
@@ -67,7 +67,7 @@ fn run() -> tilefuse::Result<bool> {
                 shared_mem_bytes: 0,
             };
             let timed = tilefuse::time_gpu(&dev, 2, 10, false, || {
-                let mut launch = dev.stream().launch_builder(&func);
+                let mut launch = dev.stream()?.launch_builder(&func);
                 launch.arg(&ptr).arg(&iters);
                 // SAFETY: the kernel takes (float*, int); `out` holds one float per
                 // launched thread and outlives the launch (synchronized in time_gpu).

@@ -7,6 +7,7 @@ use crate::error::{argument, Result};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use tilefuse_codegen::{DType, ScalarKind};
+use tilefuse_interpret::HostMemory;
 
 /// A tensor as a kernel sees it.
 #[derive(Clone, Debug)]
@@ -16,6 +17,9 @@ pub struct TensorArg {
     pub shape: Vec<usize>,
     pub strides: Vec<isize>,
     pub device: Arc<Device>,
+    /// In interpret mode: the host memory and the element offset of the first
+    /// element in it.
+    pub host: Option<(Arc<HostMemory>, usize)>,
 }
 
 /// Anything that can be passed where a kernel indexes a tensor.
@@ -31,6 +35,7 @@ impl<T: Element> AsTensorArg for Tensor<T> {
             shape: self.dims().to_vec(),
             strides: self.strides().to_vec(),
             device: self.device().clone(),
+            host: self.host_memory().map(|(m, at)| (m.clone(), at)),
         }
     }
 }

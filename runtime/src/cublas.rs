@@ -1,4 +1,8 @@
 //! cuBLAS as the reference and the baseline: `C = A·B` on row-major tensors.
+//!
+//! In interpret mode (tensors on the host) the same calls compute the product
+//! on the CPU, accumulating in f64 and rounding once to the element type, so
+//! programs that check a kernel against cuBLAS run unchanged without a GPU.
 
 use crate::device::Device;
 use crate::element::Element;
@@ -22,7 +26,7 @@ fn with_handle<R>(dev: &Device, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Resul
         Entry::Occupied(o) => o.into_mut(),
         Entry::Vacant(v) => {
             v.insert(
-                CudaBlas::new(dev.stream().clone()).map_err(|e| Error::Cublas {
+                CudaBlas::new(dev.stream()?.clone()).map_err(|e| Error::Cublas {
                     context: "creating a handle".into(),
                     message: format!("{e:?}"),
                 })?,
@@ -111,6 +115,9 @@ pub fn matmul_into<T: Element>(out: &mut Tensor<T>, a: &Tensor<T>, b: &Tensor<T>
         return Ok(());
     }
     let dev = out.device().clone();
+    if dev.is_host() {
+        return host_matmul_into(out, a, b, [m, n, k]);
+    }
     let (op_b, ld_b) = as_col_major_transposed(b, "b")?;
     let (op_a, ld_a) = as_col_major_transposed(a, "a")?;
     let ldc = i32::try_from(out.strides()[0].max(n as isize))
@@ -121,7 +128,7 @@ pub fn matmul_into<T: Element>(out: &mut Tensor<T>, a: &Tensor<T>, b: &Tensor<T>
         i32::try_from(v).map_err(|_| argument(ctx, what, "size exceeds i32"))
     };
     let (mi, ni, ki) = (dims(m, "a")?, dims(n, "b")?, dims(k, "a")?);
-    dev.context()
+    dev.context()?
         .bind_to_thread()
         .map_err(driver("binding the GPU context"))?;
     with_handle(&dev, |h| {
@@ -157,6 +164,29 @@ pub fn matmul_into<T: Element>(out: &mut Tensor<T>, a: &Tensor<T>, b: &Tensor<T>
             message: format!("{e:?}"),
         })
     })
+}
+
+/// Interpret mode's stand-in: the product on the CPU, row by row into `out`.
+fn host_matmul_into<T: Element>(
+    out: &mut Tensor<T>,
+    a: &Tensor<T>,
+    b: &Tensor<T>,
+    [m, n, k]: [usize; 3],
+) -> Result<()> {
+    let av: Vec<f64> = a.to_vec()?.into_iter().map(T::to_f64).collect();
+    let bv: Vec<f64> = b.to_vec()?.into_iter().map(T::to_f64).collect();
+    let mut row = vec![0f64; n];
+    for i in 0..m {
+        row.iter_mut().for_each(|x| *x = 0.0);
+        for (p, &x) in av[i * k..(i + 1) * k].iter().enumerate() {
+            for (acc, &y) in row.iter_mut().zip(&bv[p * n..(p + 1) * n]) {
+                *acc += x * y;
+            }
+        }
+        let values: Vec<T> = row.iter().map(|&x| T::from_f64(x)).collect();
+        out.narrow(0, i, 1)?.copy_from_slice(&values)?;
+    }
+    Ok(())
 }
 
 /// `a · b` with cuBLAS into a new tensor.

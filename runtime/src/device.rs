@@ -1,5 +1,6 @@
 //! A GPU: its context, the stream tilefuse launches on, its properties, and the
-//! status block kernels report failed `wait`s into.
+//! status block kernels report failed `wait`s into; or, in interpret mode
+//! ([`crate::mode`]), the host, where kernels run on the CPU.
 
 use crate::error::{driver, Error, Result};
 use crate::libs;
@@ -10,23 +11,30 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// One GPU and the stream tilefuse work is ordered on.
+/// One GPU and the stream tilefuse work is ordered on, or the host in interpret
+/// mode ([`Device::is_host`]).
 pub struct Device {
-    pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) stream: Arc<CudaStream>,
+    /// `None` for the host.
+    gpu: Option<Gpu>,
     ordinal: usize,
     name: String,
     cc: (i32, i32),
     sm_count: usize,
     max_shared_optin: usize,
-    /// Kernels record the first failed `wait` here (see `tilefuse_codegen::emit::prelude`).
-    pub(crate) status: CudaSlice<u64>,
     /// Scratch for GEMM tiles split along K (see [`crate::split_tail`]).
     pub(crate) split: Mutex<crate::split_tail::Scratch>,
     /// Scratch for copies of unaligned GEMM operands (see [`crate::staging`]).
     pub(crate) staging: Mutex<crate::staging::Scratch>,
     /// Set when work on this GPU waits on a peer that is gone (see [`Device::mark_wedged`]).
     wedged: std::sync::atomic::AtomicBool,
+}
+
+/// What only a GPU device has.
+pub(crate) struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    /// Kernels record the first failed `wait` here (see `tilefuse_codegen::emit::prelude`).
+    pub(crate) status: CudaSlice<u64>,
 }
 
 impl std::fmt::Debug for Device {
@@ -60,13 +68,20 @@ impl Device {
         Ok(n.max(0) as usize)
     }
 
-    /// The device with this ordinal, opened once per process.
+    /// The device with this ordinal, opened once per process: a GPU, or in
+    /// interpret mode the host (any ordinal: each rank of a CPU run has its own).
     pub fn get(ordinal: usize) -> Result<Arc<Device>> {
         static OPEN: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+        let interpret = crate::mode::mode()? == crate::mode::Mode::Interpret;
         let map = OPEN.get_or_init(Default::default);
         let mut open = map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(d) = open.get(&ordinal) {
             return Ok(d.clone());
+        }
+        if interpret {
+            let d = Arc::new(Device::host(ordinal));
+            open.insert(ordinal, d.clone());
+            return Ok(d);
         }
         let count = Device::count()?;
         if ordinal >= count {
@@ -108,16 +123,50 @@ impl Device {
             .map_err(driver("allocating the status block"))?;
         Ok(Device {
             wedged: Default::default(),
-            ctx,
-            stream,
+            gpu: Some(Gpu {
+                ctx,
+                stream,
+                status,
+            }),
             ordinal,
             name,
             cc,
             sm_count,
             max_shared_optin,
-            status,
             split: Mutex::default(),
             staging: Mutex::default(),
+        })
+    }
+
+    /// The host of interpret mode. Its "shared memory" limit is a Hopper GPU's,
+    /// so configs are checked (and defaults chosen) as for the portable GPU path.
+    fn host(ordinal: usize) -> Device {
+        Device {
+            wedged: Default::default(),
+            gpu: None,
+            ordinal,
+            name: "CPU (interpret mode)".into(),
+            cc: (0, 0),
+            sm_count: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_shared_optin: 227 * 1024,
+            split: Mutex::default(),
+            staging: Mutex::default(),
+        }
+    }
+
+    /// Whether this is the host of interpret mode rather than a GPU.
+    pub fn is_host(&self) -> bool {
+        self.gpu.is_none()
+    }
+
+    /// The GPU parts, or an error saying that `what` needs a GPU.
+    pub(crate) fn gpu(&self, what: &str) -> Result<&Gpu> {
+        self.gpu.as_ref().ok_or_else(|| Error::Unavailable {
+            what: "a GPU",
+            hint: format!(
+                "{what} needs a GPU, and this process runs in interpret mode on the CPU \
+                 (TILEFUSE_INTERPRET=1, or no GPU was found)"
+            ),
         })
     }
 
@@ -149,8 +198,12 @@ impl Device {
         self.cc
     }
 
-    /// The NVRTC target for this GPU: `sm_90a` on Hopper (wgmma, setmaxnreg), else `sm_XY`.
+    /// The NVRTC target for this GPU: `sm_90a` on Hopper (wgmma, setmaxnreg), else
+    /// `sm_XY`; `host` for the host.
     pub fn arch(&self) -> String {
+        if self.is_host() {
+            return "host".into();
+        }
         match self.cc {
             (9, 0) => "sm_90a".to_string(),
             (maj, min) => format!("sm_{maj}{min}"),
@@ -175,14 +228,15 @@ impl Device {
         self.max_shared_optin
     }
 
-    /// The stream tilefuse launches on (cuBLAS baselines use it too).
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The stream tilefuse launches on (cuBLAS baselines use it too); an error on
+    /// the host.
+    pub fn stream(&self) -> Result<&Arc<CudaStream>> {
+        Ok(&self.gpu("a CUDA stream")?.stream)
     }
 
-    /// The underlying cudarc context.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The underlying cudarc context; an error on the host.
+    pub fn context(&self) -> Result<&Arc<CudaContext>> {
+        Ok(&self.gpu("a CUDA context")?.ctx)
     }
 
     /// Records that queued work on this GPU may never finish (it waits on a peer
@@ -211,8 +265,12 @@ impl Device {
 
     /// Waits for all work queued on the launch stream, then reports a `wait` that
     /// timed out in any kernel since the last check.
+    /// On the host there is nothing queued: kernels ran when they were called.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream
+        let Some(gpu) = &self.gpu else {
+            return Ok(());
+        };
+        gpu.stream
             .synchronize()
             .map_err(driver("synchronizing the launch stream"))?;
         status::check(self)

@@ -4,9 +4,23 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use tilefuse_codegen::DType;
 
-/// A type that can be a tensor element on the GPU.
+mod sealed {
+    /// Only the types below are elements: host code copies them as bytes.
+    pub trait Sealed {}
+}
+
+/// A type that can be a tensor element: bf16, f16, f32, i32, u32, i64 (sealed:
+/// these are plain numbers, which tensors copy as bytes).
 pub trait Element:
-    DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static + std::fmt::Debug
+    sealed::Sealed
+    + DeviceRepr
+    + ValidAsZeroBits
+    + Copy
+    + Default
+    + Send
+    + Sync
+    + 'static
+    + std::fmt::Debug
 {
     const DTYPE: DType;
     /// Converts to f64 (for references and checks).
@@ -17,6 +31,7 @@ pub trait Element:
 
 macro_rules! element {
     ($t:ty, $d:expr, |$x:ident| $to:expr, |$v:ident| $from:expr) => {
+        impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = $d;
             fn to_f64(self) -> f64 {

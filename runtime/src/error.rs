@@ -71,6 +71,10 @@ pub enum Error {
     /// The ranks of a distributed call disagree, or the process group is not set up.
     #[error("{context}: {message}")]
     Distributed { context: String, message: String },
+    /// A kernel in interpret mode read or wrote outside a tensor, or used what
+    /// the interpreter cannot run.
+    #[error(transparent)]
+    Interpret(Box<tilefuse_interpret::InterpretError>),
     /// NCCL failed.
     #[error("NCCL error in {context}: {message}")]
     Nccl { context: String, message: String },

@@ -43,7 +43,7 @@ impl Device {
     /// Whether the launch stream is capturing a graph now.
     pub(crate) fn is_capturing(&self) -> Result<bool> {
         let status = self
-            .stream()
+            .stream()?
             .capture_status()
             .map_err(driver("asking whether the launch stream is capturing"))?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
@@ -56,7 +56,7 @@ impl Replay {
     /// stream operations (they run now, once). If `work` fails, the capture is
     /// ended and discarded, and its error returned.
     pub fn capture(dev: &Arc<Device>, work: impl FnOnce() -> Result<()>) -> Result<Replay> {
-        let stream = dev.stream();
+        let stream = dev.stream()?;
         let scratch_generation = dev.scratch_generation();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)

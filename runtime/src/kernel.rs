@@ -495,6 +495,11 @@ impl KernelDef {
         let specialized = self.ir_for(consts)?;
         let k = &*specialized;
         self.check_sizes(k, tensors, scalars)?;
+        if dev.is_host() {
+            // Interpret mode: the pinned or default config's block sizes, no tuning.
+            let config = self.group_rows_capped(k, self.default_for(&dev, &spec)?);
+            return crate::interpret::launch(k, &config, consts, tensors, scalars);
+        }
         let config = match self.chosen_config()? {
             Some(c) => c,
             None => crate::autotune::config_for(
@@ -621,7 +626,8 @@ pub(crate) fn launch_variant(
         blocks = blocks.min(resident_programs);
     }
     blocks = blocks.saturating_mul(cluster);
-    let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
+    let gpu = dev.gpu("launching a compiled kernel")?;
+    let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&gpu.status, &gpu.stream);
     drop(guard);
     let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
     // TMA descriptors, passed by value (128 bytes each).
@@ -673,7 +679,7 @@ pub(crate) fn launch_variant(
             _ => x as *mut u64 as *mut c_void,
         })
         .collect();
-    dev.ctx
+    gpu.ctx
         .bind_to_thread()
         .map_err(driver("binding the GPU context"))?;
     // SAFETY: `ptrs` holds one pointer per kernel parameter, in the order and with
@@ -688,7 +694,7 @@ pub(crate) fn launch_variant(
             (blocks as u32, 1, 1),
             (v.lowered.threads, 1, 1),
             v.lowered.shared_bytes,
-            dev.stream.cu_stream(),
+            gpu.stream.cu_stream(),
             &mut ptrs,
         )
     }
@@ -730,7 +736,8 @@ pub(crate) fn load_variant(
     lowered: Lowered,
     cubin: jit::Cubin,
 ) -> Result<Variant> {
-    let module = dev
+    let gpu = dev.gpu("loading a compiled kernel")?;
+    let module = gpu
         .ctx
         .load_module(Ptx::from_binary(cubin.image))
         .map_err(driver(format!("loading kernel `{name}`")))?;
@@ -766,7 +773,7 @@ pub(crate) fn load_variant(
             shared_mem_bytes: lowered.shared_bytes,
         };
         let clusters = function
-            .occupancy_max_active_clusters(cfg, &dev.stream)
+            .occupancy_max_active_clusters(cfg, &gpu.stream)
             .map_err(driver(format!(
                 "reading how many clusters of `{name}` fit at once"
             )))?;

@@ -20,7 +20,7 @@ impl SideStream {
     /// A new stream on `dev`; `high_priority` puts it ahead of the launch stream's
     /// work when both have blocks waiting to run.
     pub fn new(dev: &Arc<Device>, high_priority: bool) -> Result<SideStream> {
-        let ctx = dev.context();
+        let ctx = dev.context()?;
         let stream = if high_priority {
             let (_, greatest) = cudarc::driver::result::stream::get_priority_range()
                 .map_err(driver("reading stream priorities"))?;
@@ -69,7 +69,7 @@ impl SideStream {
         }
         let addr = flags.device_ptr() + (index as isize * flags.strides()[0] * 4) as u64;
         self.dev
-            .context()
+            .context()?
             .bind_to_thread()
             .map_err(driver("binding the GPU context"))?;
         // SAFETY: `addr` is a 4-byte aligned element of a live u32 tensor on this device.
@@ -88,7 +88,7 @@ impl SideStream {
     /// Makes the device's launch stream wait for everything queued here so far.
     pub fn join_into_launch_stream(&self) -> Result<()> {
         self.dev
-            .stream()
+            .stream()?
             .join(&self.stream)
             .map_err(driver("joining a side stream"))
     }

@@ -230,11 +230,12 @@ impl Device {
                 message: "the launch stream is capturing a CUDA graph; queue the work once outside the capture first, so the scratch has its size before".into(),
             });
         }
+        let stream = &self.gpu("split-K scratch")?.stream;
         if s.partials.as_ref().is_none_or(|p| p.len() < floats) {
             // The old buffer is freed in stream order, after the launches using it.
             s.generation += 1;
             s.partials = Some(
-                self.stream
+                stream
                     .alloc_zeros::<f32>(floats.next_power_of_two())
                     .map_err(driver("allocating split-K scratch"))?,
             );
@@ -242,7 +243,7 @@ impl Device {
         if s.counters.as_ref().is_none_or(|c| c.len() < counters) {
             s.generation += 1;
             s.counters = Some(
-                self.stream
+                stream
                     .alloc_zeros::<u32>(counters.next_power_of_two())
                     .map_err(driver("allocating split-K counters"))?,
             );
@@ -255,11 +256,11 @@ impl Device {
         else {
             unreachable!("both buffers were just allocated");
         };
-        self.stream
+        stream
             .memset_zeros(c)
             .map_err(driver("zeroing split-K counters"))?;
-        let (pp, g1) = p.device_ptr(&self.stream);
-        let (cp, g2) = c.device_ptr(&self.stream);
+        let (pp, g1) = p.device_ptr(stream);
+        let (cp, g2) = c.device_ptr(stream);
         drop((g1, g2));
         Ok((pp, cp))
     }

@@ -76,6 +76,7 @@ impl Device {
                 tensors[t].shape[1] * tensors[t].dtype.size(),
             )
         }));
+        let stream = &self.gpu("staging operands")?.stream;
         let mut s = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         if s.buf.as_ref().is_none_or(|b| b.len() < bytes) {
             // Inside a graph capture an allocation on the stream would belong to
@@ -91,14 +92,14 @@ impl Device {
             s.buf = Some(
                 // SAFETY: every byte a kernel reads from the scratch is written by
                 // the copies queued below, before that kernel on the same stream.
-                unsafe { self.stream.alloc::<u8>(bytes.next_power_of_two()) }
+                unsafe { stream.alloc::<u8>(bytes.next_power_of_two()) }
                     .map_err(driver("allocating scratch for staged operands"))?,
             );
         }
         let Some(buf) = &s.buf else {
             unreachable!("the buffer was just allocated");
         };
-        let (base, guard) = buf.device_ptr(&self.stream);
+        let (base, guard) = buf.device_ptr(stream);
         drop(guard);
         for c in &copies {
             let src = &tensors[c.tensor];
@@ -139,7 +140,7 @@ impl Device {
                 // (its sizes were checked against the kernel's extents), the
                 // destination rows inside the scratch (`layout` sized it), and the
                 // copy is queued on the stream the kernel then runs on.
-                unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.stream.cu_stream()) }
+                unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
                     .result()
                     .map_err(driver(format!(
                         "copying operand `{name}` of `{}` into aligned rows",

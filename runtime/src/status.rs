@@ -56,9 +56,12 @@ pub fn wait_timeout_ms() -> u64 {
 
 /// Reads and clears the device's status block (the stream must be synchronized).
 pub(crate) fn check(dev: &Device) -> Result<()> {
-    let words = dev
-        .stream
-        .clone_dtoh(&dev.status)
+    let Ok(gpu) = dev.gpu("the kernel status block") else {
+        return Ok(()); // the interpreter reports a failed wait as it happens
+    };
+    let (stream, status) = (&gpu.stream, &gpu.status);
+    let words = stream
+        .clone_dtoh(status)
         .map_err(driver("reading the kernel status block"))?;
     if words.len() < STATUS_WORDS || words[0] == 0 {
         return Ok(());
@@ -67,12 +70,12 @@ pub(crate) fn check(dev: &Device) -> Result<()> {
     // SAFETY: the status block holds STATUS_WORDS u64s; `zeros` outlives the
     // synchronous copy below.
     unsafe {
-        let (ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&dev.status, &dev.stream);
+        let (ptr, guard) = cudarc::driver::DevicePtr::device_ptr(status, stream);
         drop(guard);
-        cudarc::driver::result::memcpy_htod_async(ptr, &zeros, dev.stream.cu_stream())
+        cudarc::driver::result::memcpy_htod_async(ptr, &zeros, stream.cu_stream())
     }
     .map_err(driver("clearing the kernel status block"))?;
-    dev.stream
+    stream
         .synchronize()
         .map_err(driver("clearing the kernel status block"))?;
     let (code, site) = (words[0] as u32, words[1]);

@@ -8,8 +8,9 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use tilefuse_codegen::DType;
 
-/// An n-dimensional array on one GPU: a shared device buffer, an element offset,
-/// a shape and strides (in elements). Views (`t()`, `narrow`) share the buffer.
+/// An n-dimensional array on one GPU (or, in interpret mode, in host memory): a
+/// shared buffer, an element offset, a shape and strides (in elements). Views
+/// (`t()`, `narrow`) share the buffer.
 ///
 /// ```no_run
 /// use tilefuse_runtime::Tensor;
@@ -50,6 +51,21 @@ impl<T: Element> std::fmt::Debug for Tensor<T> {
             self.strides,
             self.buf.dev.ordinal()
         )
+    }
+}
+
+/// The bytes of a slice of elements (all of them plain numbers: no padding, any
+/// bit pattern valid).
+fn as_bytes<T: Element>(data: &[T]) -> &[u8] {
+    // SAFETY: `Element` types are bf16, f16, f32, i32, u32 and i64: no padding and
+    // no invalid bit patterns; the byte slice covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+fn as_bytes_mut<T: Element>(data: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; every byte pattern written is a valid element.
+    unsafe {
+        std::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(data))
     }
 }
 
@@ -181,21 +197,23 @@ impl<T: Element> Tensor<T> {
         if data.is_empty() {
             return Ok(());
         }
+        if let Some(mem) = &self.buf.host {
+            return mem
+                .write_bytes(self.offset * std::mem::size_of::<T>(), as_bytes(data))
+                .map_err(|e| argument("Tensor::copy_from_slice", "data", e.to_string()));
+        }
+        let stream = self.buf.dev.stream()?;
         self.buf
             .dev
-            .context()
+            .context()?
             .bind_to_thread()
             .map_err(driver("binding the GPU context"))?;
         // SAFETY: the destination range [offset, offset + len) lies inside the buffer
         // (a contiguous view of `numel` elements). The copy is synchronous, so `data`
         // only needs to live for the call.
         unsafe {
-            cudarc::driver::result::memcpy_htod_async(
-                self.device_ptr(),
-                data,
-                self.buf.dev.stream().cu_stream(),
-            )
-            .and_then(|()| self.buf.dev.stream().synchronize())
+            cudarc::driver::result::memcpy_htod_async(self.device_ptr(), data, stream.cu_stream())
+                .and_then(|()| stream.synchronize())
         }
         .map_err(driver("copying host data to the GPU"))
     }
@@ -216,13 +234,21 @@ impl<T: Element> Tensor<T> {
             return Ok(Vec::new());
         }
         let mut all = vec![T::default(); span];
-        dev.context()
-            .bind_to_thread()
-            .map_err(driver("binding the GPU context"))?;
-        // SAFETY: `span` elements from this view's first element stay inside the
-        // buffer (the view was built inside it), and `all` holds exactly that many.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut all, self.device_ptr()) }
-            .map_err(driver("copying a tensor to the host"))?;
+        if let Some(mem) = &self.buf.host {
+            mem.read_bytes(
+                self.offset * std::mem::size_of::<T>(),
+                as_bytes_mut(&mut all),
+            )
+            .map_err(|e| argument("Tensor::to_vec", "self", e.to_string()))?;
+        } else {
+            dev.context()?
+                .bind_to_thread()
+                .map_err(driver("binding the GPU context"))?;
+            // SAFETY: `span` elements from this view's first element stay inside the
+            // buffer (the view was built inside it), and `all` holds exactly that many.
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut all, self.device_ptr()) }
+                .map_err(driver("copying a tensor to the host"))?;
+        }
         if self.is_contiguous() {
             all.truncate(self.numel());
             return Ok(all);
@@ -310,7 +336,13 @@ impl<T: Element> Tensor<T> {
         true
     }
 
-    /// Device address of the first element.
+    /// The host memory of a tensor in interpret mode, and the element offset of
+    /// its first element in it; `None` for a GPU tensor.
+    pub fn host_memory(&self) -> Option<(&Arc<tilefuse_interpret::HostMemory>, usize)> {
+        self.buf.host.as_ref().map(|m| (m, self.offset))
+    }
+
+    /// Device address of the first element (in interpret mode, its host address).
     pub fn device_ptr(&self) -> u64 {
         self.buf.ptr + (self.offset * std::mem::size_of::<T>()) as u64
     }
@@ -336,8 +368,22 @@ impl<T: Element> Tensor<T> {
         let (rows, cols, dst_pitch) = self.row_layout(ctx, "self")?;
         let (_, _, src_pitch) = src.row_layout(ctx, "src")?;
         let elem = std::mem::size_of::<T>();
+        if let (Some(dst), Some(from)) = (&self.buf.host, &src.buf.host) {
+            // Row by row through a host copy: the rows may overlap when both are
+            // views of one buffer, as `cuMemcpy2D`'s may not.
+            let mut row = vec![0u8; cols * elem];
+            for r in 0..rows {
+                let bad =
+                    |e: tilefuse_interpret::InterpretError| argument(ctx, "src", e.to_string());
+                from.read_bytes((src.offset + r * src_pitch) * elem, &mut row)
+                    .map_err(bad)?;
+                dst.write_bytes((self.offset + r * dst_pitch) * elem, &row)
+                    .map_err(bad)?;
+            }
+            return Ok(());
+        }
         let dev = self.device();
-        dev.context()
+        dev.context()?
             .bind_to_thread()
             .map_err(driver("binding the GPU context"))?;
         // SAFETY: both views describe memory their live buffers own (shape and
@@ -345,7 +391,7 @@ impl<T: Element> Tensor<T> {
         // orders it with the tensors' other uses.
         unsafe {
             crate::dist::stream_ops::copy_2d(
-                dev.stream().cu_stream(),
+                dev.stream()?.cu_stream(),
                 self.device_ptr(),
                 dst_pitch * elem,
                 src.device_ptr(),

@@ -16,7 +16,8 @@ pub struct Timing {
 
 /// Runs `f` `warmup` times, then `reps` times between events on the device's
 /// launch stream, flushing L2 before each timed run when `flush_l2` is set (by
-/// writing a buffer larger than any L2). Returns the median and spread.
+/// writing a buffer larger than any L2). Returns the median and spread. On the
+/// host of interpret mode, the wall-clock time of each call.
 pub fn time_gpu(
     dev: &Device,
     warmup: usize,
@@ -51,7 +52,16 @@ fn samples(
         f()?;
     }
     dev.synchronize()?;
-    let stream = dev.stream();
+    if dev.is_host() {
+        // Interpret mode: the host's wall clock (work runs as it is called).
+        return (0..reps.max(1))
+            .map(|_| {
+                let t = std::time::Instant::now();
+                f().map(|()| t.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect();
+    }
+    let stream = dev.stream()?;
     let mut scratch: Option<CudaSlice<u8>> = if flush_l2 {
         Some(
             stream
@@ -61,7 +71,7 @@ fn samples(
     } else {
         None
     };
-    let ctx = dev.context();
+    let ctx = dev.context()?;
     let mut events = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {
         if let Some(s) = scratch.as_mut() {
@@ -94,7 +104,7 @@ fn samples(
 /// memory-bound kernel that reads its inputs once and writes its outputs once is
 /// measured against. Median of 20 copies after 3 warm-ups, L2 flushed before each.
 pub fn copy_bandwidth_gbs(dev: &Device, bytes: usize) -> Result<f64> {
-    let stream = dev.stream();
+    let stream = dev.stream()?;
     let src = stream
         .alloc_zeros::<u8>(bytes)
         .map_err(driver("allocating the copy benchmark's source"))?;

@@ -138,13 +138,36 @@ pub fn exit_code(outcome: Result<bool>) -> std::process::ExitCode {
     }
 }
 
+/// The default sizes of a GEMM example in interpret mode: ragged against
+/// every block size, and a few seconds on one CPU core.
+pub const INTERPRET_MNK: [usize; 3] = [200, 168, 136];
+
+/// The default sizes of a row-kernel example in interpret mode.
+pub const INTERPRET_ROWS: [usize; 2] = [100, 1000];
+
+/// `default`, or in interpret mode `cpu` (with a line saying so).
+fn default_sizes<const N: usize>(default: [usize; N], cpu: [usize; N]) -> [usize; N] {
+    if !crate::mode::interpreting() {
+        return default;
+    }
+    println!("interpret mode: default sizes {cpu:?} for the CPU (the GPU's are {default:?})");
+    cpu
+}
+
 /// The `main` of a self-checking `M N K` example: parses the sizes (or takes
-/// `default`), runs `run`, and turns its outcome into the exit code.
+/// `default`; in interpret mode [`INTERPRET_MNK`]), runs `run`, and turns its
+/// outcome into the exit code.
 pub fn mnk_main(
     program: &str,
     default: [usize; 3],
     run: impl FnOnce(usize, usize, usize) -> Result<bool>,
 ) -> std::process::ExitCode {
+    let given = std::env::args().len() > 1;
+    let default = if given {
+        default
+    } else {
+        default_sizes(default, INTERPRET_MNK)
+    };
     match mnk_from_args(default) {
         Ok([m, n, k]) => exit_code(run(m, n, k)),
         Err(e) => {
@@ -155,8 +178,8 @@ pub fn mnk_main(
 }
 
 /// The `main` of a self-checking row-kernel example (`[M N] [--bench]`): parses the
-/// sizes (or takes `default`), runs `run(m, n, bench)`, and turns its outcome into
-/// the exit code.
+/// sizes (or takes `default`; in interpret mode [`INTERPRET_ROWS`]), runs
+/// `run(m, n, bench)`, and turns its outcome into the exit code.
 pub fn rows_main(
     program: &str,
     default: [usize; 2],
@@ -175,7 +198,7 @@ pub fn rows_main(
         }
     }
     let [m, n] = match sizes.as_slice() {
-        [] => default,
+        [] => default_sizes(default, INTERPRET_ROWS),
         [m, n] => [*m, *n],
         _ => {
             eprintln!(

@@ -135,7 +135,7 @@ impl<'a> Trial<'a> {
 
     /// Outputs back to their original contents, queued on the launch stream.
     fn restore(&self) -> Result<()> {
-        let stream = self.dev.stream().cu_stream();
+        let stream = self.dev.stream()?.cu_stream();
         for s in self
             .stands
             .iter()
@@ -217,8 +217,8 @@ impl<'a> Trial<'a> {
         for _ in 0..self.warmup {
             self.run(v)?;
         }
-        let stream = self.dev.stream();
-        let ctx = self.dev.context();
+        let stream = self.dev.stream()?;
+        let ctx = self.dev.context()?;
         let mut events = Vec::with_capacity(self.reps);
         for _ in 0..self.reps.max(1) {
             self.restore()?;

@@ -164,7 +164,7 @@ impl<T: Element> AllGather<T> {
         let epoch = self.epoch;
         let dev = self.gathered.device().clone();
         let s = self.backend.stream();
-        s.join(dev.stream())
+        s.join(dev.stream()?)
             .map_err(driver("ordering the all-gather after the shard's writes"))?;
         let raw = s.cu_stream();
         // Every shard is written before anyone reads it.

@@ -171,7 +171,7 @@ impl Exchange {
     fn raw(&self) -> Result<cudarc::driver::sys::CUstream> {
         self.sym
             .device()
-            .context()
+            .context()?
             .bind_to_thread()
             .map_err(driver("binding the GPU context"))?;
         Ok(self.backend.stream().cu_stream())
@@ -213,7 +213,7 @@ impl Exchange {
     pub fn follow_launch(&self) -> Result<()> {
         self.backend
             .stream()
-            .join(self.sym.device().stream())
+            .join(self.sym.device().stream()?)
             .map_err(driver(
                 "ordering the backend stream after the launch stream",
             ))

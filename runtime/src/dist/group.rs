@@ -180,7 +180,7 @@ impl ProcessGroup {
     /// a dead peer would otherwise never finish).
     pub fn synchronize(&self, what: &str) -> Result<()> {
         let start = Instant::now();
-        let stream = self.device.stream();
+        let stream = self.device.stream()?;
         loop {
             // SAFETY: queries a live stream of this device.
             match unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) } {

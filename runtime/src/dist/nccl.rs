@@ -62,7 +62,7 @@ impl Nccl {
         for (d, s) in uid.internal.iter_mut().zip(id) {
             *d = *s as std::ffi::c_char;
         }
-        dev.context()
+        dev.context()?
             .bind_to_thread()
             .map_err(crate::error::driver("binding the GPU context"))?;
         let mut comm = std::mem::MaybeUninit::uninit();
@@ -141,7 +141,7 @@ impl Nccl {
                 send.numel(),
                 nccl_type(T::DTYPE),
                 self.comm,
-                self.dev.stream().cu_stream() as _,
+                self.dev.stream()?.cu_stream() as _,
             )
         }
         .map(drop)
@@ -163,7 +163,7 @@ impl Nccl {
                 nccl_type(T::DTYPE),
                 ncs::ncclRedOp_t::ncclSum,
                 self.comm,
-                self.dev.stream().cu_stream() as _,
+                self.dev.stream()?.cu_stream() as _,
             )
         }
         .map(drop)
@@ -185,7 +185,7 @@ impl Nccl {
                 nccl_type(T::DTYPE),
                 ncs::ncclRedOp_t::ncclSum,
                 self.comm,
-                self.dev.stream().cu_stream() as _,
+                self.dev.stream()?.cu_stream() as _,
             )
         }
         .map(drop)

@@ -190,6 +190,7 @@ impl SymmetricMemory {
             memory: Memory::Peer,
             dev: self.dev.clone(),
             _keep_alive: Some(keep),
+            host: None,
         };
         Ok(Tensor::from_buffer_at(Arc::new(buf), byte_offset, shape))
     }
@@ -221,7 +222,7 @@ impl SymmetricMemory {
     ) -> Result<()> {
         debug_assert!(slot < SLOTS_PER_PEER);
         self.dev
-            .context()
+            .context()?
             .bind_to_thread()
             .map_err(driver("binding the GPU context"))?;
         for p in (0..self.world).filter(|&p| p != self.rank) {
@@ -241,7 +242,9 @@ impl Drop for SymmetricMemory {
         if self.dev.is_wedged() {
             return; // See `Device::mark_wedged`: closing could wait forever.
         }
-        let _ = self.dev.context().bind_to_thread();
+        if let Ok(ctx) = self.dev.context() {
+            let _ = ctx.bind_to_thread();
+        }
         for (r, &p) in self.bases.iter().enumerate() {
             if r != self.rank {
                 // SAFETY: closes the mapping opened in `alloc`, once.

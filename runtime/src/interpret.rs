@@ -1,0 +1,76 @@
+//! Launches on the host device of interpret mode: the kernel's IR run by
+//! `tilefuse-interpret` on the tensors' host memory, with the GPU's semantics.
+
+use crate::args::{ScalarArg, TensorArg};
+use crate::error::{Error, Result};
+use crate::status;
+use std::time::Duration;
+use tilefuse_codegen::ir::Kernel;
+use tilefuse_codegen::Config;
+use tilefuse_interpret::{HostTensor, InterpretError, Options, Scalar};
+
+/// Runs `k` (specialized, its arguments checked) on the host, returning when
+/// every program has run. A `wait` waits as long as a GPU launch's would
+/// ([`status::wait_timeout_ms`]) and fails with the same error.
+pub(crate) fn launch(
+    k: &Kernel,
+    config: &Config,
+    consts: &[i64],
+    tensors: &[TensorArg],
+    scalars: &[ScalarArg],
+) -> Result<()> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (p, t) in k.tensors.iter().zip(tensors) {
+        let Some((mem, offset)) = &t.host else {
+            return Err(Error::Argument {
+                context: format!("kernel `{}`", k.name),
+                arg: p.name.clone(),
+                message: "is a GPU tensor, and this launch runs in interpret mode on the host"
+                    .into(),
+            });
+        };
+        let view = HostTensor::view(mem.clone(), t.dtype, &t.shape, &t.strides, *offset)
+            .map_err(|e| interpret_error(k, e))?;
+        views.push(view);
+    }
+    let scalars: Vec<Scalar> = scalars
+        .iter()
+        .map(|s| match *s {
+            ScalarArg::Int(v) => Scalar::Int(v),
+            ScalarArg::Float(v) => Scalar::Float(v),
+        })
+        .collect();
+    let options = Options {
+        wait_timeout: Duration::from_millis(status::wait_timeout_ms()),
+    };
+    tilefuse_interpret::run_with(k, config, consts, &views, &scalars, &options)
+        .map_err(|e| interpret_error(k, e))
+}
+
+/// The runtime's error for an interpreter error: a failed `wait` is the GPU's
+/// [`Error::WaitTimeout`], a bad argument an [`Error::Argument`].
+fn interpret_error(k: &Kernel, e: InterpretError) -> Error {
+    match e {
+        InterpretError::WaitTimeout {
+            kernel,
+            at,
+            index,
+            expected,
+            seen,
+            timeout_ms,
+        } => Error::WaitTimeout {
+            kernel,
+            site: at,
+            index,
+            expected,
+            seen,
+            timeout_ms,
+        },
+        InterpretError::Argument { arg, message, .. } => Error::Argument {
+            context: format!("kernel `{}` (interpret mode)", k.name),
+            arg,
+            message,
+        },
+        other => Error::Interpret(Box::new(other)),
+    }
+}

@@ -1,0 +1,212 @@
+//! Interpret mode through the user's API: the examples' `#[fused_kernel]`
+//! functions called on `Tensor`s, which live in host memory, and run by the
+//! interpreter (this process chooses interpret mode, GPU or not). Ragged shapes
+//! on block sizes that leave partial tiles, outputs poisoned with NaN, f64
+//! references; a `wait` released by another thread, and one that times out
+//! with the GPU's error.
+
+mod common;
+
+use common::examples::{
+    all_gather_matmul::ag_matmul, bias_gelu::matmul_bias_gelu, cross_entropy, layer_norm,
+    matmul::matmul, rms_norm, softmax,
+};
+use std::time::{Duration, Instant};
+use tilefuse::prelude::*;
+use tilefuse::runtime::mode::{set_mode, Mode};
+use tilefuse::verify::{gelu_f64, matmul_f64, poisoned, random_tensor, rel_error};
+
+/// The wait timeout is per process: the tests that wait take turns.
+static WAITS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn interpret() {
+    set_mode(Mode::Interpret).expect("this test process runs in interpret mode");
+}
+
+fn host(t: &Tensor<bf16>) -> Vec<f64> {
+    t.to_vec().unwrap().into_iter().map(f64::from).collect()
+}
+
+#[test]
+fn the_current_device_is_the_host() {
+    interpret();
+    let dev = Device::current().unwrap();
+    assert!(dev.is_host(), "{dev:?}");
+    let t = Tensor::<f32>::empty([3]).unwrap();
+    assert!(
+        t.to_vec().unwrap().iter().all(|x| x.is_nan()),
+        "empty is poisoned"
+    );
+    assert!(dev
+        .stream()
+        .unwrap_err()
+        .to_string()
+        .contains("needs a GPU"));
+}
+
+/// `matmul` and `matmul_bias_gelu` at 67×45×40, on the default config and on
+/// 32×32×16 blocks (partial tiles along M, N and K), against f64.
+#[test]
+fn gemm_kernels_match_f64() {
+    interpret();
+    let (m, n, k) = (67, 45, 40);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let bias = random_tensor::<bf16>([n], 2.0).unwrap();
+    let reference = matmul_f64(&host(&a), &host(&b), m, k, n);
+    let with_bias: Vec<f64> = (0..m * n)
+        .map(|i| gelu_f64(reference[i] + host(&bias)[i % n]))
+        .collect();
+    let blocks = Config::new(&[32, 32, 16]);
+    for cfg in [None, Some(blocks)] {
+        let run = |f: &dyn Fn() -> tilefuse::Result<Tensor<bf16>>, def: &tilefuse::KernelDef| {
+            match &cfg {
+                Some(c) => def.with_config(c.clone(), f),
+                None => f(),
+            }
+            .unwrap()
+        };
+        let c = run(&|| matmul(&a, &b), matmul::kernel());
+        let err = rel_error(&host(&c), &reference, |x| x, |x| x);
+        assert!(err < 1e-2, "matmul {cfg:?}: rel err {err}");
+        let c = run(
+            &|| matmul_bias_gelu(&a, &b, &bias),
+            matmul_bias_gelu::kernel(),
+        );
+        let err = rel_error(&host(&c), &with_bias, |x| x, |x| x);
+        assert!(err < 1e-2, "matmul_bias_gelu {cfg:?}: rel err {err}");
+    }
+    // The cuBLAS call the examples check with computes on the CPU here.
+    let mut c = poisoned::<bf16>([m, n]).unwrap();
+    tilefuse::cublas::matmul_into(&mut c, &a, &b).unwrap();
+    let err = rel_error(&host(&c), &reference, |x| x, |x| x);
+    assert!(err < 1e-2, "host cuBLAS stand-in: rel err {err}");
+}
+
+/// The row kernels at 13×100 on rows of 4 and column steps of 32 (each row
+/// reduced over four steps, the last partial), against the examples' f64
+/// references.
+#[test]
+fn row_kernels_match_f64() {
+    interpret();
+    let (m, n, eps) = (13, 100, 1e-5f32);
+    let x = random_tensor::<bf16>([m, n], 3.0).unwrap();
+    let w = random_tensor::<bf16>([n], 1.0).unwrap();
+    let b = random_tensor::<bf16>([n], 1.0).unwrap();
+    let (x64, w64, b64) = (host(&x), host(&w), host(&b));
+    let rows = |def: &tilefuse::KernelDef| {
+        let dims = def.ir().unwrap().dims.len();
+        let mut c = Config::new(&vec![32; dims]);
+        c.block_sizes[def.ir().unwrap().grid[0]] = 4;
+        c
+    };
+    let check = |what: &str, out: &Tensor<bf16>, want: Vec<f64>| {
+        let err = rel_error(&host(out), &want, |x| x, |x| x);
+        assert!(err < 1e-2, "{what}: rel err {err}");
+    };
+
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let def = softmax::softmax::kernel();
+    def.with_config(rows(def), || softmax::softmax(&x, &out))
+        .unwrap();
+    check("softmax", &out, softmax::reference(&x64, m, n));
+
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let def = rms_norm::rms_norm::kernel();
+    def.with_config(rows(def), || rms_norm::rms_norm(&x, &w, &out, eps))
+        .unwrap();
+    check(
+        "rms_norm",
+        &out,
+        rms_norm::reference(&x64, &w64, m, n, f64::from(eps)),
+    );
+
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let def = layer_norm::layer_norm::kernel();
+    def.with_config(rows(def), || layer_norm::layer_norm(&x, &w, &b, &out, eps))
+        .unwrap();
+    check(
+        "layer_norm",
+        &out,
+        layer_norm::reference(&x64, &w64, &b64, m, n, f64::from(eps)),
+    );
+
+    let labels = cross_entropy::random_labels(m, n);
+    let labels_t = Tensor::from_slice(&labels, [m]).unwrap();
+    let loss = poisoned::<f32>([m]).unwrap();
+    let def = cross_entropy::cross_entropy::kernel();
+    def.with_config(rows(def), || {
+        cross_entropy::cross_entropy(&x, &labels_t, &loss)
+    })
+    .unwrap();
+    let got: Vec<f64> = loss.to_vec().unwrap().into_iter().map(f64::from).collect();
+    let want = cross_entropy::reference(&x64, &labels, m, n);
+    let err = rel_error(&got, &want, |x| x, |x| x);
+    assert!(err < 1e-2, "cross_entropy: rel err {err}");
+}
+
+/// The all-gather matmul's kernel on the host: the flags start unset, and a
+/// thread plays the copy engine, setting each chunk's flag in the order the
+/// chunks arrive (this rank's first). The kernel, started first, waits for
+/// each chunk it reads and finishes with the right product.
+#[test]
+fn ag_matmul_waits_for_flags_another_thread_sets() {
+    interpret();
+    let _turn = WAITS.lock().unwrap_or_else(|p| p.into_inner());
+    let (m, n, k, chunk) = (40, 24, 16, 10);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let reference = matmul_f64(&host(&a), &host(&b), m, k, n);
+    let progress = Tensor::<u32>::flags(m / chunk).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let copier = {
+        let flags = progress.clone();
+        std::thread::spawn(move || {
+            for c in [2u32, 3, 0, 1] {
+                std::thread::sleep(Duration::from_millis(30));
+                let mut f = flags.narrow(0, c as usize, 1).unwrap();
+                f.copy_from_slice(&[7]).unwrap();
+            }
+        })
+    };
+    let started = Instant::now();
+    ag_matmul::kernel()
+        .with_config(Config::new(&[16, 16, 16]), || {
+            ag_matmul(&a, &b, &out, &progress, chunk, 7, 20)
+        })
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    copier.join().unwrap();
+    let err = rel_error(&host(&out), &reference, |x| x, |x| x);
+    assert!(err < 1e-2, "rel err {err}");
+}
+
+/// A flag nobody sets: the launch fails after the wait timeout with the same
+/// error a GPU launch reports.
+#[test]
+fn an_unset_flag_times_out_with_the_gpus_error() {
+    interpret();
+    let _turn = WAITS.lock().unwrap_or_else(|p| p.into_inner());
+    let (m, n, k) = (20, 8, 16);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let progress = Tensor::<u32>::flags(2).unwrap();
+    progress
+        .narrow(0, 0, 1)
+        .unwrap()
+        .copy_from_slice(&[1])
+        .unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    tilefuse::runtime::status::set_wait_timeout_ms(Some(150));
+    let started = Instant::now();
+    let e = ag_matmul(&a, &b, &out, &progress, 10, 1, 0).unwrap_err();
+    tilefuse::runtime::status::set_wait_timeout_ms(None);
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert!(matches!(e, Error::WaitTimeout { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("kernel `ag_matmul` stopped waiting at `wait(progress")
+            && msg.contains("after 150 ms: flag index 1 holds 0, expected >= 1"),
+        "{msg}"
+    );
+}
