@@ -90,6 +90,8 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     let [m, n, k] = match nums.as_slice() {
+        // Interpret mode (no GPU): a size for the CPU, ragged against the blocks.
+        [] if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
         [] => [4096, 6656, 16384],
         [m, n, k] => [*m, *n, *k],
         _ => return Err("give M N K (three numbers) or nothing".into()),
@@ -129,10 +131,12 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
     }
     let rows = m / world;
     let dev = pg.device().clone();
+    let on = match dev.is_host() {
+        true => "the CPU (interpret mode)".to_string(),
+        false => format!("GPU {} ({})", dev.ordinal(), dev.name()),
+    };
     println!(
-        "rank {rank}/{world} on GPU {} ({}): C[{m}x{n}] = all_gather(A[{rows}x{k}] per rank) · B[{k}x{n}], bf16",
-        dev.ordinal(),
-        dev.name()
+        "rank {rank}/{world} on {on}: C[{m}x{n}] = all_gather(A[{rows}x{k}] per rank) · B[{k}x{n}], bf16"
     );
 
     // Fresh inputs: B from rank 0's seed (the same on every rank), A's shard per rank.

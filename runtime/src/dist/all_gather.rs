@@ -16,6 +16,11 @@
 //! epoch grows each call. A second barrier after the copies (peers are done
 //! reading this rank's shard) ends the call, and [`AllGather::finish`] makes the
 //! launch stream wait for it.
+//!
+//! In interpret mode the same protocol runs on the host: the buffers are shared
+//! memory between the CPU ranks, and a background thread plays the copy engine,
+//! with the same barriers, copies and flags in the same order, while the consumer
+//! kernel runs in the interpreter on the calling thread.
 
 use super::group::ProcessGroup;
 use super::stream_ops;
@@ -24,6 +29,8 @@ use crate::element::Element;
 use crate::error::{argument, driver, Error, Result};
 use crate::side_stream::SideStream;
 use crate::tensor::Tensor;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// A reusable all-gather of `[rows, cols]` shards into a `[world × rows, cols]`
 /// tensor, with one progress flag per chunk.
@@ -44,7 +51,12 @@ pub struct AllGather<T: Element> {
     shard: Tensor<T>,
     gathered: Tensor<T>,
     progress: Tensor<u32>,
-    backend: SideStream,
+    /// The copy engine's stream; `None` in interpret mode.
+    backend: Option<SideStream>,
+    /// In interpret mode, the thread of the call in flight.
+    copier: Option<JoinHandle<Result<()>>>,
+    /// How long the host copier waits at a barrier for a peer.
+    timeout: Duration,
     rows: usize,
     cols: usize,
     splits: usize,
@@ -99,7 +111,10 @@ impl<T: Element> AllGather<T> {
         let shard = gathered.narrow(0, pg.rank() * rows, rows)?;
         let dev = pg.device();
         let progress = Tensor::<u32>::flags(world * splits_per_rank)?;
-        let backend = SideStream::new(dev, true)?;
+        let backend = match dev.is_host() {
+            true => None,
+            false => Some(SideStream::new(dev, true)?),
+        };
         dev.synchronize()?;
         Ok(AllGather {
             sym,
@@ -107,6 +122,8 @@ impl<T: Element> AllGather<T> {
             gathered,
             progress,
             backend,
+            copier: None,
+            timeout: pg.timeout(),
             rows,
             cols,
             splits: splits_per_rank,
@@ -162,8 +179,11 @@ impl<T: Element> AllGather<T> {
                     .into(),
             })?;
         let epoch = self.epoch;
+        let Some(backend) = &self.backend else {
+            return self.start_on_host(epoch).map(|()| epoch);
+        };
         let dev = self.gathered.device().clone();
-        let s = self.backend.stream();
+        let s = backend.stream();
         s.join(dev.stream()?)
             .map_err(driver("ordering the all-gather after the shard's writes"))?;
         let raw = s.cu_stream();
@@ -205,7 +225,78 @@ impl<T: Element> AllGather<T> {
 
     /// Makes the launch stream wait for the all-gather (queue it after the consumer
     /// kernel, so the two overlap).
-    pub fn finish(&self) -> Result<()> {
-        self.backend.join_into_launch_stream()
+    /// In interpret mode, waits for the copy thread and returns its error, if any.
+    pub fn finish(&mut self) -> Result<()> {
+        match &self.backend {
+            Some(b) => b.join_into_launch_stream(),
+            None => self.join_copier(),
+        }
+    }
+
+    fn join_copier(&mut self) -> Result<()> {
+        match self.copier.take() {
+            None => Ok(()),
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(Error::Distributed {
+                    context: "AllGather (interpret mode)".into(),
+                    message: "the copy thread panicked".into(),
+                })
+            }),
+        }
+    }
+
+    /// Interpret mode's `start`: the copy engine's work, in the same order, on a
+    /// thread (a call still in flight is finished first).
+    fn start_on_host(&mut self, epoch: u32) -> Result<()> {
+        self.join_copier()?;
+        let (Some(pad), Some((progress, flag0)), Some((_, first))) = (
+            self.sym.host_pad(),
+            self.progress.host_memory(),
+            self.gathered.host_memory(),
+        ) else {
+            return Err(Error::Distributed {
+                context: "AllGather::start".into(),
+                message: "interpret mode, but the buffers are not in host memory".into(),
+            });
+        };
+        let progress = progress.clone();
+        let elem = std::mem::size_of::<T>();
+        let shard_bytes = self.rows * self.cols * elem;
+        let chunk_bytes = self.rows_per_chunk() * self.cols * elem;
+        let first_byte = first * elem;
+        let (rank, world, splits, timeout) = (self.rank, self.world, self.splits, self.timeout);
+        let flag = move |p: usize, c: usize| -> Result<()> {
+            progress
+                .store_flag(flag0 + p * splits + c, epoch)
+                .map_err(|e| Error::Distributed {
+                    context: "AllGather (interpret mode)".into(),
+                    message: e.to_string(),
+                })
+        };
+        let copy = move || -> Result<()> {
+            // Every shard is written before anyone reads it.
+            pad.barrier(0, epoch, timeout)?;
+            for c in 0..splits {
+                flag(rank, c)?;
+            }
+            let mut chunk = vec![0u8; chunk_bytes];
+            for i in 1..world {
+                let p = (rank + i) % world;
+                for c in 0..splits {
+                    let at = first_byte + p * shard_bytes + c * chunk_bytes;
+                    let shm = |e: tilefuse_interpret::InterpretError| Error::Distributed {
+                        context: "AllGather (interpret mode)".into(),
+                        message: e.to_string(),
+                    };
+                    pad.mems[p].read_bytes(at, &mut chunk).map_err(shm)?;
+                    pad.mems[rank].write_bytes(at, &chunk).map_err(shm)?;
+                    flag(p, c)?;
+                }
+            }
+            // Peers are done reading this rank's shard once they pass this.
+            pad.barrier(1, epoch, timeout)
+        };
+        self.copier = Some(std::thread::spawn(copy));
+        Ok(())
     }
 }

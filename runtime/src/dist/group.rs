@@ -64,7 +64,12 @@ impl ProcessGroup {
             env.master_addr.as_str()
         };
         let store = Arc::new(Store::connect(host, port, env.rank, timeout)?);
-        let gpus = Device::count()?;
+        let interpret = crate::mode::mode()? == crate::mode::Mode::Interpret;
+        let gpus = if interpret {
+            usize::MAX
+        } else {
+            Device::count()?
+        };
         if env.local_rank >= gpus {
             return Err(Error::Distributed {
                 context: format!("rank {}", env.rank),
@@ -156,6 +161,16 @@ impl ProcessGroup {
         if let Some(n) = self.nccl.get() {
             return Ok(n.clone());
         }
+        if self.device.is_host() {
+            let n = Arc::new(Nccl::on_host(
+                &self.device,
+                self.store.clone(),
+                self.timeout,
+                self.rank(),
+                self.world_size(),
+            ));
+            return Ok(self.nccl.get_or_init(|| n).clone());
+        }
         let name = self.next("nccl-id");
         let id = if self.rank() == 0 {
             let id = super::nccl::new_id()?;
@@ -179,6 +194,9 @@ impl ProcessGroup {
     /// NCCL is aborted and the error says a peer probably failed (a collective with
     /// a dead peer would otherwise never finish).
     pub fn synchronize(&self, what: &str) -> Result<()> {
+        if self.device.is_host() {
+            return Ok(()); // interpret mode: work ran when it was called
+        }
         let start = Instant::now();
         let stream = self.device.stream()?;
         loop {

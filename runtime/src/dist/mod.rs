@@ -7,6 +7,7 @@ pub mod env;
 pub mod exchange;
 pub mod group;
 pub mod nccl;
+mod shm;
 pub mod store;
 pub(crate) mod stream_ops;
 pub mod symmetric;

@@ -1,21 +1,39 @@
 //! NCCL for baselines, fallbacks and more than one node: one communicator per
 //! process group, created from an id that rank 0 publishes in the store.
+//!
+//! In interpret mode the same calls run on the host through the group's store
+//! (each rank publishes its data, every rank reads all of it): slow, for the
+//! small sizes of CPU runs, and with NCCL's results (sums in f64, rounded once).
 
+use super::store::Store;
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{argument, Error, Result};
 use crate::tensor::Tensor;
 use cudarc::nccl::{result as nc, sys as ncs};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tilefuse_codegen::DType;
 
 /// A communicator over every rank of a process group, on each rank's launch stream.
 pub struct Nccl {
+    /// Null in interpret mode.
     comm: ncs::ncclComm_t,
     rank: usize,
     world: usize,
     dev: Arc<Device>,
+    /// Interpret mode's collectives through the store.
+    host: Option<HostCollectives>,
+}
+
+/// What a host collective needs: the store every rank reaches, and a counter
+/// that names each call the same on every rank (all make the same calls).
+struct HostCollectives {
+    store: Arc<Store>,
+    timeout: Duration,
+    seq: AtomicU64,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time;
@@ -27,6 +45,9 @@ unsafe impl Sync for Nccl {}
 
 impl Drop for Nccl {
     fn drop(&mut self) {
+        if self.host.is_some() {
+            return;
+        }
         // SAFETY: the communicator is live and dropped once; destroy waits for its
         // queued work (abort is for a failed peer: see `Nccl::abort`).
         let _ = unsafe { nc::comm_destroy(self.comm) };
@@ -81,7 +102,64 @@ impl Nccl {
             rank,
             world,
             dev: dev.clone(),
+            host: None,
         })
+    }
+
+    /// Interpret mode's communicator: collectives through `store`.
+    pub(crate) fn on_host(
+        dev: &Arc<Device>,
+        store: Arc<Store>,
+        timeout: Duration,
+        rank: usize,
+        world: usize,
+    ) -> Nccl {
+        Nccl {
+            comm: std::ptr::null_mut(),
+            rank,
+            world,
+            dev: dev.clone(),
+            host: Some(HostCollectives {
+                store,
+                timeout,
+                seq: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Every rank's `send`, in rank order, through the store (interpret mode).
+    fn host_gather<T: Element>(
+        &self,
+        h: &HostCollectives,
+        send: &Tensor<T>,
+    ) -> Result<Vec<Vec<f64>>> {
+        let name = format!("nccl-host#{}", h.seq.fetch_add(1, Ordering::Relaxed));
+        let mine: Vec<u8> = send
+            .to_vec()?
+            .into_iter()
+            .flat_map(|x| x.to_f64().to_le_bytes())
+            .collect();
+        h.store.set(&format!("{name}/{}", self.rank), &mine)?;
+        (0..self.world)
+            .map(|r| {
+                let what = format!("rank {r}'s part of a collective");
+                let bytes = h.store.get(&format!("{name}/{r}"), h.timeout, &what)?;
+                Ok(bytes
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                    .collect())
+            })
+            .collect()
+    }
+
+    /// The elementwise sum of every rank's `send` (interpret mode).
+    fn host_sum<T: Element>(&self, h: &HostCollectives, send: &Tensor<T>) -> Result<Vec<f64>> {
+        let parts = self.host_gather(h, send)?;
+        let mut sum = vec![0f64; send.numel()];
+        for part in &parts {
+            sum.iter_mut().zip(part).for_each(|(s, x)| *s += x);
+        }
+        Ok(sum)
     }
 
     pub fn rank(&self) -> usize {
@@ -131,6 +209,15 @@ impl Nccl {
     pub fn all_gather<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
         let ctx = "Nccl::all_gather";
         self.check_pair(ctx, send, out, (self.world, 1))?;
+        if let Some(h) = &self.host {
+            let all: Vec<T> = self
+                .host_gather(h, send)?
+                .concat()
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            return out.clone().copy_from_slice(&all);
+        }
         // SAFETY: both pointers are live contiguous device buffers of the sizes
         // checked above, on the communicator's device; the call is queued on the
         // launch stream, which orders it with the tensors' other uses.
@@ -154,6 +241,15 @@ impl Nccl {
     pub fn reduce_scatter<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
         let ctx = "Nccl::reduce_scatter";
         self.check_pair(ctx, send, out, (1, self.world))?;
+        if let Some(h) = &self.host {
+            let n = out.numel();
+            let sum = self.host_sum(h, send)?;
+            let mine: Vec<T> = sum[self.rank * n..(self.rank + 1) * n]
+                .iter()
+                .map(|&x| T::from_f64(x))
+                .collect();
+            return out.clone().copy_from_slice(&mine);
+        }
         // SAFETY: as in `all_gather`; `out` holds `send.numel() / world` elements.
         unsafe {
             nc::reduce_scatter(
@@ -175,6 +271,14 @@ impl Nccl {
     pub fn all_reduce<T: Element>(&self, send: &Tensor<T>, out: &Tensor<T>) -> Result<()> {
         let ctx = "Nccl::all_reduce";
         self.check_pair(ctx, send, out, (1, 1))?;
+        if let Some(h) = &self.host {
+            let sum: Vec<T> = self
+                .host_sum(h, send)?
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            return out.clone().copy_from_slice(&sum);
+        }
         // SAFETY: as in `all_gather`; both hold `send.numel()` elements (in place is
         // allowed by NCCL).
         unsafe {
@@ -194,6 +298,9 @@ impl Nccl {
 
     /// Aborts the communicator (pending collectives give up), after a peer failed.
     pub fn abort(&self) {
+        if self.host.is_some() {
+            return; // host collectives time out on their own
+        }
         // SAFETY: the communicator is live; abort may be called while work is queued.
         let _ = unsafe { nc::comm_abort(self.comm) };
     }

@@ -1,8 +1,11 @@
 //! Symmetric memory on one node: the same-sized buffer on every rank, each mapped
 //! into every other rank's address space through CUDA IPC, plus a small signal
 //! pad per rank for barriers done on the GPU with stream memory operations.
+//! In interpret mode the buffers are shared memory between the CPU ranks
+//! ([`super::shm`]), and the barriers run on a host thread.
 
 use super::group::ProcessGroup;
+use super::shm;
 use super::stream_ops;
 use crate::buffer::{Buffer, Memory};
 use crate::device::Device;
@@ -10,7 +13,10 @@ use crate::element::Element;
 use crate::error::{argument, driver, Error, Result};
 use crate::tensor::Tensor;
 use cudarc::driver::sys;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tilefuse_interpret::HostMemory;
 
 /// Signal slots per rank: `SLOTS_PER_PEER` for each peer.
 const SLOTS_PER_PEER: usize = 2;
@@ -27,6 +33,8 @@ pub struct SymmetricMemory {
     bases: Vec<u64>,
     rank: usize,
     world: usize,
+    /// In interpret mode, every rank's buffer as mapped here; empty on GPUs.
+    host: Vec<Arc<HostMemory>>,
 }
 
 // SAFETY: the raw peer addresses are plain integers; all use goes through the
@@ -69,6 +77,9 @@ impl SymmetricMemory {
         let dev = pg.device().clone();
         let pad_offset = bytes.div_ceil(256) * 256;
         let pad_bytes = world * SLOTS_PER_PEER * 4;
+        if dev.is_host() {
+            return SymmetricMemory::alloc_host(pg, bytes, pad_offset + pad_bytes, pad_offset);
+        }
         let local = Arc::new(Buffer::alloc(&dev, pad_offset + pad_bytes, Memory::Plain)?);
         local.fill_bytes(0)?;
         dev.synchronize()?;
@@ -124,6 +135,64 @@ impl SymmetricMemory {
             bases,
             rank,
             world,
+            host: Vec::new(),
+        })
+    }
+
+    /// Interpret mode: this rank's buffer is a shared-memory file, which every
+    /// other rank maps; the file is removed once all have.
+    fn alloc_host(
+        pg: &ProcessGroup,
+        bytes: usize,
+        total: usize,
+        pad_offset: usize,
+    ) -> Result<SymmetricMemory> {
+        let (rank, world) = (pg.rank(), pg.world_size());
+        let path = shm::new_path(rank);
+        let mine = shm::map(&path, total, true)?;
+        let paths = pg.all_gather_bytes("symm-shm", path.as_os_str().as_encoded_bytes());
+        let mapped = paths.and_then(|paths| {
+            paths
+                .iter()
+                .enumerate()
+                .map(|(r, p)| match r == rank {
+                    true => Ok(mine.clone()),
+                    false => shm::map(Path::new(&*String::from_utf8_lossy(p)), total, false),
+                })
+                .collect::<Result<Vec<_>>>()
+        });
+        // Mapped everywhere (or failed): the name is no longer needed.
+        let host = mapped.and_then(|h| pg.barrier("symm-mapped").map(|()| h));
+        let _ = std::fs::remove_file(&path);
+        let host = host?;
+        let dev = pg.device().clone();
+        let local = Arc::new(Buffer {
+            ptr: mine.addr() as u64,
+            bytes: total,
+            memory: Memory::Host,
+            dev: dev.clone(),
+            _keep_alive: None,
+            host: Some(mine),
+        });
+        Ok(SymmetricMemory {
+            dev,
+            local,
+            bytes,
+            pad_offset,
+            bases: host.iter().map(|m| m.addr() as u64).collect(),
+            rank,
+            world,
+            host,
+        })
+    }
+
+    /// In interpret mode, every rank's buffer and the barrier over them, for a
+    /// host thread; `None` on GPUs.
+    pub(crate) fn host_pad(&self) -> Option<HostPad> {
+        (!self.host.is_empty()).then(|| HostPad {
+            mems: self.host.clone(),
+            rank: self.rank,
+            pad_offset: self.pad_offset,
         })
     }
 
@@ -187,10 +256,14 @@ impl SymmetricMemory {
         let buf = Buffer {
             ptr: self.bases[r],
             bytes: self.bytes,
-            memory: Memory::Peer,
+            memory: if self.host.is_empty() {
+                Memory::Peer
+            } else {
+                Memory::Host
+            },
             dev: self.dev.clone(),
             _keep_alive: Some(keep),
-            host: None,
+            host: self.host.get(r).cloned(),
         };
         Ok(Tensor::from_buffer_at(Arc::new(buf), byte_offset, shape))
     }
@@ -237,9 +310,58 @@ impl SymmetricMemory {
     }
 }
 
+/// Interpret mode's view of a symmetric buffer from a host thread: every rank's
+/// mapping, and barriers through their signal pads.
+#[derive(Clone)]
+pub(crate) struct HostPad {
+    pub mems: Vec<Arc<HostMemory>>,
+    pub rank: usize,
+    pad_offset: usize,
+}
+
+impl HostPad {
+    /// [`SymmetricMemory::device_barrier`] on the host: writes `epoch` into every
+    /// peer's slot for this rank, then waits (at most `timeout`) until every peer
+    /// wrote it into this rank's pad.
+    pub fn barrier(&self, slot: usize, epoch: u32, timeout: Duration) -> Result<()> {
+        let word = |from: usize| (self.pad_offset / 4) + from * SLOTS_PER_PEER + slot;
+        let shm = |e: tilefuse_interpret::InterpretError| Error::Distributed {
+            context: "the shared-memory barrier".into(),
+            message: e.to_string(),
+        };
+        let peers = (0..self.mems.len()).filter(|&p| p != self.rank);
+        for p in peers.clone() {
+            self.mems[p]
+                .store_flag(word(self.rank), epoch)
+                .map_err(shm)?;
+        }
+        let start = Instant::now();
+        for p in peers {
+            let mut polls = 0u32;
+            while self.mems[self.rank].load_flag(word(p)).map_err(shm)? < epoch {
+                if start.elapsed() >= timeout {
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        what: format!("rank {p} at a shared-memory barrier (epoch {epoch})"),
+                        waited_ms: start.elapsed().as_millis() as u64,
+                        hint: format!("rank {p} probably died or hangs; see its output"),
+                    });
+                }
+                polls += 1;
+                if polls > 1000 {
+                    std::thread::sleep(Duration::from_micros(100));
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Drop for SymmetricMemory {
     fn drop(&mut self) {
-        if self.dev.is_wedged() {
+        if self.dev.is_wedged() || !self.host.is_empty() {
             return; // See `Device::mark_wedged`: closing could wait forever.
         }
         if let Ok(ctx) = self.dev.context() {
