@@ -3,7 +3,7 @@
 //! engine gathers A, each program waiting only for the chunks of A it reads.
 //!
 //! ```text
-//! cargo build --release --examples --bins
+//! cargo build --release --workspace --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/all_gather_matmul [M N K] [--bench]
 //!     [--splits-per-rank S] [--config JSON]
 //! ```

@@ -2,7 +2,7 @@
 //! its unfused NCCL + cuBLAS path and, with `--bench`, timed against it.
 //!
 //! ```text
-//! cargo build --release --examples --bins
+//! cargo build --release --workspace --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/fused_ops [M N K]
 //!     [--op NAME] [--bench] [--chunks C]
 //! ```

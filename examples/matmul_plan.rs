@@ -3,7 +3,7 @@
 //! each checked against the same plan on the unfused NCCL + cuBLAS path.
 //!
 //! ```text
-//! cargo build --release --examples --bins
+//! cargo build --release --workspace --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/matmul_plan [M N K] [--bench] [--blocking]
 //! ```
 //!
