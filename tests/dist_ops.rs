@@ -9,6 +9,9 @@
 #[path = "dist_ops/plans.rs"]
 mod plans;
 
+#[path = "common/launcher.rs"]
+mod launcher;
+use launcher::launcher;
 use std::process::{Command, ExitCode};
 use tilefuse::ops::{
     self, Algorithm, AllReduceVariant, Bias, GatherDim, OpOptions, ScatterDim, Workspace,
@@ -405,18 +408,6 @@ fn rank_main() -> R<()> {
     pg.barrier("done").map_err(e)?;
     println!("rank {}/{}: every op ok", pg.rank(), pg.world_size());
     Ok(())
-}
-
-fn launcher() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("TILEFUSE_RUN") {
-        return p.into();
-    }
-    // target/<profile>/deps/dist_ops-… → target/<profile>/tilefuse-run
-    let me = std::env::current_exe().unwrap_or_default();
-    me.parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("tilefuse-run"))
-        .unwrap_or_default()
 }
 
 fn main() -> ExitCode {

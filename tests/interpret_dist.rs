@@ -12,7 +12,10 @@
 
 mod common;
 
+#[path = "common/launcher.rs"]
+mod launcher;
 use common::examples::all_gather_matmul::ag_matmul;
+use launcher::launcher;
 use std::process::{Command, ExitCode, Output};
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
@@ -102,18 +105,6 @@ fn rank_main(fault: bool) -> Result<(), String> {
     }
     pg.barrier("done").map_err(e)?;
     Ok(())
-}
-
-fn launcher() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("TILEFUSE_RUN") {
-        return p.into();
-    }
-    // target/<profile>/deps/interpret_dist-… → target/<profile>/tilefuse-run
-    let me = std::env::current_exe().unwrap_or_default();
-    me.parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("tilefuse-run"))
-        .unwrap_or_default()
 }
 
 fn launch(launcher_args: &[&str], mode: &str) -> Output {
