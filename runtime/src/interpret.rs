@@ -74,3 +74,37 @@ fn interpret_error(k: &Kernel, e: InterpretError) -> Error {
         other => Error::Interpret(Box::new(other)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Interpret mode's timeout reads as the GPU's, word for word (the two
+    /// crates each hold the text: this keeps them from drifting apart).
+    #[test]
+    fn a_wait_timeout_reads_as_on_the_gpu() {
+        let from_interpreter = InterpretError::WaitTimeout {
+            kernel: "k".into(),
+            at: "wait(flags, i, 3)".into(),
+            index: 2,
+            expected: 3,
+            seen: 1,
+            timeout_ms: 150,
+        };
+        let text = from_interpreter.to_string();
+        let k = Kernel {
+            name: "k".into(),
+            tensors: vec![],
+            scalars: vec![],
+            constexprs: vec![],
+            dims: vec![],
+            grid: vec![],
+            grid_start: vec![],
+            vars: vec![],
+            body: vec![],
+        };
+        let mapped = interpret_error(&k, from_interpreter);
+        assert!(matches!(mapped, Error::WaitTimeout { .. }));
+        assert_eq!(mapped.to_string(), text);
+    }
+}

@@ -72,20 +72,25 @@ pub fn set_mode(want: Mode) -> Result<()> {
     }
 }
 
+/// The mode `TILEFUSE_INTERPRET` asks for (`None`: unset, decide by the GPU).
+fn asked(value: Option<&str>) -> Result<Option<Mode>> {
+    match value {
+        None => Ok(None),
+        Some("1") | Some("true") => Ok(Some(Mode::Interpret)),
+        Some("0") | Some("false") | Some("") => Ok(Some(Mode::Gpu)),
+        Some(other) => Err(Error::Argument {
+            context: "the environment".into(),
+            arg: "TILEFUSE_INTERPRET".into(),
+            message: format!(
+                "`{other}`: expected 1 or true (interpret mode), 0 or false (the GPU)"
+            ),
+        }),
+    }
+}
+
 fn decide() -> Result<Mode> {
-    match std::env::var("TILEFUSE_INTERPRET").as_deref() {
-        Ok("1") | Ok("true") => return Ok(Mode::Interpret),
-        Ok("0") | Ok("false") | Ok("") => return Ok(Mode::Gpu),
-        Ok(other) => {
-            return Err(Error::Argument {
-                context: "the environment".into(),
-                arg: "TILEFUSE_INTERPRET".into(),
-                message: format!(
-                    "`{other}`: expected 1 or true (interpret mode), 0 or false (the GPU)"
-                ),
-            })
-        }
-        Err(_) => {}
+    if let Some(m) = asked(std::env::var("TILEFUSE_INTERPRET").ok().as_deref())? {
+        return Ok(m);
     }
     if std::env::var("TILEFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
         return Ok(Mode::Gpu);
@@ -103,5 +108,23 @@ fn decide() -> Result<Mode> {
             );
             Ok(Mode::Interpret)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_is_read_strictly() {
+        assert_eq!(asked(None).unwrap(), None);
+        assert_eq!(asked(Some("1")).unwrap(), Some(Mode::Interpret));
+        assert_eq!(asked(Some("true")).unwrap(), Some(Mode::Interpret));
+        assert_eq!(asked(Some("0")).unwrap(), Some(Mode::Gpu));
+        let e = asked(Some("yes")).unwrap_err().to_string();
+        assert!(
+            e.contains("TILEFUSE_INTERPRET") && e.contains("`yes`"),
+            "{e}"
+        );
     }
 }
