@@ -78,6 +78,9 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     let mnk = match nums.as_slice() {
+        // Interpret mode (no GPU): a size the CPU runs in a moment, ragged
+        // against the block sizes.
+        [] if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
         [] => [4096, 6656, 16384],
         [m, n, k] => [*m, *n, *k],
         _ => return Err("give M N K (three numbers) or nothing".into()),

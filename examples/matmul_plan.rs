@@ -152,6 +152,8 @@ fn parse_args() -> tilefuse::Result<Args> {
     }
     let mnk = match nums.as_slice() {
         [m, n, k] => [*m, *n, *k],
+        // Interpret mode (no GPU): a size the CPU runs in a moment.
+        [] if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
         [] => [4096, 6656, 16384],
         _ => return Err(bad(format!("{} sizes given, expected M N K", nums.len()))),
     };

@@ -3,8 +3,9 @@
 //! multiples of any block size, two calls each through one workspace with fresh
 //! inputs, against a float64 reference built from every rank's inputs; then
 //! bad input on every rank. Run as a plain test it launches itself on every GPU
-//! it sees; without a GPU it skips and says so (it fails instead with
-//! TILEFUSE_REQUIRE_GPU=1).
+//! it sees. Without a GPU it runs the same checks as two CPU ranks in interpret
+//! mode (shared memory, the exchange's host thread; no CUDA graphs); with
+//! TILEFUSE_REQUIRE_GPU=1 it fails instead, and TILEFUSE_INTERPRET=0 skips it.
 
 #[path = "dist_ops/plans.rs"]
 mod plans;
@@ -422,14 +423,19 @@ fn main() -> ExitCode {
     }
     let require = std::env::var("TILEFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1");
     let gpus = tilefuse::Device::count().unwrap_or(0);
-    if gpus == 0 {
+    let interpret = gpus == 0;
+    if interpret {
         if require {
             eprintln!("dist_ops: no GPU, and TILEFUSE_REQUIRE_GPU=1");
             return ExitCode::FAILURE;
         }
-        println!("dist_ops: skipped (no GPU)");
-        return ExitCode::SUCCESS;
+        if std::env::var("TILEFUSE_INTERPRET").is_ok_and(|v| v == "0") {
+            println!("dist_ops: skipped (no GPU, and TILEFUSE_INTERPRET=0)");
+            return ExitCode::SUCCESS;
+        }
+        println!("dist_ops: no GPU: two CPU ranks in interpret mode");
     }
+    let ranks = if interpret { 2 } else { gpus };
     let Ok(me) = std::env::current_exe() else {
         eprintln!("dist_ops: cannot find this test's own path");
         return ExitCode::FAILURE;
@@ -437,13 +443,14 @@ fn main() -> ExitCode {
     let out = Command::new(launcher())
         .args([
             "--nproc-per-node",
-            &gpus.to_string(),
+            &ranks.to_string(),
             "--master-port",
             "0",
             "--",
         ])
         .arg(&me)
         .env("TILEFUSE_DIST_TIMEOUT_S", "60")
+        .env("TILEFUSE_INTERPRET", if interpret { "1" } else { "0" })
         .output();
     let out = match out {
         Ok(o) => o,
@@ -461,6 +468,7 @@ fn main() -> ExitCode {
         eprintln!("dist_ops: the ranks failed");
         return ExitCode::FAILURE;
     }
-    println!("dist_ops: ok ({gpus} rank(s))");
+    let mode = if interpret { "interpret mode" } else { "GPUs" };
+    println!("dist_ops: ok ({ranks} rank(s), {mode})");
     ExitCode::SUCCESS
 }

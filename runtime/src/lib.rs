@@ -14,6 +14,7 @@ pub mod dist;
 pub mod element;
 pub mod error;
 pub mod graph;
+mod host_queue;
 mod interpret;
 pub mod jit;
 pub mod kernel;

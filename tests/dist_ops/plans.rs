@@ -296,7 +296,8 @@ pub fn check_plans(pg: &ProcessGroup) -> R<()> {
                         }
                     }
                 }
-                let fused = mm.path() != Some(Algorithm::Unfused);
+                // Interpret mode has no CUDA graphs: every call runs as queued.
+                let fused = mm.path() != Some(Algorithm::Unfused) && !pg.device().is_host();
                 if fused != mm.replays() {
                     return Err(format!(
                         "{line}: path {:?} but replaying from graphs is {}",

@@ -30,24 +30,18 @@
 //! copy engine: no SM is needed, so the backend progresses while a GEMM that waits
 //! on its flags fills the GPU. Waits on the GPU have no deadline of their own:
 //! `ProcessGroup::synchronize` bounds them on the host.
+//!
+//! In interpret mode the same operations, in the same order, run on a host
+//! thread over the ranks' shared memory (`dist/backend.rs`); its waits end
+//! after the group's timeout with an error naming the flag.
 
+use super::backend::{Backend, LocalRows, Way};
 use super::group::ProcessGroup;
-use super::stream_ops;
 use super::symmetric::SymmetricMemory;
 use crate::element::Element;
-use crate::error::{argument, driver, Error, Result};
-use crate::side_stream::SideStream;
+use crate::error::{argument, Error, Result};
 use crate::tensor::Tensor;
 use std::sync::Arc;
-
-/// Which way [`Exchange::copy_rows`] copies.
-#[derive(Clone, Copy)]
-enum Way {
-    /// From the peer's region into a local view.
-    Pull,
-    /// From a local view into the peer's region.
-    Push,
-}
 
 /// Flag-ordered copies between the ranks of one node (see the module docs).
 ///
@@ -69,7 +63,7 @@ enum Way {
 /// ```
 pub struct Exchange {
     sym: Arc<SymmetricMemory>,
-    backend: SideStream,
+    backend: Backend,
     data_bytes: usize,
     slots: usize,
     /// Calls closed so far (their parity picks the barrier's slots).
@@ -93,7 +87,7 @@ impl Exchange {
             pg,
             data_bytes + (flag_slots + 2 * world) * 4,
         )?);
-        let backend = SideStream::new(pg.device(), true)?;
+        let backend = Backend::new(&sym, pg.timeout())?;
         Ok(Exchange {
             sym,
             backend,
@@ -168,22 +162,14 @@ impl Exchange {
         Ok(())
     }
 
-    fn raw(&self) -> Result<cudarc::driver::sys::CUstream> {
-        self.sym
-            .device()
-            .context()?
-            .bind_to_thread()
-            .map_err(driver("binding the GPU context"))?;
-        Ok(self.backend.stream().cu_stream())
+    /// The byte offset of flag word `word` (barrier words included) in every
+    /// rank's buffer.
+    fn word_byte(&self, word: usize) -> usize {
+        self.data_bytes + word * 4
     }
 
-    /// The address of rank `owner`'s flag word `word` (barrier slots included).
-    fn word_addr(&self, owner: usize, word: usize) -> u64 {
-        self.sym.data_ptr(owner) + (self.data_bytes + word * 4) as u64
-    }
-
-    fn slot_addr(&self, owner: usize, slot: usize) -> u64 {
-        self.word_addr(owner, self.world + slot)
+    fn slot_byte(&self, slot: usize) -> usize {
+        self.word_byte(self.world + slot)
     }
 
     /// The barrier word of parity `parity` that rank `from` sets.
@@ -211,18 +197,13 @@ impl Exchange {
 
     /// The backend stream's next work waits for the launch stream's work so far.
     pub fn follow_launch(&self) -> Result<()> {
-        self.backend
-            .stream()
-            .join(self.sym.device().stream()?)
-            .map_err(driver(
-                "ordering the backend stream after the launch stream",
-            ))
+        self.backend.follow_launch(&self.sym)
     }
 
     /// The launch stream's next work waits for the backend's work so far (e.g.
     /// a kernel that reads what the backend received).
     pub fn launch_follows(&self) -> Result<()> {
-        self.backend.join_into_launch_stream()
+        self.backend.launch_follows()
     }
 
     /// Sets flag `slot` of rank `peer`, after the backend's earlier work (the
@@ -230,10 +211,8 @@ impl Exchange {
     pub fn notify(&self, peer: usize, slot: usize) -> Result<()> {
         self.check_peer("Exchange::notify", peer)?;
         self.check_slot("Exchange::notify", slot)?;
-        let raw = self.raw()?;
-        // SAFETY: a 4-byte flag inside rank `peer`'s live symmetric allocation,
-        // mapped here (or this rank's own), checked in range above.
-        unsafe { stream_ops::write_value(raw, self.slot_addr(peer, slot), Self::SET) }
+        self.backend
+            .write_word(&self.sym, peer, self.slot_byte(slot), Self::SET)
     }
 
     /// Sets this rank's flag `slot` (for kernels waiting on it in this call).
@@ -244,18 +223,18 @@ impl Exchange {
     /// The backend stream waits until this rank's flag `slot` is set.
     pub fn await_slot(&self, slot: usize) -> Result<()> {
         self.check_slot("Exchange::await_slot", slot)?;
-        let raw = self.raw()?;
-        // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
-        unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), Self::SET) }
+        let what = format!("its exchange flag {slot} (set by a peer)");
+        self.backend
+            .wait_word(&self.sym, self.slot_byte(slot), Self::SET, what)
     }
 
     /// The backend stream waits until this rank's counter `slot` (a flag slot
     /// kernels `signal`, zero when the call starts) holds at least `count`.
     pub fn await_count(&self, slot: usize, count: u32) -> Result<()> {
         self.check_slot("Exchange::await_count", slot)?;
-        let raw = self.raw()?;
-        // SAFETY: a 4-byte flag inside this rank's live symmetric allocation.
-        unsafe { stream_ops::wait_value_geq(raw, self.slot_addr(self.rank, slot), count) }
+        let what = format!("its exchange counter {slot} (counted by its kernels)");
+        self.backend
+            .wait_word(&self.sym, self.slot_byte(slot), count, what)
     }
 
     /// Copies `src` (a 2-D view with unit last stride, or 1-D contiguous, on
@@ -344,20 +323,17 @@ impl Exchange {
         if local.device().ordinal() != self.sym.device().ordinal() {
             return Err(argument(ctx, name, "is not on this rank's GPU"));
         }
-        let raw = self.raw()?;
-        let region = (
-            self.sym.data_ptr(peer) + byte_offset as u64,
-            row_elems * elem,
-        );
-        let view = (local.device_ptr(), pitch * elem);
-        let ((dst, dst_pitch), (src, src_pitch)) = match way {
-            Way::Pull => (view, region),
-            Way::Push => (region, view),
+        let local = LocalRows {
+            ptr: local.device_ptr(),
+            host: local
+                .host_memory()
+                .map(|(m, first)| (m.clone(), first * elem)),
+            pitch: pitch * elem,
+            width: cols * elem,
+            rows,
         };
-        // SAFETY: the region's rows lie inside rank `peer`'s live symmetric
-        // allocation (checked above), mapped here; the local rows are the live
-        // view `local` (its shape and strides describe memory its buffer owns).
-        unsafe { stream_ops::copy_2d(raw, dst, dst_pitch, src, src_pitch, cols * elem, rows) }
+        self.backend
+            .copy_rows(&self.sym, peer, byte_offset, row_elems * elem, local, way)
     }
 
     /// Ends the call (see the module docs): the backend follows the launch
@@ -366,7 +342,6 @@ impl Exchange {
     /// waits for it, so the next call may overwrite them.
     pub fn close(&mut self) -> Result<()> {
         self.follow_launch()?;
-        let raw = self.raw()?;
         let parity = (self.calls % 2) as usize;
         // The caller's flags and the other parity's barrier words: the peers
         // set those last in the previous call's barrier, which this rank passed.
@@ -374,21 +349,19 @@ impl Exchange {
             0 => (self.world, self.slots + self.world),
             _ => (0, self.world + self.slots),
         };
-        // SAFETY: `len` 4-byte words of this rank's flag area, inside its live
-        // symmetric allocation (sized for the caller's slots and 2 per rank).
-        unsafe { stream_ops::zero_words(raw, self.word_addr(self.rank, first), len)? };
+        self.backend
+            .zero_words(&self.sym, self.word_byte(first), len)?;
         let peers = (1..self.world).map(|d| (self.rank + d) % self.world);
         for p in peers.clone() {
-            // SAFETY: rank p's barrier word for this rank, in its live allocation, mapped here.
-            let at = self.word_addr(p, self.barrier_word(parity, self.rank));
-            unsafe { stream_ops::write_value(raw, at, Self::SET)? };
+            let at = self.word_byte(self.barrier_word(parity, self.rank));
+            self.backend.write_word(&self.sym, p, at, Self::SET)?;
         }
         for p in peers {
-            // SAFETY: this rank's barrier word for rank p, in its own allocation.
-            let at = self.word_addr(self.rank, self.barrier_word(parity, p));
-            unsafe { stream_ops::wait_value_geq(raw, at, Self::SET)? };
+            let at = self.word_byte(self.barrier_word(parity, p));
+            let what = format!("rank {p} at the exchange's closing barrier");
+            self.backend.wait_word(&self.sym, at, Self::SET, what)?;
         }
-        self.backend.join_into_launch_stream()?;
+        self.backend.launch_follows()?;
         self.calls += 1;
         self.open = false;
         Ok(())

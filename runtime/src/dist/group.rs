@@ -34,11 +34,13 @@ pub fn default_timeout() -> Duration {
 pub struct ProcessGroup {
     env: DistEnv,
     store: Arc<Store>,
-    _server: Option<StoreServer>,
     device: Arc<Device>,
     timeout: Duration,
     seq: AtomicU64,
     nccl: OnceLock<Arc<Nccl>>,
+    /// Last, so this rank's own connections (the store, NCCL's stand-in on the
+    /// host) close before the server waits for the others to.
+    _server: Option<StoreServer>,
 }
 
 impl ProcessGroup {

@@ -3,6 +3,7 @@
 //! the copy-engine all-gather that fused GEMMs wait on.
 
 pub mod all_gather;
+mod backend;
 pub mod env;
 pub mod exchange;
 pub mod group;

@@ -18,6 +18,8 @@ const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
 const OP_CHECK: u8 = 4;
+/// How long a dropped server waits for the ranks to disconnect.
+const LINGER: Duration = Duration::from_secs(5);
 /// Keys and values are small (ids, handles, shapes); this bounds a bad peer.
 const MAX_LEN: u32 = 64 << 20;
 
@@ -27,10 +29,20 @@ struct State {
     changed: Condvar,
     /// Open connections, shut down when the server is dropped.
     conns: Mutex<Vec<TcpStream>>,
+    /// Connections still being served (their ranks have not closed them).
+    live: std::sync::atomic::AtomicUsize,
+    /// Of those, the ones blocked on a key missing since their last look
+    /// (a set or add counts them all as awake again, see `serve_requests`).
+    waiting: std::sync::atomic::AtomicUsize,
+    /// Bumped by every set and add, under `map`'s lock.
+    generation: std::sync::atomic::AtomicU64,
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// The serving side, run by rank 0 on its own threads. Dropping it closes every
+/// The serving side, run by rank 0 on its own threads. Dropping it waits (at
+/// most a few seconds) for the other ranks to disconnect, unless all of them
+/// are blocked on keys nobody set: a rank may still be on its way to read the
+/// last barrier's outcome when rank 0 is done. Then it closes every
 /// connection, as the end of rank 0's process would.
 pub struct StoreServer {
     port: u16,
@@ -40,6 +52,12 @@ pub struct StoreServer {
 impl Drop for StoreServer {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering;
+        let start = Instant::now();
+        while self.state.live.load(Ordering::SeqCst) > self.state.waiting.load(Ordering::SeqCst)
+            && start.elapsed() < LINGER
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         self.state.closed.store(true, Ordering::SeqCst);
         for c in self
             .state
@@ -163,6 +181,23 @@ fn write_bytes(w: &mut impl Write, b: &[u8]) -> std::io::Result<()> {
 
 /// One client connection: requests until it closes.
 fn serve(conn: TcpStream, state: &State) {
+    use std::sync::atomic::Ordering;
+    state.live.fetch_add(1, Ordering::SeqCst);
+    serve_requests(conn, state);
+    state.live.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A key was set: every request blocked on a key is awake again (each looks
+/// at the map before it may sleep once more). Called under `map`'s lock.
+fn awake(state: &State) {
+    use std::sync::atomic::Ordering::SeqCst;
+    state.generation.fetch_add(1, SeqCst);
+    state.waiting.store(0, SeqCst);
+    state.changed.notify_all();
+}
+
+fn serve_requests(conn: TcpStream, state: &State) {
+    use std::sync::atomic::Ordering::SeqCst;
     let _ = conn.set_nodelay(true);
     let Ok(read_half) = conn.try_clone() else {
         return;
@@ -186,7 +221,7 @@ fn serve(conn: TcpStream, state: &State) {
         let (status, reply): (u8, Vec<u8>) = match op[0] {
             OP_SET => {
                 map.insert(key, value);
-                state.changed.notify_all();
+                awake(state);
                 (0, Vec::new())
             }
             OP_ADD => {
@@ -199,23 +234,31 @@ fn serve(conn: TcpStream, state: &State) {
                     .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
                     + delta;
                 map.insert(key, now.to_le_bytes().to_vec());
-                state.changed.notify_all();
+                awake(state);
                 (0, now.to_le_bytes().to_vec())
             }
             OP_CHECK => (0, vec![u8::from(map.contains_key(&key))]),
             OP_GET => {
                 let deadline = Instant::now() + timeout;
+                // The generation this request went to sleep at, if it did.
+                let mut asleep: Option<u64> = None;
                 loop {
+                    // Woken by a timeout or spuriously (no set since): awake again.
+                    if asleep.take() == Some(state.generation.load(SeqCst)) {
+                        state.waiting.fetch_sub(1, SeqCst);
+                    }
                     if let Some(v) = map.get(&key) {
                         break (0, v.clone());
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if state.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                    if state.closed.load(SeqCst) {
                         return;
                     }
                     if left.is_zero() {
                         break (1, Vec::new());
                     }
+                    asleep = Some(state.generation.load(SeqCst));
+                    state.waiting.fetch_add(1, SeqCst);
                     map = state
                         .changed
                         .wait_timeout(map, left)
@@ -461,10 +504,13 @@ mod tests {
 
     #[test]
     fn a_store_that_goes_away_fails_the_waiting_ranks() {
-        let (s, _a, b) = pair();
+        let (s, a, b) = pair();
         let h = std::thread::spawn(move || b.get("never", Duration::from_secs(30), "a key"));
         std::thread::sleep(Duration::from_millis(100));
         let t = Instant::now();
+        // Rank 0 ends: its own connection first, then the server, which does
+        // not wait for a rank blocked on a key nobody will set.
+        drop(a);
         drop(s);
         let e = h.join().unwrap().unwrap_err().to_string();
         assert!(
@@ -473,6 +519,22 @@ mod tests {
             t.elapsed()
         );
         assert!(e.contains("went away"), "{e}");
+    }
+
+    #[test]
+    fn rank_0_ending_first_waits_for_a_rank_still_talking_to_the_store() {
+        let (s, a, b) = pair();
+        a.set("done", b"1").unwrap();
+        // Rank 0 is done; rank 1 is slower to read the outcome.
+        let ending = std::thread::spawn(move || {
+            drop(a);
+            drop(s);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let got = b.get("done", Duration::from_secs(1), "the last barrier");
+        assert_eq!(got.unwrap(), b"1");
+        drop(b);
+        ending.join().unwrap();
     }
 
     #[test]

@@ -268,6 +268,11 @@ impl SymmetricMemory {
         Ok(Tensor::from_buffer_at(Arc::new(buf), byte_offset, shape))
     }
 
+    /// This rank, in the group the buffer was allocated over.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
     /// Whether `t` lives in this buffer (this rank's part).
     pub fn holds<T: Element>(&self, t: &Tensor<T>) -> bool {
         t.is_in(&self.local)
@@ -325,37 +330,71 @@ impl HostPad {
     /// wrote it into this rank's pad.
     pub fn barrier(&self, slot: usize, epoch: u32, timeout: Duration) -> Result<()> {
         let word = |from: usize| (self.pad_offset / 4) + from * SLOTS_PER_PEER + slot;
-        let shm = |e: tilefuse_interpret::InterpretError| Error::Distributed {
-            context: "the shared-memory barrier".into(),
-            message: e.to_string(),
-        };
         let peers = (0..self.mems.len()).filter(|&p| p != self.rank);
         for p in peers.clone() {
             self.mems[p]
                 .store_flag(word(self.rank), epoch)
-                .map_err(shm)?;
+                .map_err(shm_error("the shared-memory barrier"))?;
         }
         let start = Instant::now();
         for p in peers {
-            let mut polls = 0u32;
-            while self.mems[self.rank].load_flag(word(p)).map_err(shm)? < epoch {
-                if start.elapsed() >= timeout {
-                    return Err(Error::Timeout {
-                        rank: self.rank,
-                        what: format!("rank {p} at a shared-memory barrier (epoch {epoch})"),
-                        waited_ms: start.elapsed().as_millis() as u64,
-                        hint: format!("rank {p} probably died or hangs; see its output"),
-                    });
-                }
-                polls += 1;
-                if polls > 1000 {
-                    std::thread::sleep(Duration::from_micros(100));
-                } else {
-                    std::thread::yield_now();
-                }
+            let left = timeout.saturating_sub(start.elapsed());
+            self.wait_word(word(p), epoch, left, || {
+                (
+                    format!("rank {p} at a shared-memory barrier (epoch {epoch})"),
+                    format!("rank {p} probably died or hangs; see its output"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Waits (at most `timeout`) until this rank's 32-bit word `word` (counted
+    /// from the start of its buffer) holds at least `value`, as a stream's
+    /// `cuStreamWaitValue32` would; `what` names what was waited for and what
+    /// to do, for the timeout error.
+    pub fn wait_word(
+        &self,
+        word: usize,
+        value: u32,
+        timeout: Duration,
+        what: impl Fn() -> (String, String),
+    ) -> Result<()> {
+        let start = Instant::now();
+        let mut polls = 0u32;
+        while self.mems[self.rank]
+            .load_flag(word)
+            .map_err(shm_error("waiting on a shared-memory flag"))?
+            < value
+        {
+            if start.elapsed() >= timeout {
+                let (what, hint) = what();
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    what,
+                    waited_ms: start.elapsed().as_millis() as u64,
+                    hint,
+                });
+            }
+            polls += 1;
+            if polls > 1000 {
+                std::thread::sleep(Duration::from_micros(100));
+            } else {
+                std::thread::yield_now();
             }
         }
         Ok(())
+    }
+}
+
+/// Maps the interpreter's memory errors (an access outside a mapping) into
+/// this crate's, with `context`.
+pub(crate) fn shm_error(
+    context: &str,
+) -> impl Fn(tilefuse_interpret::InterpretError) -> Error + '_ {
+    move |e| Error::Distributed {
+        context: context.into(),
+        message: e.to_string(),
     }
 }
 

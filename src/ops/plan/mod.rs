@@ -456,7 +456,11 @@ impl<'pg> DistributedMatmul<'pg> {
             .as_mut()
             .ok_or_else(|| check::arg(OP, "plan", "execute() needs plan() first"))?;
         let ops = self.operands.as_ref().ok_or_else(released)?;
-        let replay = self.options.graph && planned.path != Algorithm::Unfused && !planned.no_replay;
+        // Interpret mode has no CUDA graphs: each call runs as queued.
+        let replay = self.options.graph
+            && planned.path != Algorithm::Unfused
+            && !planned.no_replay
+            && !self.pg.device().is_host();
         if replay && planned.replays.iter().any(Replay::is_stale) {
             planned.replays.clear();
         }
