@@ -190,6 +190,47 @@ fn a_read_outside_its_tensor_is_reported_with_tile_and_index() {
     assert!(msg.contains("tm = 8..10"), "{msg}");
 }
 
+/// Programs run on several threads, yet the error reported is always the
+/// first failing program's in grid order, as with one thread.
+#[test]
+fn with_many_threads_the_first_failing_program_is_reported() {
+    let mut rng = Rng::fresh();
+    let ir = matmul::kernel().ir().unwrap().clone();
+    // Every program reads `a` out of bounds (its rows 5..).
+    let (a, _) = random(&[5, 16], &mut rng);
+    let (b, _) = random(&[16, 64], &mut rng);
+    let s = scalars(
+        &ir,
+        &[
+            ("m", Scalar::Int(64)),
+            ("n", Scalar::Int(64)),
+            ("k", Scalar::Int(16)),
+        ],
+    );
+    for threads in [1, 4, 4, 4] {
+        let t = tensors(
+            &ir,
+            vec![
+                ("a", a.clone()),
+                ("b", b.clone()),
+                ("out", nan(DType::BF16, &[64, 64])),
+            ],
+        );
+        let options = Options {
+            threads,
+            ..Options::default()
+        };
+        let cfg = Config::new(&[8, 8, 16]);
+        let msg = run_with(&ir, &cfg, &[], &t, &s, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("tm = 0..8") && msg.contains("tn = 0..8") && msg.contains("[5, 0]"),
+            "{threads} threads: {msg}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_are_errors_naming_them() {
     let ir = matmul::kernel().ir().unwrap().clone();
@@ -280,6 +321,7 @@ impl AgMatmul {
         );
         let options = Options {
             wait_timeout: timeout,
+            ..Options::default()
         };
         let cfg = Config::new(&[16, 16, 16]);
         run_with(&self.ir, &cfg, &[], &t, &self.scalars, &options)

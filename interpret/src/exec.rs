@@ -4,6 +4,8 @@
 use crate::error::{InterpretError, OutOfBounds};
 use crate::tensor::HostTensor;
 use crate::tile::{for_each_position, Tile};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tilefuse_codegen::ir::*;
 use tilefuse_codegen::Config;
@@ -17,24 +19,30 @@ pub enum Scalar {
     Float(f32),
 }
 
-/// How a run waits.
+/// How a run waits, and on how many threads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// How long a `wait` waits for its flag before the run fails with
     /// [`InterpretError::WaitTimeout`] (the GPU's `TILEFUSE_WAIT_TIMEOUT_MS`).
     pub wait_timeout: Duration,
+    /// Threads running programs at once (0: one per core). Programs are taken
+    /// in grid order; as on the GPU, they may finish in any order, and one that
+    /// waits on a flag holds only its own thread.
+    pub threads: usize,
 }
 
 impl Default for Options {
-    /// Waits of 10 s, the GPU's default.
+    /// Waits of 10 s, the GPU's default; one thread per core.
     fn default() -> Options {
         Options {
             wait_timeout: Duration::from_secs(10),
+            threads: 0,
         }
     }
 }
 
-/// Runs every program of `kernel` on the host, in grid order, with `config`'s
+/// Runs every program of `kernel` on the host, taken in grid order by one
+/// thread per core, with `config`'s
 /// block sizes: `tensors` and `scalars` in the kernel's parameter order,
 /// `constexprs` the values of its `#[constexpr]` parameters. Stores go to the
 /// tensors' memory; a `wait` waits up to 10 s for another thread or process to
@@ -135,7 +143,7 @@ pub fn run_with(
             }
         }
     }
-    let mut p = Program {
+    let p = Program {
         k,
         blocks: &config.block_sizes,
         extents,
@@ -146,37 +154,65 @@ pub fn run_with(
         ranges: vec![None; k.dims.len()],
         vars: vec![None; k.vars.len()],
     };
-    // Programs: every combination of the grid dimensions' tiles.
+    // Programs: every combination of the grid dimensions' tiles, numbered with
+    // the last grid dimension fastest.
     let counts: Vec<i64> = k
         .grid
         .iter()
         .map(|&d| (p.extents[d] + p.block(d) - 1) / p.block(d))
         .collect();
-    if counts.contains(&0) {
-        return Ok(());
+    let total = counts.iter().product::<i64>().max(0) as usize;
+    let threads = match options.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
     }
-    let mut which = vec![0i64; k.grid.len()];
-    loop {
-        for (&d, &i) in k.grid.iter().zip(&which) {
-            p.enter(d, i * p.block(d));
-        }
-        p.vars.iter_mut().for_each(|v| *v = None);
-        p.stmts(&k.body)?;
-        let mut g = which.len();
-        loop {
-            if g == 0 {
-                return Ok(());
+    .min(total);
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    // The failure of the lowest-numbered program: programs are taken in order,
+    // so every program before a taken one was taken too, and this does not
+    // depend on timing.
+    let failed: Mutex<Option<(usize, InterpretError)>> = Mutex::new(None);
+    let worker = |mut p: Program| {
+        while !stop.load(Ordering::Relaxed) {
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id >= total {
+                return;
             }
-            g -= 1;
-            which[g] += 1;
-            if which[g] < counts[g] {
-                break;
+            let mut rest = id as i64;
+            for (g, &d) in k.grid.iter().enumerate().rev() {
+                p.enter(d, (rest % counts[g]) * p.block(d));
+                rest /= counts[g];
             }
-            which[g] = 0;
+            p.vars.iter_mut().for_each(|v| *v = None);
+            if let Err(e) = p.stmts(&k.body) {
+                stop.store(true, Ordering::Relaxed);
+                let mut f = failed.lock().unwrap_or_else(|e| e.into_inner());
+                if f.as_ref().is_none_or(|(at, _)| id < *at) {
+                    *f = Some((id, e));
+                }
+                return;
+            }
         }
+    };
+    if threads <= 1 {
+        worker(p);
+    } else {
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                let p = p.clone();
+                s.spawn(|| worker(p));
+            }
+            worker(p);
+        });
+    }
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct Program<'a> {
     pub(crate) k: &'a Kernel,
     pub(crate) blocks: &'a [usize],

@@ -42,9 +42,24 @@ pub(crate) fn launch(
         .collect();
     let options = Options {
         wait_timeout: Duration::from_millis(status::wait_timeout_ms()),
+        threads: threads(std::env::var("TILEFUSE_INTERPRET_THREADS").ok().as_deref())?,
     };
     tilefuse_interpret::run_with(k, config, consts, &views, &scalars, &options)
         .map_err(|e| interpret_error(k, e))
+}
+
+/// The threads interpret mode runs a launch's programs on, from
+/// `TILEFUSE_INTERPRET_THREADS` (unset or 0: one per core; 1 runs them one
+/// after another in grid order, for stepping through a kernel).
+fn threads(var: Option<&str>) -> Result<usize> {
+    match var.map(str::trim) {
+        None | Some("") => Ok(0),
+        Some(v) => v.parse().map_err(|_| Error::Argument {
+            context: "interpret mode".into(),
+            arg: "TILEFUSE_INTERPRET_THREADS".into(),
+            message: format!("expected a number of threads (0: one per core), got `{v}`"),
+        }),
+    }
 }
 
 /// The runtime's error for an interpreter error: a failed `wait` is the GPU's
@@ -78,6 +93,17 @@ fn interpret_error(k: &Kernel, e: InterpretError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interpret_threads_come_from_the_environment_variable() {
+        assert_eq!(threads(None).unwrap(), 0);
+        assert_eq!(threads(Some(" 1 ")).unwrap(), 1);
+        let e = threads(Some("many")).unwrap_err().to_string();
+        assert!(
+            e.contains("TILEFUSE_INTERPRET_THREADS") && e.contains("many"),
+            "{e}"
+        );
+    }
 
     /// Interpret mode's timeout reads as the GPU's, word for word (the two
     /// crates each hold the text: this keeps them from drifting apart).
