@@ -5,7 +5,12 @@ use tilefuse::prelude::*;
 use tilefuse::verify::{gelu_f64, poisoned, random_tensor};
 
 #[fused_kernel]
-fn bias_gelu(a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, out: &Tensor<bf16>) {
+pub(crate) fn bias_gelu(
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+    bias: &Tensor<bf16>,
+    out: &Tensor<bf16>,
+) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]) {
@@ -19,7 +24,7 @@ fn bias_gelu(a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, out: &Tens
 
 /// Scalar argument, residual tile, row-broadcast vector, relu.
 #[fused_kernel]
-fn scaled_residual_relu(
+pub(crate) fn scaled_residual_relu(
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
     residual: &Tensor<bf16>,
@@ -41,7 +46,12 @@ fn scaled_residual_relu(
 
 /// The accumulator starts from a tensor (C += A·B), output in f32.
 #[fused_kernel]
-fn accumulate_into(a: &Tensor<f16>, b: &Tensor<f16>, c: &Tensor<f32>, out: &Tensor<f32>) {
+pub(crate) fn accumulate_into(
+    a: &Tensor<f16>,
+    b: &Tensor<f16>,
+    c: &Tensor<f32>,
+    out: &Tensor<f32>,
+) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]) {
@@ -55,7 +65,12 @@ fn accumulate_into(a: &Tensor<f16>, b: &Tensor<f16>, c: &Tensor<f32>, out: &Tens
 
 /// Two outputs from one accumulator, one of them transposed.
 #[fused_kernel]
-fn two_outputs(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>, out_t: &Tensor<f16>) {
+pub(crate) fn two_outputs(
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+    out: &Tensor<bf16>,
+    out_t: &Tensor<f16>,
+) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]) {
@@ -72,7 +87,7 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-const SHAPES: [[usize; 3]; 3] = [[257, 384, 200], [1000, 1000, 1000], [64, 72, 40]];
+pub(crate) const SHAPES: [[usize; 3]; 3] = [[257, 384, 200], [1000, 1000, 1000], [64, 72, 40]];
 
 #[test]
 fn bias_gelu_matches() {

@@ -58,7 +58,7 @@ fn tile_order_starting_at_any_row_gives_the_same_product() {
     }
 }
 
-const SHAPES: [[usize; 3]; 5] = [
+pub(crate) const SHAPES: [[usize; 3]; 5] = [
     [1, 1, 1],
     [127, 255, 63],
     [1000, 1000, 1000],
@@ -66,7 +66,7 @@ const SHAPES: [[usize; 3]; 5] = [
     [4096, 6656, 16384],
 ];
 
-fn configs(shape: [usize; 3]) -> Vec<Option<Config>> {
+pub(crate) fn configs(shape: [usize; 3]) -> Vec<Option<Config>> {
     if shape[0] * shape[1] * shape[2] > 1 << 30 {
         return vec![None];
     }

@@ -6,7 +6,7 @@ use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
 
 #[fused_kernel]
-fn axpy_relu(x: &Tensor<f32>, y: &Tensor<f32>, alpha: f32, out: &Tensor<f32>) {
+pub(crate) fn axpy_relu(x: &Tensor<f32>, y: &Tensor<f32>, alpha: f32, out: &Tensor<f32>) {
     let [m, n] = x.shape();
     for (tm, tn) in tile([m, n]) {
         out[(tm, tn)] = relu(x[(tm, tn)] * alpha + y[(tm, tn)]);
@@ -14,7 +14,7 @@ fn axpy_relu(x: &Tensor<f32>, y: &Tensor<f32>, alpha: f32, out: &Tensor<f32>) {
 }
 
 #[fused_kernel]
-fn sigmoid_1d(x: &Tensor<bf16>, out: &Tensor<bf16>) {
+pub(crate) fn sigmoid_1d(x: &Tensor<bf16>, out: &Tensor<bf16>) {
     let [n] = x.shape();
     for t in tile(n) {
         out[t] = sigmoid(x[t]).cast();
@@ -22,7 +22,7 @@ fn sigmoid_1d(x: &Tensor<bf16>, out: &Tensor<bf16>) {
 }
 
 #[fused_kernel]
-fn add_bias_rows(x: &Tensor<f16>, bias: &Tensor<f16>, out: &Tensor<f32>) {
+pub(crate) fn add_bias_rows(x: &Tensor<f16>, bias: &Tensor<f16>, out: &Tensor<f32>) {
     let [m, n] = x.shape();
     for tm in tile(m) {
         for tn in tile(n) {

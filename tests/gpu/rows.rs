@@ -7,7 +7,7 @@ use crate::common::gpu;
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor, rel_error};
 
-const SHAPES: [(usize, usize); 6] = [
+pub(crate) const SHAPES: [(usize, usize); 6] = [
     (1, 1),
     (7, 13),
     (130, 1000),
@@ -16,7 +16,7 @@ const SHAPES: [(usize, usize); 6] = [
     (300, 8192),
 ];
 
-fn configs() -> Vec<Option<Config>> {
+pub(crate) fn configs() -> Vec<Option<Config>> {
     vec![
         None,
         Some(Config::new(&[1, 8192, 8192]).num_warps(8)),

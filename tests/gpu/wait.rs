@@ -12,7 +12,7 @@ use tilefuse::SideStream;
 /// Rows of A arrive in chunks of `rows_per_chunk`; each program waits for the
 /// chunk holding its rows before it reads them.
 #[fused_kernel]
-fn gated_matmul(
+pub(crate) fn gated_matmul(
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
     progress: &Tensor<u32>,
@@ -34,7 +34,7 @@ fn gated_matmul(
 /// The lowerings a `wait` runs in on this GPU: the portable GEMM, and on Hopper
 /// the wgmma GEMM with one block per tile and with a persistent grid (there the
 /// producer thread waits and the consumers never see the flags).
-fn wait_configs(dev: &Device) -> Vec<Config> {
+pub(crate) fn wait_configs(dev: &Device) -> Vec<Config> {
     let mut out = vec![Config::new(&[64, 128, 32]).num_warps(4).num_stages(3)];
     if dev.compute_capability().0 == 9 {
         for persistent in [false, true] {

@@ -22,22 +22,24 @@ fn hopper() -> Option<crate::common::Gpu> {
     Some(dev)
 }
 
+pub(crate) const SHAPES: [(usize, usize, usize); 7] = [
+    (1, 8, 8),
+    (127, 264, 72),
+    (1000, 520, 336),
+    (1024, 1024, 1024),
+    // More tiles than SMs at small blocks: persistent blocks loop, the ring's
+    // phases carry from tile to tile.
+    (2000, 1544, 200),
+    // Fewer tiles than SMs and 16 K tiles: the last (only) wave is split along
+    // K, the parts meet in scratch.
+    (1000, 1544, 1000),
+    (4096, 6656, 16384),
+];
+
 #[test]
 fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
     let Some(_dev) = hopper() else { return };
-    for (m, n, k) in [
-        (1, 8, 8),
-        (127, 264, 72),
-        (1000, 520, 336),
-        (1024, 1024, 1024),
-        // More tiles than SMs at small blocks: persistent blocks loop, the ring's
-        // phases carry from tile to tile.
-        (2000, 1544, 200),
-        // Fewer tiles than SMs and 16 K tiles: the last (only) wave is split along
-        // K, the parts meet in scratch.
-        (1000, 1544, 1000),
-        (4096, 6656, 16384),
-    ] {
+    for (m, n, k) in SHAPES {
         let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
         for cfg in configs() {
             let out = poisoned::<bf16>([m, n]).unwrap();
