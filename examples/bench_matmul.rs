@@ -282,6 +282,7 @@ fn run() -> tilefuse::Result<bool> {
     // Everything else runs the configs it names.
     autotune::set_effort(Some(Effort::Off));
     let dev = Device::current()?;
+    dev.require_gpu("bench_matmul (it times GEMMs against cuBLAS)")?;
     println!(
         "device: {} ({}, {} SMs)",
         dev.name(),

@@ -43,6 +43,7 @@ extern "C" __global__ void tf_mma_peak(float* out, int iters) {{
 
 fn run() -> tilefuse::Result<bool> {
     let dev = Device::current()?;
+    dev.require_gpu("mma_peak (it measures the tensor cores)")?;
     let sms = dev.sm_count();
     println!("device: {} ({}, {sms} SMs)", dev.name(), dev.arch());
     let iters = 4096i32;

@@ -170,6 +170,12 @@ impl Device {
         })
     }
 
+    /// An error saying that `what` needs a GPU when this is interpret mode's
+    /// host, for programs that only make sense on a GPU (benchmarks).
+    pub fn require_gpu(&self, what: &str) -> Result<()> {
+        self.gpu(what).map(|_| ())
+    }
+
     /// The device this thread uses for new tensors: the last [`Device::set_current`],
     /// else `TILEFUSE_DEVICE` / `LOCAL_RANK` / 0.
     pub fn current() -> Result<Arc<Device>> {
