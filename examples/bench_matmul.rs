@@ -8,7 +8,7 @@
 //! `--tune-only` compares the autotuner's pick with the config an untuned launch
 //! uses on this GPU (the Hopper path's default on an H100/H200), at the large
 //! shapes above and at LLM layer shapes (prefill-sized M, ragged sizes), each
-//! timed sustained, with cuBLAS for scale.
+//! timed sustained in interleaved rounds (median of 5), with cuBLAS for scale.
 //!
 //! For each shape it times, sustained (each after 300 ms of running it), cuBLAS,
 //! tilefuse's portable (`mma.sync`) default config, the default with its last wave not split along K
@@ -179,7 +179,6 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
         // Untuned: the default this launch resolves (autotuning is off here).
         let c = matmul(&a, &b)?;
         ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
-        let default_ms = settled(dev, reps, &mut || matmul(&a, &b).map(drop))?.median_ms;
         if default.stage {
             // What the default was before operands were staged: the portable path
             // loading the unaligned rows as they are.
@@ -190,6 +189,7 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
             let ms = matmul::kernel().with_config(before.clone(), || {
                 settled(dev, reps, &mut || matmul(&a, &b).map(drop))
             })?;
+            let default_ms = settled(dev, reps, &mut || matmul(&a, &b).map(drop))?.median_ms;
             println!(
                 "  {m}x{n}x{k}: unstaged portable default {before} {:.4} ms; staged default {default} {default_ms:.4} ms",
                 ms.median_ms
@@ -198,26 +198,41 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
         }
         // The default with stream-K instead of the split tail, for the record
         // (the tuner weighs it as one of its moves).
-        let stream_k_ms = if default.wgmma {
-            let sk = default.clone().stream_k(true);
+        let stream_k = default.wgmma.then(|| default.clone().stream_k(true));
+        if let Some(sk) = &stream_k {
             let c = matmul::kernel().with_config(sk.clone(), || matmul(&a, &b))?;
             ok &= rel_error_tensors(&c, &reference)? <= 1e-2;
-            let t = matmul::kernel()
-                .with_config(sk, || settled(dev, reps, &mut || matmul(&a, &b).map(drop)))?;
-            Some(t.median_ms)
-        } else {
-            None
-        };
-        let (cfg, tuned_ms, secs, right) =
-            tune_and_time(dev, level, [&a, &b, &reference], reps, &default)?;
+        }
+        let (cfg, secs, right) = tune(dev, level, [&a, &b, &reference], &default)?;
         ok &= right;
+        // Interleaved rounds: every variant timed once per round (sustained),
+        // so drifting clocks weigh on all alike; the median of the rounds. A
+        // tuned config equal to the default is not timed again: its ratio is 1.
+        let mut variants = vec![Some(default.clone()), stream_k.clone()];
+        variants.push((cfg != default).then(|| cfg.clone()));
+        let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 1];
         let mut out = Tensor::<bf16>::empty([m, n])?;
-        let cublas_ms = settled(dev, reps, &mut || {
-            tilefuse::cublas::matmul_into(&mut out, &a, &b)
-        })?
-        .median_ms;
+        for _ in 0..ROUNDS {
+            for (v, times) in variants.iter().zip(&mut rounds) {
+                if let Some(c) = v {
+                    let t = matmul::kernel().with_config(c.clone(), || {
+                        settled(dev, reps, &mut || matmul(&a, &b).map(drop))
+                    })?;
+                    times.push(t.median_ms);
+                }
+            }
+            let t = settled(dev, reps, &mut || {
+                tilefuse::cublas::matmul_into(&mut out, &a, &b)
+            })?;
+            rounds[variants.len()].push(t.median_ms);
+        }
+        let med: Vec<Option<f64>> = rounds.iter().map(|r| median(r)).collect();
+        let default_ms = med[0].unwrap_or(f64::NAN);
+        let stream_k_ms = med[1];
+        let tuned_ms = med[2].unwrap_or(default_ms);
+        let cublas_ms = med[3].unwrap_or(f64::NAN);
         println!(
-            "  {m}x{n}x{k}: default {default_ms:.4} ms, tuned ({secs:.1} s) {cfg} {tuned_ms:.4} ms, {:.3}x; cuBLAS {cublas_ms:.4} ms",
+            "  {m}x{n}x{k}: default {default_ms:.4} ms, tuned ({secs:.1} s) {cfg} {tuned_ms:.4} ms, {:.3}x; cuBLAS {cublas_ms:.4} ms ({ROUNDS} interleaved rounds)",
             default_ms / tuned_ms
         );
         let cfg = if cfg == default {
@@ -257,8 +272,7 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
             100.0 * c / t
         );
     }
-    // Where the tuner kept the default, both times are the same kernel's: their
-    // ratio is timing noise, not a result.
+    // Where the tuner kept the default there is one kernel, timed once.
     let picked: Vec<_> = rows.iter().filter(|r| r.5 != "the default").collect();
     let faster = picked.iter().filter(|r| r.1 / r.2 > 1.01).count();
     let slower = picked.iter().filter(|r| r.1 / r.2 < 0.99).count();
@@ -525,13 +539,14 @@ fn run() -> tilefuse::Result<bool> {
 /// Tunes `a · b` at `level` and times the winner like the default: its
 /// config, its median ms, the seconds tuning took, and whether the tuned
 /// launch's result matched `reference`.
-fn tune_and_time(
+/// Tunes `matmul` for `a`·`b` at `level`: the pick (the default when nothing
+/// beat it), the seconds tuning took, and whether its output matched.
+fn tune(
     dev: &Device,
     level: Effort,
     [a, b, reference]: [&Tensor<bf16>; 3],
-    reps: usize,
     default: &Config,
-) -> tilefuse::Result<(Config, f64, f64, bool)> {
+) -> tilefuse::Result<(Config, f64, bool)> {
     autotune::set_effort(Some(level));
     let t0 = std::time::Instant::now();
     let c = matmul(a, b);
@@ -540,11 +555,34 @@ fn tune_and_time(
     autotune::set_effort(Some(Effort::Off));
     let right = rel_error_tensors(&c?, reference)? <= 1e-2;
     let cfg = autotune::last_choice("matmul").unwrap_or_else(|| default.clone());
+    Ok((cfg, secs, right))
+}
+
+/// [`tune`], then the pick timed sustained.
+fn tune_and_time(
+    dev: &Device,
+    level: Effort,
+    operands: [&Tensor<bf16>; 3],
+    reps: usize,
+    default: &Config,
+) -> tilefuse::Result<(Config, f64, f64, bool)> {
+    let (cfg, secs, right) = tune(dev, level, operands, default)?;
+    let [a, b, _] = operands;
     let t = matmul::kernel().with_config(cfg.clone(), || {
         settled(dev, reps, &mut || matmul(a, b).map(drop))
     })?;
     Ok((cfg, t.median_ms, secs, right))
 }
+
+/// The median of `v`, `None` when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    (!s.is_empty()).then(|| s[s.len() / 2])
+}
+
+/// `--tune-only` times its variants in this many interleaved rounds.
+const ROUNDS: usize = 5;
 
 /// Times `f` (median of `reps`, L2 flushed) after running it for 300 ms: the
 /// GPU's clocks follow the power draw of the kernel before, and a kernel timed
