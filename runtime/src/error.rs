@@ -43,20 +43,6 @@ pub enum Error {
         seen: i64,
         timeout_ms: u64,
     },
-    /// The program owning a tile split along K stopped waiting for the tile's
-    /// other parts: some program of the launch never ran its part.
-    #[error(
-        "kernel `{kernel}`: split tile {tile} was still missing parts after {timeout_ms} ms \
-         ({arrived} of {others} other parts had counted in); the launch's programs did not all get to run \
-         (another kernel holding the SMs?); TILEFUSE_SPLIT_TAIL=0 turns splitting off"
-    )]
-    SplitTimeout {
-        kernel: String,
-        tile: i64,
-        others: i64,
-        arrived: i64,
-        timeout_ms: u64,
-    },
     /// A `wait` asked for a flag outside its flag tensor.
     #[error("kernel `{kernel}` at `{site}`: flag index {index} is outside the flag tensor of length {len}")]
     WaitIndex {

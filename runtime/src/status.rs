@@ -8,9 +8,7 @@ use crate::device::Device;
 use crate::error::{driver, Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use tilefuse_codegen::emit::prelude::{
-    STATUS_SPLIT_TIMEOUT, STATUS_WAIT_INDEX, STATUS_WAIT_TIMEOUT, STATUS_WORDS,
-};
+use tilefuse_codegen::emit::prelude::{STATUS_WAIT_INDEX, STATUS_WAIT_TIMEOUT, STATUS_WORDS};
 
 struct Sites {
     kernel: String,
@@ -101,13 +99,6 @@ pub(crate) fn check(dev: &Device) -> Result<()> {
             site: site_text,
             index,
             len: expected,
-        },
-        STATUS_SPLIT_TIMEOUT => Error::SplitTimeout {
-            kernel,
-            tile: index,
-            others: expected,
-            arrived: seen,
-            timeout_ms: wait_timeout_ms(),
         },
         c => {
             debug_assert_eq!(c, STATUS_WAIT_TIMEOUT);

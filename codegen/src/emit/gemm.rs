@@ -367,18 +367,11 @@ pub(super) struct FixupSite<'a> {
     pub leave: &'a str,
 }
 
-/// The parts of a split tile meet here. Part 0 (the tile's first K steps)
-/// owns the tile: every other part writes its partial accumulators to scratch
-/// (fragment order, coalesced), fences and counts in, and is done; the owner
-/// waits (bounded) until they all have, adds their partials to its own
-/// accumulators in part order (so the sum does not depend on timing) and runs
-/// the epilogue. One write and one read of each partial tile, where "the last
-/// to arrive adds them all" moved every part's twice.
-///
-/// The owner never waits on a program that waits for it: a non-owner part
-/// counts in before anything it does later, and programs start in order, the
-/// owner (a lower-numbered program, or in stream-K the end of one) before its
-/// parts. The owner gives up when the launch already failed.
+/// The parts of a split tile meet here: each writes its partial accumulators to
+/// scratch (fragment order, coalesced), the last to arrive adds all parts in part
+/// order from there (so the sum does not depend on arrival order) and runs the
+/// epilogue; the others are done. The classic fence / counter handshake: writes, fence, barrier,
+/// one atomic; then the last block fences again before reading.
 pub(super) fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize, site: &FixupSite) {
     let count = mi * ni * 4;
     let FixupSite {
@@ -391,27 +384,32 @@ pub(super) fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize, site:
         o,
         r#"{head}
     float* tf_p = tf_partials + slot * tf_ways * {tile_floats}ll;
-    if (tf_part > 0) {{
-      #pragma unroll
-      for (int i = 0; i < {mi}; ++i)
-      #pragma unroll
-      for (int j = 0; j < {ni}; ++j)
-      #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        tf_st_cg(tf_p + ((long long)tf_part * {count} + (i * {ni} + j) * 4 + r) * {nt} + {tid}, acc[i][j][r]);
-      __threadfence();
-      {sync}
-      if ({tid} == 0) atomicAdd(tf_counters + slot, 1u);
-      {leave}
-    }}
-    __shared__ int tf_parts_in;
-    if ({tid} == 0)
-      tf_parts_in = tf_wait_parts(tf_counters + slot, (tf_u32)(tf_w - 1), tf_timeout_ns, tf_st, tf_site_base, slot);
-    {sync}
-    if (!tf_parts_in) {leave}
+    #pragma unroll
+    for (int i = 0; i < {mi}; ++i)
+    #pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+    #pragma unroll
+    for (int r = 0; r < 4; ++r)
+      tf_st_cg(tf_p + ((long long)tf_part * {count} + (i * {ni} + j) * 4 + r) * {nt} + {tid}, acc[i][j][r]);
     __threadfence();
-    // A part's loads are independent, so they overlap (a per-element loop over
-    // the parts waited out one L2 round trip per load).
+    {sync}
+    __shared__ int tf_last;
+    if ({tid} == 0) tf_last = atomicAdd(tf_counters + slot, 1u) == (unsigned)(tf_w - 1);
+    {sync}
+    if (!tf_last) {leave}
+    __threadfence();
+    // Every part, this one's too, is read back from scratch in part order into
+    // the accumulators (dead since they were written out). Part 0 is peeled so
+    // the accumulators are not live into the loop (that cost 150 bytes of spills
+    // in the K loop), and a part's loads are independent, so they overlap (a
+    // per-element loop over the parts waited out one L2 round trip per load).
+    #pragma unroll
+    for (int i = 0; i < {mi}; ++i)
+    #pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+    #pragma unroll
+    for (int r = 0; r < 4; ++r)
+      acc[i][j][r] = tf_ld_cg(tf_p + ((i * {ni} + j) * 4 + r) * {nt} + {tid});
     #pragma unroll 1
     for (int q = 1; q < tf_w; ++q) {{
       const float* src = tf_p + (long long)q * {count} * {nt} + {tid};

@@ -8,8 +8,6 @@ pub const STATUS_OK: u32 = 0;
 pub const STATUS_WAIT_TIMEOUT: u32 = 1;
 /// A `wait` was asked for a flag index outside its flag tensor.
 pub const STATUS_WAIT_INDEX: u32 = 2;
-/// The owner of a split tile gave up waiting for the tile's other parts.
-pub const STATUS_SPLIT_TIMEOUT: u32 = 3;
 
 /// Layout of the status block, in 8-byte words: code, site, index, expected, seen.
 pub const STATUS_WORDS: usize = 5;
@@ -87,25 +85,6 @@ __device__ __noinline__ void tf_record(tf_status* st, tf_u64 code, tf_u64 site, 
   tf_u64 old;
   asm volatile("atom.global.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(&st->code), "l"(0ull), "l"(code) : "memory");
   if (old == 0ull) { st->site = site; st->index = index; st->expected = expected; st->seen = seen; }
-}
-
-// The owner of a split tile (one thread) waits until `want` other parts have
-// counted in. It gives up at once when the launch has failed already (the status
-// block holds an error: a part that gave up on a `wait` never counts in), or
-// after timeout_ns, recording the tile.
-__device__ __noinline__ bool tf_wait_parts(const tf_u32* counter, tf_u32 want, tf_u64 timeout_ns,
-                                           tf_status* st, tf_u64 site, long long tile) {
-  const tf_u64 t0 = tf_globaltimer();
-  tf_u32 ns = 32;
-  while (true) {
-    tf_u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-    if (v >= want) return true;
-    if (*(volatile tf_u64*)&st->code != 0ull) return false;
-    if (tf_globaltimer() - t0 > timeout_ns) { tf_record(st, 3ull, site, tile, (long long)want, (long long)v); return false; }
-    tf_nanosleep(ns);
-    if (ns < 1024) ns *= 2;
-  }
 }
 
 // Spins (one thread) until flags[idx] >= value. Bounded: after timeout_ns it records
