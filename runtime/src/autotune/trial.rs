@@ -212,6 +212,21 @@ impl<'a> Trial<'a> {
         Ok(())
     }
 
+    /// [`Trial::time`] after running the candidate for `settle`: the GPU's
+    /// clocks follow the power the work before draws, so this is the time under
+    /// sustained load (what a training or serving loop sees), where a short
+    /// timing gets the clocks the previous candidate left.
+    pub fn time_settled(&self, v: &Variant, settle: std::time::Duration) -> Result<Measured> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < settle {
+            for _ in 0..8 {
+                self.run(v)?;
+            }
+            self.dev.synchronize()?;
+        }
+        self.time(v)
+    }
+
     /// Times a candidate (warm-up, then the median of `reps`, L2 flushed before each).
     pub fn time(&self, v: &Variant) -> Result<Measured> {
         for _ in 0..self.warmup {

@@ -19,6 +19,10 @@ use tilefuse_codegen::{Config, ConfigSpace};
 const MIN_GAIN: f64 = 0.01;
 /// The confirmation's rounds: finalists and the default timed in turns.
 const PASSES: usize = 5;
+/// Each confirmation timing runs its candidate this long first, so the
+/// finalists are compared at sustained clocks (a config that wins short runs
+/// lost under sustained load at 8192³ and 2048×4096×11008 on an H200).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
 /// A winner must also be faster than the default in this many of the rounds
 /// (each pair timed back to back): a median gain inside the noise of large
 /// GEMMs (±2% on an H200 under sustained load) seldom wins this often.
@@ -165,9 +169,9 @@ impl Confirmed {
 }
 
 /// The fastest few (and the default) timed again, in turns, [`PASSES`] times
-/// each: the GPU's clocks drift with the load before a candidate, so a single
-/// timing per candidate can rank two close configs wrongly. A finalist that
-/// misses a round is left out.
+/// each, each timing after [`SETTLE`] of running it: the GPU's clocks drift with
+/// the load before a candidate, so a single short timing per candidate can rank
+/// two close configs wrongly. A finalist that misses a round is left out.
 fn confirm(
     trial: &Trial,
     variants: &HashMap<Config, Arc<Variant>>,
@@ -190,7 +194,8 @@ fn confirm(
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); finalists.len()];
     for _ in 0..PASSES {
         for (i, c) in finalists.iter().enumerate() {
-            if let Some(Ok(Measured::Time(t))) = variants.get(c).map(|v| trial.time(v)) {
+            let timed = variants.get(c).map(|v| trial.time_settled(v, SETTLE));
+            if let Some(Ok(Measured::Time(t))) = timed {
                 samples[i].push(t);
             }
             progress.done_one(None);
