@@ -4,8 +4,9 @@
 //! inputs, against a float64 reference built from every rank's inputs; then
 //! bad input on every rank. Run as a plain test it launches itself on every GPU
 //! it sees. Without a GPU it runs the same checks as two CPU ranks in interpret
-//! mode (shared memory, the exchange's host thread; no CUDA graphs); with
-//! TILEFUSE_REQUIRE_GPU=1 it fails instead, and TILEFUSE_INTERPRET=0 skips it.
+//! mode (shared memory, the exchange's host thread; no CUDA graphs), as it
+//! does with TILEFUSE_INTERPRET=1; without a GPU, TILEFUSE_REQUIRE_GPU=1 fails
+//! it and TILEFUSE_INTERPRET=0 skips it.
 
 #[path = "dist_ops/plans.rs"]
 mod plans;
@@ -19,6 +20,7 @@ use tilefuse::ops::{
 };
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
+use tilefuse::runtime::mode::{self, Mode};
 use tilefuse::verify::{matmul_f64, poisoned, random_vec, rel_error, Rng};
 
 type R<T> = Result<T, String>;
@@ -423,17 +425,26 @@ fn main() -> ExitCode {
     }
     let require = std::env::var("TILEFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1");
     let gpus = tilefuse::Device::count().unwrap_or(0);
-    let interpret = gpus == 0;
-    if interpret {
+    let asked = match mode::asked(std::env::var("TILEFUSE_INTERPRET").ok().as_deref()) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("dist_ops: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let interpret = gpus == 0 || asked == Some(Mode::Interpret);
+    if gpus == 0 {
         if require {
             eprintln!("dist_ops: no GPU, and TILEFUSE_REQUIRE_GPU=1");
             return ExitCode::FAILURE;
         }
-        if std::env::var("TILEFUSE_INTERPRET").is_ok_and(|v| v == "0") {
-            println!("dist_ops: skipped (no GPU, and TILEFUSE_INTERPRET=0)");
+        if asked == Some(Mode::Gpu) {
+            println!("dist_ops: skipped (no GPU, and TILEFUSE_INTERPRET asks for one)");
             return ExitCode::SUCCESS;
         }
-        println!("dist_ops: no GPU: two CPU ranks in interpret mode");
+    }
+    if interpret {
+        println!("dist_ops: two CPU ranks in interpret mode");
     }
     let ranks = if interpret { 2 } else { gpus };
     let Ok(me) = std::env::current_exe() else {

@@ -42,8 +42,8 @@ impl Default for Options {
 }
 
 /// Runs every program of `kernel` on the host, taken in grid order by one
-/// thread per core, with `config`'s
-/// block sizes: `tensors` and `scalars` in the kernel's parameter order,
+/// thread per core ([`Options::threads`]), with `config`'s block sizes:
+/// `tensors` and `scalars` in the kernel's parameter order,
 /// `constexprs` the values of its `#[constexpr]` parameters. Stores go to the
 /// tensors' memory; a `wait` waits up to 10 s for another thread or process to
 /// set its flag ([`run_with`] sets the time).

@@ -72,8 +72,15 @@ pub fn set_mode(want: Mode) -> Result<()> {
     }
 }
 
-/// The mode `TILEFUSE_INTERPRET` asks for (`None`: unset, decide by the GPU).
-fn asked(value: Option<&str>) -> Result<Option<Mode>> {
+/// The mode a value of `TILEFUSE_INTERPRET` asks for (`None`: unset, decide
+/// by the GPU), for tools that start processes and must read it as they will.
+///
+/// ```
+/// use tilefuse_runtime::mode::{asked, Mode};
+/// assert_eq!(asked(Some("false")).unwrap(), Some(Mode::Gpu));
+/// assert!(asked(Some("maybe")).is_err());
+/// ```
+pub fn asked(value: Option<&str>) -> Result<Option<Mode>> {
     match value {
         None => Ok(None),
         Some("1") | Some("true") => Ok(Some(Mode::Interpret)),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tilefuse_codegen::{Config, ConfigSpace};
 
-/// A winner must beat the default config by this fraction (timing noise is ~1%).
+/// A winner must beat the default config by this fraction at the median.
 const MIN_GAIN: f64 = 0.01;
 /// The confirmation's rounds: finalists and the default timed in turns.
 const PASSES: usize = 5;

@@ -24,13 +24,16 @@
 
 use super::group::ProcessGroup;
 use super::stream_ops;
-use super::symmetric::SymmetricMemory;
+use super::symmetric::{shm_error, SymmetricMemory};
 use crate::element::Element;
 use crate::error::{argument, driver, Error, Result};
 use crate::side_stream::SideStream;
 use crate::tensor::Tensor;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Errors of the host copy thread (interpret mode) say this.
+const CONTEXT: &str = "AllGather (interpret mode)";
 
 /// A reusable all-gather of `[rows, cols]` shards into a `[world × rows, cols]`
 /// tensor, with one progress flag per chunk.
@@ -238,7 +241,7 @@ impl<T: Element> AllGather<T> {
             None => Ok(()),
             Some(t) => t.join().unwrap_or_else(|_| {
                 Err(Error::Distributed {
-                    context: "AllGather (interpret mode)".into(),
+                    context: CONTEXT.into(),
                     message: "the copy thread panicked".into(),
                 })
             }),
@@ -268,10 +271,7 @@ impl<T: Element> AllGather<T> {
         let flag = move |p: usize, c: usize| -> Result<()> {
             progress
                 .store_flag(flag0 + p * splits + c, epoch)
-                .map_err(|e| Error::Distributed {
-                    context: "AllGather (interpret mode)".into(),
-                    message: e.to_string(),
-                })
+                .map_err(shm_error(CONTEXT))
         };
         let copy = move || -> Result<()> {
             // Every shard is written before anyone reads it.
@@ -284,12 +284,12 @@ impl<T: Element> AllGather<T> {
                 let p = (rank + i) % world;
                 for c in 0..splits {
                     let at = first_byte + p * shard_bytes + c * chunk_bytes;
-                    let shm = |e: tilefuse_interpret::InterpretError| Error::Distributed {
-                        context: "AllGather (interpret mode)".into(),
-                        message: e.to_string(),
-                    };
-                    pad.mems[p].read_bytes(at, &mut chunk).map_err(shm)?;
-                    pad.mems[rank].write_bytes(at, &chunk).map_err(shm)?;
+                    pad.mems[p]
+                        .read_bytes(at, &mut chunk)
+                        .map_err(shm_error(CONTEXT))?;
+                    pad.mems[rank]
+                        .write_bytes(at, &chunk)
+                        .map_err(shm_error(CONTEXT))?;
                     flag(p, c)?;
                 }
             }
