@@ -3,7 +3,11 @@
 //! ```text
 //! cargo run --release --example bench_matmul [-- --sweep] [--tune]
 //! cargo run --release --example bench_matmul -- --tune-only [--shapes MxNxK,...]
+//! cargo run --release --example bench_matmul -- --epilogue [--shapes MxNxK,...]
 //! ```
+//!
+//! `--epilogue` times the Hopper default with and without the TMA-store
+//! epilogue (`Config::tma_store`) at the same shapes.
 //!
 //! `--tune-only` compares the autotuner's pick with the config an untuned launch
 //! uses on this GPU (the Hopper path's default on an H100/H200), at the large
@@ -210,23 +214,7 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
         // tuned config equal to the default is not timed again: its ratio is 1.
         let mut variants = vec![Some(default.clone()), stream_k.clone()];
         variants.push((cfg != default).then(|| cfg.clone()));
-        let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 1];
-        let mut out = Tensor::<bf16>::empty([m, n])?;
-        for _ in 0..ROUNDS {
-            for (v, times) in variants.iter().zip(&mut rounds) {
-                if let Some(c) = v {
-                    let t = matmul::kernel().with_config(c.clone(), || {
-                        settled(dev, reps, &mut || matmul(&a, &b).map(drop))
-                    })?;
-                    times.push(t.median_ms);
-                }
-            }
-            let t = settled(dev, reps, &mut || {
-                tilefuse::cublas::matmul_into(&mut out, &a, &b)
-            })?;
-            rounds[variants.len()].push(t.median_ms);
-        }
-        let med: Vec<Option<f64>> = rounds.iter().map(|r| median(r)).collect();
+        let med = interleaved(dev, reps, &variants, &a, &b)?;
         let default_ms = med[0].unwrap_or(f64::NAN);
         let stream_k_ms = med[1];
         let tuned_ms = med[2].unwrap_or(default_ms);
@@ -284,6 +272,84 @@ fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bo
     Ok(ok)
 }
 
+/// `--epilogue` (sm_90): the Hopper default storing fragments against the
+/// same config with the TMA-store epilogue (`Config::tma_store`, the default
+/// where the output allows it), in interleaved rounds with cuBLAS, each
+/// checked first.
+fn epilogue_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
+    let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
+    let mut ok = true;
+    println!("\n| M×N×K | fragment stores ms | TMA store ms | fragments / TMA store | TMA store / cuBLAS |");
+    println!("|---|---|---|---|---|");
+    for [m, n, k] in shapes {
+        let default = matmul::kernel()
+            .default_for(dev, &spec_at(n, k)?)?
+            .tma_store(false);
+        let tma = default.clone().tma_store(true);
+        if !default.wgmma || matmul::kernel().lower(&spec_at(n, k)?, &tma).is_err() {
+            println!("| {m}×{n}×{k} | {default} cannot take the TMA store: skipped | | | |");
+            continue;
+        }
+        let a = random_tensor::<bf16>([m, k], 1.0)?;
+        let b = random_tensor::<bf16>([k, n], 1.0)?;
+        let mut out = Tensor::<bf16>::empty([m, n])?;
+        tilefuse::cublas::matmul_into(&mut out, &a, &b)?;
+        let variants = [default, tma];
+        for c in &variants {
+            let got = matmul::kernel().with_config(c.clone(), || matmul(&a, &b))?;
+            let err = rel_error_tensors(&got, &out)?;
+            if err > 1e-2 {
+                println!("  {m}x{n}x{k} {c}: rel err {err:.2e} FAILED");
+                ok = false;
+            }
+        }
+        let reps = if m * n * k > 1 << 32 { 20 } else { 50 };
+        let variants = variants.map(Some);
+        let med: Vec<f64> = interleaved(dev, reps, &variants, &a, &b)?
+            .into_iter()
+            .map(|t| t.unwrap_or(f64::NAN))
+            .collect();
+        println!(
+            "| {m}×{n}×{k} | {:.4} | {:.4} | {:.3} | {:.0}% |",
+            med[0],
+            med[1],
+            med[0] / med[1],
+            100.0 * med[2] / med[1]
+        );
+    }
+    Ok(ok)
+}
+
+/// Each config of `variants` (`None`: skipped) and then cuBLAS timed once per
+/// round (sustained) for `ROUNDS` rounds, so drifting clocks weigh on all
+/// alike: the median of each's rounds, cuBLAS's last.
+fn interleaved(
+    dev: &std::sync::Arc<Device>,
+    reps: usize,
+    variants: &[Option<Config>],
+    a: &Tensor<bf16>,
+    b: &Tensor<bf16>,
+) -> tilefuse::Result<Vec<Option<f64>>> {
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 1];
+    let ([m, _], [_, n]) = (a.shape::<2>(), b.shape::<2>());
+    let mut out = Tensor::<bf16>::empty([m, n])?;
+    for _ in 0..ROUNDS {
+        for (v, times) in variants.iter().zip(&mut rounds) {
+            if let Some(c) = v {
+                let t = matmul::kernel().with_config(c.clone(), || {
+                    settled(dev, reps, &mut || matmul(a, b).map(drop))
+                })?;
+                times.push(t.median_ms);
+            }
+        }
+        let t = settled(dev, reps, &mut || {
+            tilefuse::cublas::matmul_into(&mut out, a, b)
+        })?;
+        rounds[variants.len()].push(t.median_ms);
+    }
+    Ok(rounds.iter().map(|r| median(r)).collect())
+}
+
 fn run() -> tilefuse::Result<bool> {
     let sweep = std::env::args().any(|a| a == "--sweep");
     // --tune: also tune each shape (TILEFUSE_AUTOTUNE's level; quick if off) and
@@ -305,6 +371,9 @@ fn run() -> tilefuse::Result<bool> {
     );
     if std::env::args().any(|a| a == "--tune-only") {
         return tune_only(&dev, level);
+    }
+    if std::env::args().any(|a| a == "--epilogue") {
+        return epilogue_ab(&dev);
     }
     let mut rows = Vec::new();
     let mut all_ok = true;

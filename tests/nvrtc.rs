@@ -123,7 +123,8 @@ fn wgmma_matmul_compiles_for_sm_90a() {
     }
     let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
     std::env::set_var("TILEFUSE_SKIP_CACHE", "1");
-    let configs = common::wgmma_configs();
+    let mut configs = common::wgmma_configs();
+    configs.extend(common::tma_store_configs());
     for def in [
         matmul::matmul::kernel(),
         bias_gelu::matmul_bias_gelu::kernel(),

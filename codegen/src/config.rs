@@ -47,6 +47,15 @@ pub struct Config {
     /// K only when it leaves half the SMs idle or more. See `runtime::split_tail`.
     #[serde(default)]
     pub stream_k: bool,
+    /// Hopper matmuls: the epilogue writes the output tile into shared memory
+    /// and the TMA unit stores it (`cp.async.bulk.tensor`), instead of every
+    /// thread storing its fragments to global memory: far fewer store
+    /// instructions, and the consumers go on to the next tile while the TMA
+    /// unit writes. Needs a bf16/f16 output stored as the whole `[M, N]` tile,
+    /// with TMA's alignment, and a tile's worth of shared memory (`BM × BN × 2`
+    /// bytes, so usually one pipeline stage fewer).
+    #[serde(default)]
+    pub tma_store: bool,
     /// Row kernels (reductions): the resident threads per SM the launch bounds ask
     /// for, which caps each thread's registers at `65536 / occupancy`. More
     /// threads keep more loads in flight; fewer leave registers for wide rows.
@@ -71,6 +80,7 @@ impl Config {
             cluster_m: 1,
             stage: false,
             stream_k: false,
+            tma_store: false,
             occupancy: 0,
         }
     }
@@ -120,6 +130,12 @@ impl Config {
         self
     }
 
+    /// The TMA-store epilogue of a Hopper matmul; see [`Config::tma_store`].
+    pub fn tma_store(mut self, on: bool) -> Config {
+        self.tma_store = on;
+        self
+    }
+
     /// Resident threads per SM for a row kernel; see [`Config::occupancy`].
     pub fn occupancy(mut self, threads: usize) -> Config {
         self.occupancy = threads;
@@ -152,6 +168,9 @@ impl std::fmt::Display for Config {
         }
         if self.stream_k {
             write!(f, ", stream_k")?;
+        }
+        if self.tma_store {
+            write!(f, ", tma_store")?;
         }
         if self.occupancy != 0 {
             write!(f, ", occupancy={}", self.occupancy)?;
@@ -187,9 +206,10 @@ pub struct Target {
 
 /// The Hopper path's default matmul config: 128x256x64 blocks, two consumer
 /// warpgroups, 4 stages (3 where shared memory is short), a persistent grid of
-/// block pairs that share B tiles through multicast: 97-98% of cuBLAS at large
-/// bf16 shapes on an H200, the fastest of the Hopper configs measured there
-/// (docs/PERFORMANCE.md).
+/// block pairs that share B tiles through multicast, the fastest of the Hopper
+/// configs measured on an H200 at large bf16 shapes; with the TMA-store
+/// epilogue ([`default_config_for`] adds it where the output allows) 103-108% of
+/// cuBLAS there (docs/PERFORMANCE.md).
 pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> Option<Config> {
     let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel).ok()? else {
         return None;
@@ -214,8 +234,9 @@ pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> 
 
 /// The config a launch uses without tuning: on a [`Target`] with `wgmma`, the
 /// Hopper path when this specialization can take it (16-bit operands with rows
-/// TMA can load, or that can be staged into such rows: [`Config::stage`]), else
-/// [`default_config_within`].
+/// TMA can load, or that can be staged into such rows: [`Config::stage`]),
+/// with the TMA-store epilogue where the output takes it ([`Config::tma_store`]),
+/// else [`default_config_within`].
 pub fn default_config_for(
     kernel: &crate::ir::Kernel,
     spec: &crate::spec::Spec,
@@ -225,8 +246,17 @@ pub fn default_config_for(
     let kernel = specialized.as_deref().unwrap_or(kernel);
     if target.wgmma {
         if let Some(c) = default_wgmma_config(kernel, target.shared_limit) {
+            // The TMA-store epilogue where the output allows it and it fits:
+            // 2-10% faster at every shape measured on an H100 (docs/PERFORMANCE.md).
+            let with_tma = |c: Config| {
+                let t = c.clone().tma_store(true);
+                match crate::emit::lower(kernel, spec, &t) {
+                    Ok(l) if l.shared_bytes as usize <= target.shared_limit => t,
+                    _ => c,
+                }
+            };
             if crate::emit::lower(kernel, spec, &c).is_ok() {
-                return c;
+                return with_tma(c);
             }
             // Operands TMA cannot load as they are: copied into aligned scratch,
             // the Hopper path still beats the portable one's narrow loads by far.
@@ -234,7 +264,7 @@ pub fn default_config_for(
             if !crate::staging::unaligned_operands(kernel, spec).is_empty()
                 && crate::emit::lower(kernel, spec, &staged).is_ok()
             {
-                return staged;
+                return with_tma(staged);
             }
         }
     }

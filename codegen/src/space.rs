@@ -32,6 +32,9 @@ pub enum Axis {
     /// Matmuls with unaligned operands: load them as they are (0) or copy them
     /// into aligned scratch first (1); see [`Config::stage`].
     Stage,
+    /// Hopper matmuls: the epilogue stores fragments (0) or stages boxes for
+    /// the TMA unit to store (1); see [`Config::tma_store`].
+    TmaStore,
     /// Row kernels: resident threads per SM (0: derived); see [`Config::occupancy`].
     Occupancy(Vec<usize>),
 }
@@ -41,7 +44,7 @@ impl Axis {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
             Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) | Axis::Occupancy(v) => v,
-            Axis::Persistent | Axis::Stage | Axis::StreamK => &[0, 1],
+            Axis::Persistent | Axis::Stage | Axis::StreamK | Axis::TmaStore => &[0, 1],
         }
     }
 
@@ -55,6 +58,7 @@ impl Axis {
             Axis::ClusterM(_) => c.cluster_m,
             Axis::Stage => usize::from(c.stage),
             Axis::StreamK => usize::from(c.stream_k),
+            Axis::TmaStore => usize::from(c.tma_store),
             Axis::Occupancy(_) => c.occupancy,
         }
     }
@@ -69,6 +73,7 @@ impl Axis {
             Axis::ClusterM(_) => c.cluster_m = v,
             Axis::Stage => c.stage = v != 0,
             Axis::StreamK => c.stream_k = v != 0,
+            Axis::TmaStore => c.tma_store = v != 0,
             Axis::Occupancy(_) => c.occupancy = v,
         }
     }
@@ -84,6 +89,7 @@ impl Axis {
             Axis::ClusterM(_) => "cluster_m".into(),
             Axis::Stage => "stage".into(),
             Axis::StreamK => "stream_k".into(),
+            Axis::TmaStore => "tma_store".into(),
             Axis::Occupancy(_) => "occupancy".into(),
         }
     }
@@ -149,6 +155,7 @@ impl ConfigSpace {
             axes.push(Axis::Persistent);
             axes.push(Axis::ClusterM(vec![1, 2]));
             axes.push(Axis::StreamK);
+            axes.push(Axis::TmaStore);
         }
         let stageable = !crate::staging::unaligned_operands(kernel, spec).is_empty();
         if stageable {
@@ -347,7 +354,7 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
         (128, 192, 8, 4, false, 1),
     ];
     let take = if quick { 4 } else { PROVEN.len() };
-    PROVEN[..take]
+    let mut out: Vec<Config> = PROVEN[..take]
         .iter()
         .map(|&(bm, bn, w, s, p, cl)| {
             let mut bs = vec![64; dims];
@@ -361,7 +368,12 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
                 .persistent(p)
                 .cluster_m(cl)
         })
-        .collect()
+        .collect();
+    // The fastest with the TMA-store epilogue second (where the output allows
+    // it; `fits` drops it elsewhere).
+    let tma = out[0].clone().tma_store(true);
+    out.insert(1, tma);
+    out
 }
 
 /// Row (reducing) kernels: the columns per step of each `tile()` loop, the rows

@@ -1503,3 +1503,78 @@ fn lower_wgmma_stream_k() {
     let portable = Config::new(&[128, 256, 64]).num_warps(8).stream_k(true);
     expect_config_err(lower(&k, &spec, &portable), "stream-K");
 }
+
+/// The TMA-store epilogue: the output's descriptor among the parameters,
+/// staging boxes after the ring, the fragments written to shared memory and one
+/// thread per warpgroup storing boxes; kernels it cannot serve are config errors.
+#[test]
+fn lower_wgmma_tma_store() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let cfg = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .num_stages(3)
+        .wgmma(true)
+        .persistent(true)
+        .cluster_m(2);
+    let plain = lowered(&k, &spec, &cfg);
+    let l = lowered(&k, &spec, &cfg.clone().tma_store(true));
+    use tilefuse_codegen::Param;
+    let maps = |l: &tilefuse_codegen::Lowered| {
+        l.params
+            .iter()
+            .filter_map(|p| match p {
+                Param::TensorMap {
+                    tensor,
+                    box_inner,
+                    box_outer,
+                } => Some((*tensor, *box_inner, *box_outer)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(maps(&plain).len(), 2);
+    assert_eq!(maps(&l)[2], (2, 64, 64), "the output's map: 64 × 64 boxes");
+    assert_eq!(
+        l.shared_bytes - plain.shared_bytes,
+        2 * 2 * 64 * 64 * 2,
+        "two staging boxes per consumer warpgroup"
+    );
+    // The Hopper default's four stages still fit an H100's 227 KB.
+    let four = lowered(&k, &spec, &cfg.clone().num_stages(4).tma_store(true));
+    assert!(four.shared_bytes <= 227 * 1024, "{}", four.shared_bytes);
+    let src = kernel_part(&l);
+    assert!(src.contains("st.shared.b32 [%0], %1;"));
+    assert!(
+        !src.contains("*(tf_u32*)(t2 +"),
+        "no global stores of the tile"
+    );
+    assert_eq!(src.matches("tf_tma_store_2d(&tf_map_out").count(), 1);
+    assert!(src.contains("cp.async.bulk.wait_group.read 0;"));
+    assert!(src.contains("cp.async.bulk.wait_group 0;"));
+    assert!(cfg
+        .clone()
+        .tma_store(true)
+        .to_string()
+        .ends_with(", tma_store"));
+
+    // Only the Hopper path has it, and only for a TMA-able output.
+    let portable = Config::new(&[128, 256, 64]).num_warps(8).tma_store(true);
+    expect_config_err(lower(&k, &spec, &portable), "TMA-store");
+    let mut f32_out = matmul();
+    f32_out.tensors[OUT].declared = Some(DType::F32);
+    expect_config_err(
+        lower(
+            &f32_out,
+            &declared_spec(&f32_out),
+            &cfg.clone().tma_store(true),
+        ),
+        "bf16 or f16",
+    );
+    let mut unaligned = spec.clone();
+    unaligned.tensors[2].align = 4;
+    expect_config_err(
+        lower(&k, &unaligned, &cfg.clone().tma_store(true)),
+        "16-byte aligned",
+    );
+}

@@ -143,6 +143,9 @@ fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
     assert!(space.default_config().wgmma, "{}", space.default_config());
     let seeds = space.seeds(&spec, true);
     assert!(seeds.iter().filter(|c| c.wgmma).count() >= 3, "{seeds:?}");
+    // The TMA-store epilogue: an axis, and the fastest seed's twin in the quick set.
+    assert!(space.axes().contains(&Axis::TmaStore));
+    assert!(seeds.contains(&space.default_config().clone().tma_store(true)));
     assert!(
         seeds.iter().any(|c| !c.wgmma),
         "the portable path stays in the space"
@@ -162,6 +165,8 @@ fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
     assert!(space.axes().contains(&Axis::Stage));
     let seeds = space.seeds(&ragged, false);
     assert!(seeds.iter().filter(|c| c.wgmma).all(|c| c.stage));
+    // The output's rows are not 16-byte aligned either: no TMA store.
+    assert!(seeds.iter().all(|c| !c.tma_store), "{seeds:?}");
     assert!(seeds.iter().any(|c| !c.wgmma && c.stage));
     assert!(seeds.iter().any(|c| !c.wgmma && !c.stage));
     for c in &seeds {

@@ -175,3 +175,37 @@ pub fn wgmma_configs() -> Vec<tilefuse::Config> {
             .stream_k(true),
     ]
 }
+
+/// Hopper configs with the TMA-store epilogue (`Config::tma_store`; outputs
+/// must be bf16/f16 with 16-byte aligned rows): a persistent pair, three boxes
+/// per tile row (the ring's buffers alternate across tiles), one warpgroup per
+/// tile, and stream-K (the epilogue after a fix-up).
+pub fn tma_store_configs() -> Vec<tilefuse::Config> {
+    use tilefuse::Config;
+    vec![
+        Config::new(&[128, 256, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true)
+            .persistent(true)
+            .cluster_m(2)
+            .tma_store(true),
+        Config::new(&[128, 192, 64])
+            .num_warps(8)
+            .num_stages(3)
+            .wgmma(true)
+            .tma_store(true),
+        Config::new(&[64, 256, 64])
+            .num_warps(4)
+            .num_stages(4)
+            .wgmma(true)
+            .tma_store(true),
+        Config::new(&[128, 128, 64])
+            .num_warps(8)
+            .num_stages(4)
+            .wgmma(true)
+            .persistent(true)
+            .stream_k(true)
+            .tma_store(true),
+    ]
+}

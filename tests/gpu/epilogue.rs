@@ -169,3 +169,55 @@ fn two_outputs_one_transposed() {
         assert!(e1 <= 1e-2 && e2 <= 1e-2, "{m}x{n}x{k}: rel errs {e1}, {e2}");
     }
 }
+
+/// The TMA-store epilogue (`Config::tma_store`, Hopper only) on epilogues that
+/// read other tensors, and next to a second output stored the usual way
+/// (transposed, f16): every element written, each output right.
+#[test]
+fn tma_store_epilogues_match() {
+    let Some(dev) = gpu() else { return };
+    if dev.compute_capability().0 != 9 {
+        eprintln!(
+            "SKIPPED: the TMA-store epilogue needs an sm_90 GPU, this is {}",
+            dev.arch()
+        );
+        return;
+    }
+    for [m, n, k] in SHAPES {
+        let a = random_tensor::<bf16>([m, k], 0.5).unwrap();
+        let b = random_tensor::<bf16>([k, n], 0.5).unwrap();
+        let residual = random_tensor::<bf16>([m, n], 8.0).unwrap();
+        let row_bias = random_tensor::<f32>([m], 2.0).unwrap();
+        let c = host(&tilefuse::cublas::matmul(&a, &b).unwrap());
+        let (r, rb) = (host(&residual), host(&row_bias));
+        let relu_ref: Vec<f64> = (0..m * n)
+            .map(|i| (c[i] * 0.75 + r[i] + rb[i / n]).max(0.0))
+            .collect();
+        let ref1: Vec<f64> = c.iter().map(|&x| sigmoid(x)).collect();
+        let ref2: Vec<f64> = (0..n * m).map(|i| c[(i % m) * n + i / m] - 1.0).collect();
+        for cfg in crate::common::tma_store_configs() {
+            let out = poisoned::<bf16>([m, n]).unwrap();
+            scaled_residual_relu::kernel()
+                .with_config(cfg.clone(), || {
+                    scaled_residual_relu(&a, &b, &residual, &row_bias, 0.75, &out)
+                })
+                .unwrap_or_else(|e| panic!("{m}x{n}x{k} {cfg}: {e}"));
+            let err = err_vs(&out, &relu_ref);
+            assert!(
+                err <= 1e-2,
+                "scaled_residual_relu {m}x{n}x{k} {cfg}: rel err {err}"
+            );
+
+            let out = poisoned::<bf16>([m, n]).unwrap();
+            let out_t = poisoned::<f16>([n, m]).unwrap();
+            two_outputs::kernel()
+                .with_config(cfg.clone(), || two_outputs(&a, &b, &out, &out_t))
+                .unwrap_or_else(|e| panic!("{m}x{n}x{k} {cfg}: {e}"));
+            let (e1, e2) = (err_vs(&out, &ref1), err_vs(&out_t, &ref2));
+            assert!(
+                e1 <= 1e-2 && e2 <= 1e-2,
+                "two_outputs {m}x{n}x{k} {cfg}: rel errs {e1}, {e2}"
+            );
+        }
+    }
+}

@@ -542,6 +542,7 @@ fn fragment_stores(
     let (mi, ni) = (geo.mi, geo.ni);
     let (dm, dn) = (g.m, g.n);
     let mut body = String::new();
+    let mut tma_staged = false;
     for s in stores {
         let Stmt::Store {
             tensor,
@@ -585,7 +586,15 @@ fn fragment_stores(
         );
         let pairable =
             index.last() == Some(&dn) && ts.last_contiguous && ts.dtype.is_half() && ts.align >= 4;
-        if pairable {
+        if e.tma_store.as_ref().is_some_and(|t| t.tensor == *tensor) {
+            // Into the staging boxes (see `TmaStore`); the TMA unit clips the
+            // tile to the tensor, so no masks.
+            tma_staged = true;
+            let _ = write!(
+                body,
+                "        asm volatile(\"st.shared.b32 [%0], %1;\" :: \"r\"(tf_stage_at), \"r\"((tf_u32){n0} | ((tf_u32){n1} << 16)));\n      }}\n"
+            );
+        } else if pairable {
             let _ = write!(
                 body,
                 "        if (({m1}) && (col & 1) == 0) {{\n          *(tf_u32*)(t{tensor} + {off0}) = (tf_u32){n0} | ((tf_u32){n1} << 16);\n        }} else {{\n          if ({m0}) t{tensor}[{off0}] = {n0};\n          if ({m1}) t{tensor}[{off1}] = {n1};\n        }}\n      }}\n"
@@ -596,6 +605,11 @@ fn fragment_stores(
                 "        if ({m0}) t{tensor}[{off0}] = {n0};\n        if ({m1}) t{tensor}[{off1}] = {n1};\n      }}\n"
             );
         }
+    }
+    if let (Some(t), true) = (&e.tma_store, tma_staged) {
+        let code = super::tma_store::fragment_loop(t, dm, dn, &body);
+        e.out.push_str(&code);
+        return Ok(());
     }
     let _ = write!(
         e.out,

@@ -17,6 +17,9 @@
 //! takes two vertically adjacent tiles and each loads half of their common B
 //! tile into both blocks (TMA multicast); both blocks' consumers release a stage.
 //!
+//! Epilogue: fragments stored from registers, or (`Config::tma_store`) staged
+//! box by box in shared memory and stored by the TMA unit (`tma_store`).
+//!
 //! Config: `wgmma = true`; `num_warps` counts the consumer warps (4 or 8: BM = 64
 //! or 128), the producer warpgroup comes on top; BK = 64 (one 128-byte swizzle row
 //! of 16-bit elements); BN a multiple of 64 up to 256.
@@ -29,7 +32,7 @@
 use super::gemm::{
     after_loop, before_loop, grid_rotation, grouped_tile, split_fixup, FixupSite, Geometry,
 };
-use super::{config_err, Emitter, Lowered, Param, SplitTail};
+use super::{config_err, Emitter, Lowered, Param, SplitTail, TmaStore};
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -73,6 +76,12 @@ __device__ __forceinline__ void tf_mbar_arrive_in(tf_u32 bar, tf_u32 rank) {
 __device__ __forceinline__ void tf_tma_2d_multicast(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar, tf_u16 mask) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
                :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+// The TMA-store epilogue: a box of shared memory to the tensor at (c0, c1),
+// clipped to the tensor, completing in this thread's bulk group.
+__device__ __forceinline__ void tf_tma_store_2d(const tf_tmap* map, tf_u32 src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+               :: "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(src) : "memory");
 }
 // A shared-memory matrix descriptor: 128-byte swizzle, byte offsets >> 4.
 __device__ __forceinline__ tf_u64 tf_wgmma_desc(tf_u32 addr, tf_u32 lbo, tf_u32 sbo) {
@@ -165,11 +174,23 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         });
     }
 
+    let tma_out = match c.tma_store {
+        true => Some(super::tma_store::target(e, g).map_err(err)?),
+        false => None,
+    };
+
     let stages = c.num_stages;
     let a_stage = bm * bk * 2;
     let b_stage = bk * bn * 2;
     let slab = bk * 64 * 2;
-    let tiles_bytes = stages * (a_stage + b_stage);
+    let ring_bytes = stages * (a_stage + b_stage);
+    // The TMA-store epilogue's staging boxes follow the ring (both multiples
+    // of the 1024-byte swizzle atom).
+    let stage_bytes_out = match tma_out {
+        Some(_) => consumers * super::tma_store::WG_BYTES,
+        None => 0,
+    };
+    let tiles_bytes = ring_bytes + stage_bytes_out;
     // Barriers after the tiles; 1024 bytes of slack to align the ring to a swizzle atom.
     let shared = tiles_bytes + 2 * stages * 8 + ATOM;
     let threads = 128 * (consumers + 1);
@@ -182,6 +203,16 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let (ta, tb) = (g.a, g.b);
 
     let helpers = format!("{HELPERS}{}", wgmma_fn(bn, dtype));
+    let out_map = tma_out.map(|t| {
+        (
+            Param::TensorMap {
+                tensor: t,
+                box_inner: 64,
+                box_outer: 64,
+            },
+            "const __grid_constant__ tf_tmap tf_map_out",
+        )
+    });
     let params = e.begin(
         threads,
         1,
@@ -208,8 +239,16 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             (Param::SplitParts, "long long tf_parts"),
             (Param::SplitPartials, "float* tf_partials"),
             (Param::SplitCounters, "unsigned* tf_counters"),
-        ],
+        ]
+        .into_iter()
+        .chain(out_map)
+        .collect::<Vec<_>>(),
     );
+    e.tma_store = tma_out.map(|tensor| TmaStore {
+        tensor,
+        bn,
+        offset: ring_bytes,
+    });
     // A cluster computes `cl` vertically adjacent tiles: the tile order walks the
     // clusters' tiles (bm * cl rows), each block takes its rows of one.
     let rotate = grid_rotation(e, g, bm * cl, bn)?;
@@ -475,8 +514,14 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         ),
     );
     after_loop(e, g, &geo, "    ")?;
-    e.out
-        .push_str("    } while (tf_it < tf_end);\n    }\n  }\n");
+    e.out.push_str("    } while (tf_it < tf_end);\n    }\n");
+    if e.tma_store.is_some() {
+        // Shared memory must outlive the TMA unit's last reads of it.
+        e.out.push_str(
+            "    if ((tid & 127) == 0) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n",
+        );
+    }
+    e.out.push_str("  }\n");
     if cl > 1 {
         // No block leaves while its peer may still arrive on its barriers.
         e.out.push_str("  tf_cluster_sync();\n");

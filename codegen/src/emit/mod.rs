@@ -8,6 +8,7 @@ mod gemm_mainloop;
 mod pointwise;
 pub mod prelude;
 mod rows;
+mod tma_store;
 
 pub use expr::CTy;
 
@@ -159,6 +160,13 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "stream-K is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `stream_k`",
         ));
     }
+    if config.tma_store && !config.wgmma {
+        return Err(config_err(
+            kernel,
+            config,
+            "the TMA-store epilogue is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `tma_store`",
+        ));
+    }
     if config.persistent && !config.wgmma {
         return Err(config_err(
             kernel,
@@ -168,12 +176,16 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
     }
     let shape = classify(kernel)?;
     if matches!(shape, Shape::Pointwise | Shape::Rows)
-        && (config.wgmma || config.persistent || config.cluster_m != 1 || config.stage)
+        && (config.wgmma
+            || config.persistent
+            || config.cluster_m != 1
+            || config.stage
+            || config.tma_store)
     {
         return Err(config_err(
             kernel,
             config,
-            "`wgmma`, `persistent`, `cluster_m` and `stage` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
+            "`wgmma`, `persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
         ));
     }
     if config.occupancy != 0 && !matches!(shape, Shape::Rows) {
@@ -276,6 +288,19 @@ pub(crate) struct Emitter<'a> {
     /// The threads that run the tile's stores, for a `signal` after them: this
     /// thread's index among them (an expression) and a barrier over them.
     pub storers: (String, String),
+    /// The Hopper path's TMA-store epilogue ([`Config::tma_store`]): the store
+    /// to this tensor goes through shared memory (see `gemm_hopper`).
+    pub tma_store: Option<TmaStore>,
+}
+
+/// Where the TMA-store epilogue stages its tile (see `tma_store`): the tensor
+/// it stores, the output tile's N block, and the staging boxes' offset from
+/// the ring's base `sA`.
+#[derive(Clone, Debug)]
+pub(crate) struct TmaStore {
+    pub tensor: TensorId,
+    pub bn: usize,
+    pub offset: usize,
 }
 
 impl<'a> Emitter<'a> {
@@ -290,6 +315,7 @@ impl<'a> Emitter<'a> {
             named_vars: HashMap::new(),
             inline_vars: HashMap::new(),
             storers: ("threadIdx.x".into(), "__syncthreads();".into()),
+            tma_store: None,
         }
     }
 

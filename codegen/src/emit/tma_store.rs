@@ -1,0 +1,116 @@
+//! The Hopper GEMM's TMA-store epilogue (`Config::tma_store`): instead of every
+//! consumer thread storing its accumulator fragments to global memory (pairs of
+//! columns in eight rows per warp instruction, so a tile costs thousands of
+//! partial-line writes while the tensor cores idle), each warpgroup writes its 64
+//! rows into shared memory one box of 64 × 64 elements at a time, and one thread
+//! hands each box to the TMA unit (`cp.async.bulk.tensor` store), which clips it
+//! to the tensor. The consumers go on to the next box, and after the last to the
+//! next tile, while the TMA unit writes.
+//!
+//! Staging: a ring of two 8 KB boxes per warpgroup after the pipeline's stages,
+//! 128-byte swizzled as the descriptor expects; a warp's pair stores then hit
+//! eight rows in eight different 16-byte chunks, all 32 banks once. Box `j` uses
+//! buffer `j & 1`: before a tile the issuing thread waits until the TMA unit has
+//! read every earlier box, and after issuing box `j` until it has read box
+//! `j - 1`, so the next box's buffer is free. Named barriers 2 and 3 (one per
+//! warpgroup) pass that on to the warpgroup's other threads.
+
+use super::{Emitter, TmaStore};
+use crate::ir::*;
+use crate::plan::GemmShape;
+
+/// Shared memory of one warpgroup's staging ring: two boxes of 64 rows × 128 bytes.
+pub(super) const WG_BYTES: usize = 2 * BOX_BYTES;
+const BOX_BYTES: usize = 64 * 128;
+
+/// The store [`crate::Config::tma_store`] sends through shared memory and the
+/// TMA unit: the first store after the K loop of a whole `[M, N]` tile. Its
+/// tensor must be a 2-D bf16 or f16 tensor with contiguous, 16-byte aligned
+/// rows, stored once and not read after the store (the TMA unit writes it
+/// later), and no `signal` may follow (it would count the tile before the TMA
+/// unit wrote it).
+pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<TensorId, String> {
+    let rest = &e.k.body[g.k_loop + 1..];
+    if rest.iter().any(|s| matches!(s, Stmt::Signal { .. })) {
+        return Err("the TMA-store epilogue finishes its stores after the kernel moves on, so a `signal` after them would count unwritten tiles; drop `tma_store`".into());
+    }
+    let Some((pos, t)) = rest.iter().enumerate().find_map(|(i, s)| match s {
+        Stmt::Store { tensor, index, .. } if index[..] == [g.m, g.n] => Some((i, *tensor)),
+        _ => None,
+    }) else {
+        return Err("the TMA-store epilogue stores a whole `[M, N]` output tile (`out[(tm, tn)] = ...`), and this kernel stores none; drop `tma_store`".into());
+    };
+    let (ts, name) = (&e.spec.tensors[t], &e.k.tensors[t].name);
+    if !ts.dtype.is_half() || ts.rank != 2 || !ts.last_contiguous || ts.align < 16 {
+        return Err(format!(
+            "the TMA-store epilogue writes `{name}` with TMA, which needs a 2-D bf16 or f16 tensor with contiguous, 16-byte aligned rows; it is a {}-D {} tensor{}; drop `tma_store`",
+            ts.rank,
+            ts.dtype,
+            if ts.last_contiguous { " with rows not 16-byte aligned" } else { " with strided rows" }
+        ));
+    }
+    let mut later_use = false;
+    for s in &rest[pos + 1..] {
+        match s {
+            Stmt::Store { tensor, .. } if *tensor == t => later_use = true,
+            Stmt::Store { value, .. } | Stmt::Let { value, .. } | Stmt::Assign { value, .. } => {
+                value.walk(&mut |x| {
+                    later_use |= matches!(x, Expr::Load { tensor, .. } if *tensor == t)
+                })
+            }
+            _ => {}
+        }
+    }
+    if later_use {
+        return Err(format!(
+            "the TMA-store epilogue writes `{name}` after the kernel moves on, and a later statement stores or reads it again; drop `tma_store`"
+        ));
+    }
+    Ok(t)
+}
+
+/// The fragment loop of a store group holding the staged store: `body` (the
+/// group's stores for the pair at `row`, `col`, `acc[mi][ni][h * 2 ..]`; the
+/// staged one writes to `tf_stage_at`) run box by box, each box staged and
+/// handed to the TMA unit. The Hopper consumers hold one fragment row block
+/// (`mi = 0`) of `BN / 8` column blocks of 8.
+pub(super) fn fragment_loop(t: &TmaStore, dm: DimId, dn: DimId, body: &str) -> String {
+    let boxes = t.bn / 64;
+    let stage = format!("(sA + {}u)", t.offset);
+    // A register barrier id makes ptxas reserve all sixteen (harmless at one
+    // block per SM); immediate ids in a branch cost the gelu epilogue a spill.
+    let sync = "asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + wg) : \"memory\");";
+    let issuer = "(tid & 127) == 0";
+    format!(
+        r#"  // TMA-store epilogue: every earlier box of this warpgroup read out of staging.
+  if ({issuer}) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  {sync}
+  // This thread's pair: row r = (wm0 & 63) + lane / 4 + 8h of the box, 16-byte
+  // chunk (ni & 7) ^ (r & 7), 4 bytes per lane & 3.
+  const tf_u32 tf_sb = {stage} + wg * {WG_BYTES}u + ((wm0 & 63) + (lane >> 2)) * 128u + ((lane & 3) << 2);
+  #pragma unroll
+  for (int tf_box = 0; tf_box < {boxes}; ++tf_box) {{
+  #pragma unroll
+  for (int mi = 0; mi < 1; ++mi)
+  #pragma unroll
+  for (int ni = tf_box * 8; ni < tf_box * 8 + 8; ++ni)
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {{
+      const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + h * 8;
+      const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2;
+      const tf_u32 tf_stage_at = tf_sb + h * 1024u + (tf_box & 1) * {BOX_BYTES}u + (((ni & 7) << 4) ^ ((lane & 28) << 2));
+{body}  }}
+  // The box's writes visible to the TMA unit (the async proxy), then stored.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  {sync}
+  if ({issuer}) {{
+    tf_tma_store_2d(&tf_map_out, {stage} + wg * {WG_BYTES}u + (tf_box & 1) * {BOX_BYTES}u, (int)(tb{dn} + tf_box * 64), (int)(tb{dm} + wg * 64));
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    // The next box's buffer: the one before this box was read.
+    if (tf_box + 1 < {boxes}) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+  }}
+  if (tf_box + 1 < {boxes}) {sync}
+  }}
+"#
+    )
+}
