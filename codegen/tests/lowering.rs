@@ -1569,12 +1569,31 @@ fn lower_wgmma_tma_store() {
             &declared_spec(&f32_out),
             &cfg.clone().tma_store(true),
         ),
-        "bf16 or f16",
+        "but it is f32",
+    );
+    // A `signal` after the store would count tiles the TMA unit has not written.
+    let mut signalled = matmul();
+    signalled
+        .tensors
+        .push(tensor("counts", 1, Some(DType::U32)));
+    signalled.body.push(Stmt::Signal {
+        tensor: 3,
+        index: Expr::Int(0),
+        value: Expr::Int(1),
+        at: "signal(counts, 0, 1)".into(),
+    });
+    expect_config_err(
+        lower(
+            &signalled,
+            &declared_spec(&signalled),
+            &cfg.clone().tma_store(true),
+        ),
+        "`signal`",
     );
     let mut unaligned = spec.clone();
     unaligned.tensors[2].align = 4;
     expect_config_err(
         lower(&k, &unaligned, &cfg.clone().tma_store(true)),
-        "16-byte aligned",
+        "rows are 4-byte aligned",
     );
 }

@@ -289,7 +289,7 @@ pub(crate) struct Emitter<'a> {
     /// thread's index among them (an expression) and a barrier over them.
     pub storers: (String, String),
     /// The Hopper path's TMA-store epilogue ([`Config::tma_store`]): the store
-    /// to this tensor goes through shared memory (see `gemm_hopper`).
+    /// to this tensor goes through shared memory (see `tma_store`).
     pub tma_store: Option<TmaStore>,
 }
 

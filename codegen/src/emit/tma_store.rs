@@ -41,12 +41,22 @@ pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<TensorId, String> {
         return Err("the TMA-store epilogue stores a whole `[M, N]` output tile (`out[(tm, tn)] = ...`), and this kernel stores none; drop `tma_store`".into());
     };
     let (ts, name) = (&e.spec.tensors[t], &e.k.tensors[t].name);
-    if !ts.dtype.is_half() || ts.rank != 2 || !ts.last_contiguous || ts.align < 16 {
+    let mut wrong = Vec::new();
+    if !ts.dtype.is_half() {
+        wrong.push(format!("it is {}", ts.dtype));
+    }
+    if ts.rank != 2 {
+        wrong.push(format!("it has {} dimensions", ts.rank));
+    }
+    if !ts.last_contiguous {
+        wrong.push("its rows are strided".to_string());
+    } else if ts.align < 16 {
+        wrong.push(format!("its rows are {}-byte aligned", ts.align));
+    }
+    if !wrong.is_empty() {
         return Err(format!(
-            "the TMA-store epilogue writes `{name}` with TMA, which needs a 2-D bf16 or f16 tensor with contiguous, 16-byte aligned rows; it is a {}-D {} tensor{}; drop `tma_store`",
-            ts.rank,
-            ts.dtype,
-            if ts.last_contiguous { " with rows not 16-byte aligned" } else { " with strided rows" }
+            "the TMA-store epilogue writes `{name}` with TMA, which needs a 2-D bf16 or f16 tensor with contiguous, 16-byte aligned rows, but {}; drop `tma_store`",
+            wrong.join(" and ")
         ));
     }
     let mut later_use = false;
