@@ -178,7 +178,7 @@ fn kernel_does_not_spill(log: &str) -> bool {
 /// The fused ops' kernels compile for both archs at their default config, for
 /// each specialization the schedules launch (switches: copy, addend, C, aux
 /// out, activation), and on sm_90a the ops' ones without spills at the Hopper
-/// configs. (The plans' heavier epilogues, `C` + aux + gelu, do spill at
+/// configs, with the TMA-store epilogue or not. (The plans' heavier epilogues, `C` + aux + gelu, do spill at
 /// 128×256 tiles: 168 registers hold the accumulator; see docs/PERFORMANCE.md.)
 #[test]
 fn op_kernels_compile() {
@@ -229,8 +229,15 @@ fn op_kernels_compile() {
         return;
     }
     let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
+    // With the TMA-store epilogue too: the signalling steps then wait for the
+    // TMA unit's writes before they count.
+    let hopper: Vec<Config> = common::wgmma_configs()
+        .into_iter()
+        .step_by(3)
+        .chain(common::tma_store_configs().into_iter().take(2))
+        .collect();
     for spec in &gemm_specs[..5] {
-        for cfg in common::wgmma_configs().iter().step_by(3) {
+        for cfg in &hopper {
             let lowered = gemm
                 .lower(spec, cfg)
                 .unwrap_or_else(|e| panic!("{:?} {cfg}: {e}", spec.constexprs));

@@ -75,9 +75,10 @@ fn matmul_signals_after_its_stores_on_both_paths() {
     assert_signal_after_stores(&src, "bar.sync 1, 256;");
     // A cluster's second block past M (its tile starts beyond the rows) stores
     // nothing, and must count nothing.
-    let guard = &src[src
+    let at = src
         .find("const long long tf_si")
-        .expect("the signal's index")..];
+        .expect("the signal's index");
+    let guard = &src[src[..at].rfind("if (").expect("the signal's guard")..at];
     assert!(
         guard.contains("&& tb0 < s") && guard.contains("&& tb1 < s"),
         "the signal is not guarded by the grid's extents:\n{guard}"

@@ -208,14 +208,30 @@ impl ConfigSpace {
             Some(g) => {
                 let mut p = Vec::new();
                 if self.wgmma {
-                    p.extend(wgmma_seeds(self.kernel.dims.len(), g, quick));
+                    // Unaligned operands: every Hopper seed staged (TMA needs it).
+                    let hopper = wgmma_seeds(self.kernel.dims.len(), g, quick)
+                        .into_iter()
+                        .map(|c| c.stage(self.stageable));
+                    // The TMA-store epilogue where the output takes it (faster
+                    // at every shape measured, docs/PERFORMANCE.md session 14);
+                    // the fastest seed also storing fragments, so the search
+                    // still weighs the two.
+                    for (i, c) in hopper.enumerate() {
+                        let t = c.clone().tma_store(true);
+                        let twin = self.fits(&t, spec).is_ok();
+                        if twin {
+                            p.push(t);
+                        }
+                        if !twin || i == 0 {
+                            p.push(c);
+                        }
+                    }
                 }
                 let portable = gemm_seeds(self.kernel.dims.len(), g, quick);
                 if self.stageable {
-                    // Unaligned operands: every seed staged (TMA needs it), and the
-                    // best portable one also as it is, so the search weighs the
-                    // copies against the narrow loads.
-                    p = p.into_iter().map(|c| c.stage(true)).collect();
+                    // Unaligned operands: the portable seeds staged, and the best
+                    // one also as it is, so the search weighs the copies against
+                    // the narrow loads.
                     p.extend(portable.iter().map(|c| c.clone().stage(true)));
                     p.extend(portable.into_iter().take(1));
                 } else {
@@ -354,7 +370,7 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
         (128, 192, 8, 4, false, 1),
     ];
     let take = if quick { 4 } else { PROVEN.len() };
-    let mut out: Vec<Config> = PROVEN[..take]
+    PROVEN[..take]
         .iter()
         .map(|&(bm, bn, w, s, p, cl)| {
             let mut bs = vec![64; dims];
@@ -368,12 +384,7 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
                 .persistent(p)
                 .cluster_m(cl)
         })
-        .collect();
-    // The fastest with the TMA-store epilogue second (where the output allows
-    // it; `fits` drops it elsewhere).
-    let tma = out[0].clone().tma_store(true);
-    out.insert(1, tma);
-    out
+        .collect()
 }
 
 /// Row (reducing) kernels: the columns per step of each `tile()` loop, the rows

@@ -1571,7 +1571,9 @@ fn lower_wgmma_tma_store() {
         ),
         "but it is f32",
     );
-    // A `signal` after the store would count tiles the TMA unit has not written.
+    // A `signal` after the store counts the tile only once the TMA unit wrote it:
+    // the issuing threads wait for their stores to complete, then fence.
+    assert!(!src.contains("fence.proxy.async.global"));
     let mut signalled = matmul();
     signalled
         .tensors
@@ -1582,13 +1584,19 @@ fn lower_wgmma_tma_store() {
         value: Expr::Int(1),
         at: "signal(counts, 0, 1)".into(),
     });
-    expect_config_err(
-        lower(
-            &signalled,
-            &declared_spec(&signalled),
-            &cfg.clone().tma_store(true),
-        ),
-        "`signal`",
+    let l = lowered(
+        &signalled,
+        &declared_spec(&signalled),
+        &cfg.clone().tma_store(true),
+    );
+    let src = kernel_part(&l);
+    let written = src
+        .find("cp.async.bulk.wait_group 0;\\n\\tfence.proxy.async.global;")
+        .expect("the stores awaited before the signal");
+    let counted = src.find("atomicAdd_system").expect("the signal's count");
+    assert!(
+        written < counted,
+        "the count moves after the tile is written"
     );
     let mut unaligned = spec.clone();
     unaligned.tensors[2].align = 4;

@@ -146,6 +146,12 @@ fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
     // The TMA-store epilogue: an axis, and the fastest seed's twin in the quick set.
     assert!(space.axes().contains(&Axis::TmaStore));
     assert!(seeds.contains(&space.default_config().clone().tma_store(true)));
+    // Every Hopper seed stores through TMA, but the fastest one also as fragments.
+    assert_eq!(
+        seeds.iter().filter(|c| c.wgmma && !c.tma_store).count(),
+        1,
+        "{seeds:?}"
+    );
     assert!(
         seeds.iter().any(|c| !c.wgmma),
         "the portable path stays in the space"

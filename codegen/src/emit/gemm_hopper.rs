@@ -203,7 +203,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let (ta, tb) = (g.a, g.b);
 
     let helpers = format!("{HELPERS}{}", wgmma_fn(bn, dtype));
-    let out_map = tma_out.map(|t| {
+    let out_map = tma_out.map(|(t, _)| {
         (
             Param::TensorMap {
                 tensor: t,
@@ -244,10 +244,11 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         .chain(out_map)
         .collect::<Vec<_>>(),
     );
-    e.tma_store = tma_out.map(|tensor| TmaStore {
+    e.tma_store = tma_out.map(|(tensor, signal_after)| TmaStore {
         tensor,
         bn,
         offset: ring_bytes,
+        signal_after,
     });
     // A cluster computes `cl` vertically adjacent tiles: the tile order walks the
     // clusters' tiles (bm * cl rows), each block takes its rows of one.

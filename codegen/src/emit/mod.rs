@@ -301,6 +301,8 @@ pub(crate) struct TmaStore {
     pub tensor: TensorId,
     pub bn: usize,
     pub offset: usize,
+    /// A `signal` follows the store: wait for the TMA unit's writes first.
+    pub signal_after: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -465,15 +467,19 @@ impl<'a> Emitter<'a> {
                     .collect();
                 // Every storing thread's stores happen before the barrier; the
                 // system-scope fence after it is cumulative, so they are visible
-                // (to the copy engine, to peers) before the count moves.
+                // (to the copy engine, to peers) before the count moves. Only the
+                // signalling thread computes the index (a division: held by
+                // every thread, it cost the ring's epilogue a spill).
                 let _ = writeln!(
                     self.out,
                     "{indent}{{  // {at}\n\
                      {indent}  {sync}\n\
-                     {indent}  const long long tf_si = {ic};\n\
-                     {indent}  if ({tid} == 0{inside} && tf_si >= 0 && tf_si < t{tensor}_n0) {{\n\
-                     {indent}    __threadfence_system();\n\
-                     {indent}    atomicAdd_system((unsigned int*)t{tensor} + tf_si, (unsigned int)({vc}));\n\
+                     {indent}  if ({tid} == 0{inside}) {{\n\
+                     {indent}    const long long tf_si = {ic};\n\
+                     {indent}    if (tf_si >= 0 && tf_si < t{tensor}_n0) {{\n\
+                     {indent}      __threadfence_system();\n\
+                     {indent}      atomicAdd_system((unsigned int*)t{tensor} + tf_si, (unsigned int)({vc}));\n\
+                     {indent}    }}\n\
                      {indent}  }}\n\
                      {indent}}}",
                     at = one_line(at)

@@ -14,6 +14,12 @@
 //! read every earlier box, and after issuing box `j` until it has read box
 //! `j - 1`, so the next box's buffer is free. Named barriers 2 and 3 (one per
 //! warpgroup) pass that on to the warpgroup's other threads.
+//!
+//! A `signal` after the store (the op library's GEMMs count finished chunks for
+//! the copy engine and the peers) must not count a tile the TMA unit has not
+//! written yet: then each issuing thread waits for its stores to complete (not
+//! just to be read out of staging) and fences the async proxy before the
+//! signal's barrier, so the count moves only after the tile is in memory.
 
 use super::{Emitter, TmaStore};
 use crate::ir::*;
@@ -27,13 +33,10 @@ const BOX_BYTES: usize = 64 * 128;
 /// TMA unit: the first store after the K loop of a whole `[M, N]` tile. Its
 /// tensor must be a 2-D bf16 or f16 tensor with contiguous, 16-byte aligned
 /// rows, stored once and not read after the store (the TMA unit writes it
-/// later), and no `signal` may follow (it would count the tile before the TMA
-/// unit wrote it).
-pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<TensorId, String> {
+/// later). Also whether a `signal` follows the store (it then waits for the
+/// TMA unit's writes, see the module's doc).
+pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<(TensorId, bool), String> {
     let rest = &e.k.body[g.k_loop + 1..];
-    if rest.iter().any(|s| matches!(s, Stmt::Signal { .. })) {
-        return Err("the TMA-store epilogue finishes its stores after the kernel moves on, so a `signal` after them would count unwritten tiles; drop `tma_store`".into());
-    }
     let Some((pos, t)) = rest.iter().enumerate().find_map(|(i, s)| match s {
         Stmt::Store { tensor, index, .. } if index[..] == [g.m, g.n] => Some((i, *tensor)),
         _ => None,
@@ -76,7 +79,10 @@ pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<TensorId, String> {
             "the TMA-store epilogue writes `{name}` after the kernel moves on, and a later statement stores or reads it again; drop `tma_store`"
         ));
     }
-    Ok(t)
+    let signal_after = rest[pos + 1..]
+        .iter()
+        .any(|s| matches!(s, Stmt::Signal { .. }));
+    Ok((t, signal_after))
 }
 
 /// The fragment loop of a store group holding the staged store: `body` (the
@@ -91,6 +97,12 @@ pub(super) fn fragment_loop(t: &TmaStore, dm: DimId, dn: DimId, body: &str) -> S
     // block per SM); immediate ids in a branch cost the gelu epilogue a spill.
     let sync = "asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + wg) : \"memory\");";
     let issuer = "(tid & 127) == 0";
+    let written = match t.signal_after {
+        // The tile in memory, visible to the generic proxy, before the
+        // signal's barrier lets the count move.
+        true => format!("  // A signal follows: this warpgroup's boxes written, not just read.\n  if ({issuer}) asm volatile(\"cp.async.bulk.wait_group 0;\\n\\tfence.proxy.async.global;\" ::: \"memory\");\n"),
+        false => String::new(),
+    };
     format!(
         r#"  // TMA-store epilogue: every earlier box of this warpgroup read out of staging.
   if ({issuer}) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -121,6 +133,6 @@ pub(super) fn fragment_loop(t: &TmaStore, dm: DimId, dn: DimId, body: &str) -> S
   }}
   if (tf_box + 1 < {boxes}) {sync}
   }}
-"#
+{written}"#
     )
 }
