@@ -9,13 +9,16 @@
 //! - `--fault`: rank 1 dies before its shard is written; rank 0 ignores the
 //!   launcher's SIGTERM, and its kernel's `wait` must time out on its own with
 //!   the GPU's message, while the launcher names the dead rank.
+//! - `examples/all_reduce_bias_rms_norm` on three ranks (a ragged shape): each
+//!   reads every rank's partial from its symmetric buffer, and checks its
+//!   output against float64 and the other ranks' bits.
 
 mod common;
 
 #[path = "common/launcher.rs"]
 mod launcher;
 use common::examples::all_gather_matmul::ag_matmul;
-use launcher::launcher;
+use launcher::{example, launcher};
 use std::process::{Command, ExitCode, Output};
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
@@ -166,6 +169,35 @@ fn main() -> ExitCode {
     let named = err.contains("rank 1 failed (exit status 3)");
     if out.status.success() || !timed_out || !named || took > Duration::from_secs(30) {
         eprintln!("interpret_dist: the dead rank was not handled as it should be");
+        return ExitCode::FAILURE;
+    }
+    // The one-shot all-reduce + bias + RMSNorm example, three ranks.
+    let bin = example("all_reduce_bias_rms_norm");
+    let t = Instant::now();
+    let out = Command::new(launcher())
+        .args(["--nproc-per-node", "3", "--master-port", "0", "--"])
+        .arg(&bin)
+        .args(["45", "130"])
+        .env("TILEFUSE_INTERPRET", "1")
+        .env("TILEFUSE_DIST_TIMEOUT_S", "20")
+        .output();
+    let Ok(out) = out else {
+        eprintln!(
+            "interpret_dist: could not run {} (built by `cargo test`, or set TILEFUSE_EXAMPLES_DIR)",
+            bin.display()
+        );
+        return ExitCode::FAILURE;
+    };
+    let o = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "interpret_dist all_reduce_bias_rms_norm ({:.1} s):\n{o}",
+        t.elapsed().as_secs_f64()
+    );
+    if !out.status.success() || o.matches("the same bits on every rank (ok)").count() != 3 {
+        eprintln!(
+            "interpret_dist: all_reduce_bias_rms_norm failed:\n{o}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         return ExitCode::FAILURE;
     }
     println!("interpret_dist: ok");

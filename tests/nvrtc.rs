@@ -277,6 +277,17 @@ fn row_kernels_compile() {
         .map(|c| Config::new(&c.block_sizes[..2]).num_warps(c.num_warps))
         .collect();
     compile_all(def, &aligned_and_not(def), &two);
+    // The one-shot all-reduce + bias + RMSNorm, for each world size it reads.
+    let def = all_reduce_rms_norm::all_reduce_bias_rms_norm::kernel();
+    let worlds: Vec<Spec> = (1..=all_reduce_rms_norm::MAX_WORLD)
+        .flat_map(|w| {
+            aligned_and_not(def).into_iter().map(move |mut s| {
+                s.constexprs = vec![w as i64];
+                s
+            })
+        })
+        .collect();
+    compile_all(def, &worlds, &configs);
 }
 
 /// The row kernels hold their rows in registers: with room (occupancy 512, so

@@ -142,8 +142,8 @@ impl Workspace {
     }
 
     /// The path to run this call: `asked` unless it is `Auto`; for `Auto`, on the
-    /// first call, both paths are timed (`run` runs one) on every rank, and the
-    /// one whose slowest rank is faster is kept.
+    /// first call, both paths are timed (`run` runs one) on every rank, in
+    /// three interleaved rounds, and the one whose slowest rank is faster is kept.
     pub(crate) fn path(
         &mut self,
         pg: &ProcessGroup,
@@ -157,14 +157,25 @@ impl Workspace {
             return Ok(c);
         }
         let dev = pg.device().clone();
-        let mut ms = [0f64; 2];
-        for (i, alg) in [Algorithm::Fused, Algorithm::Unfused]
-            .into_iter()
-            .enumerate()
-        {
-            pg.barrier("ops-auto")?;
-            ms[i] = tilefuse_runtime::time_gpu(&dev, 1, 5, false, || run(self, alg))?.median_ms;
+        // Interleaved rounds, each path's median of them: near a tie, one
+        // timing each leaned on whichever ran at the better clock.
+        const ROUNDS: usize = 3;
+        let mut rounds = [Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS)];
+        for _ in 0..ROUNDS {
+            for (times, alg) in rounds
+                .iter_mut()
+                .zip([Algorithm::Fused, Algorithm::Unfused])
+            {
+                pg.barrier("ops-auto")?;
+                times.push(
+                    tilefuse_runtime::time_gpu(&dev, 1, 5, false, || run(self, alg))?.median_ms,
+                );
+            }
         }
+        let ms = rounds.map(|mut r| {
+            r.sort_by(f64::total_cmp);
+            r[ROUNDS / 2]
+        });
         let mine: Vec<u8> = ms.iter().flat_map(|t| t.to_le_bytes()).collect();
         let all = pg.all_gather_bytes("ops-auto-times", &mine)?;
         let slowest = |i: usize| {

@@ -21,3 +21,6 @@ pub mod layer_norm;
 
 #[path = "../../examples/cross_entropy.rs"]
 pub mod cross_entropy;
+
+#[path = "../../examples/all_reduce_bias_rms_norm.rs"]
+pub mod all_reduce_rms_norm;

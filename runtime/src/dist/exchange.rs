@@ -133,6 +133,22 @@ impl Exchange {
         self.sym.tensor_at(byte_offset, shape)
     }
 
+    /// Rank `peer`'s region at `byte_offset`, as mapped here, as a contiguous
+    /// tensor of `shape`: kernels read it over NVLink (a one-shot all-reduce
+    /// reads every peer's partial where it lives). Read it only between a
+    /// flag the peer set in this call and [`Exchange::close`].
+    pub fn peer_data<T: Element>(
+        &self,
+        peer: usize,
+        byte_offset: usize,
+        shape: &[usize],
+    ) -> Result<Tensor<T>> {
+        self.check_peer("Exchange::peer_data", peer)?;
+        // The same bounds as this rank's region (every rank's has the same size).
+        self.data::<T>(byte_offset, shape)?;
+        self.sym.peer_tensor_at(peer, byte_offset, shape)
+    }
+
     /// This rank's flags `first .. first + len`, for kernels that `wait` on them.
     pub fn flags(&self, first: usize, len: usize) -> Result<Tensor<u32>> {
         self.check_slot("Exchange::flags", first + len.max(1) - 1)?;
