@@ -196,3 +196,45 @@ fn masks_pick_by_index() {
         .expect("the label per row");
     assert!(label < src.find("for (long long tb1").unwrap(), "{src}");
 }
+
+/// Untuned, a row kernel takes one pass over rows that fit 8192 columns (the
+/// shape-blind default walks 1024 at a time and reads a long row twice); short
+/// rows, matmuls and configs already chosen keep theirs; the tuner's space
+/// starts from the same fitted default.
+#[test]
+fn the_untuned_row_default_fits_the_row_length() {
+    use tilefuse::codegen::{default_config, fit_rows_default};
+    let ir = rms_norm::kernel().ir().unwrap();
+    let d = default_config(ir);
+    let grid = ir.grid[0];
+    let at = |cols: usize| {
+        let extents: Vec<Option<usize>> = (0..ir.dims.len())
+            .map(|i| Some(if i == grid { 16384 } else { cols }))
+            .collect();
+        fit_rows_default(ir, d.clone(), &extents)
+    };
+    let one_pass = |c: &Config, block: usize, warps: usize| {
+        (0..ir.dims.len()).all(|i| c.block_sizes[i] == if i == grid { 1 } else { block })
+            && c.num_warps == warps
+    };
+    assert_eq!(at(1000), d, "a warp per row covers 1024 columns already");
+    assert!(one_pass(&at(3000), 4096, 4), "{}", at(3000));
+    assert!(one_pass(&at(8192), 8192, 8), "{}", at(8192));
+    assert!(one_pass(&at(50000), 8192, 8), "{}", at(50000));
+    // Nothing known about the extents, or a config already chosen: unchanged.
+    assert_eq!(fit_rows_default(ir, d.clone(), &[]), d);
+    let chosen = Config::new(&[2, 2048, 2048]).num_warps(16);
+    assert_eq!(
+        fit_rows_default(ir, chosen.clone(), &[Some(16384), Some(8192), Some(8192)]),
+        chosen
+    );
+    let spec = rms_norm::kernel().declared_spec().unwrap();
+    let space =
+        ConfigSpace::new(ir, &spec, H200).with_extents(&[Some(16384), Some(8192), Some(8192)]);
+    assert!(one_pass(space.default_config(), 8192, 8));
+    assert_eq!(space.seeds(&spec, true)[0], *space.default_config());
+    // Matmuls keep theirs.
+    let mm = common::examples::matmul::matmul::kernel().ir().unwrap();
+    let md = default_config(mm);
+    assert_eq!(fit_rows_default(mm, md.clone(), &[Some(4096); 3]), md);
+}

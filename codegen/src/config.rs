@@ -273,6 +273,44 @@ pub fn default_config_for(
     default_config_within(kernel, target.shared_limit)
 }
 
+/// The untuned config of a row kernel for its row length: `default` (what
+/// [`default_config_for`] gave) unless `kernel` reduces along rows and
+/// `default` is the shape-blind [`default_config`]; then one pass per row where
+/// the row fits 8192 columns (one row a block, 32 values a thread at most), so
+/// the row is read once: at 8192 columns the shape-blind default's four rows of
+/// 1024 walk a row in eight steps and read it twice, 65% of the copy bandwidth
+/// against 96-97% for one pass (docs/PERFORMANCE.md, session 10).
+/// `extents[d]`: dimension `d`'s extent at this launch, where known.
+pub fn fit_rows_default(
+    kernel: &crate::ir::Kernel,
+    default: Config,
+    extents: &[Option<usize>],
+) -> Config {
+    use crate::plan::{classify, Shape};
+    if !matches!(classify(kernel), Ok(Shape::Rows)) || default != default_config(kernel) {
+        return default;
+    }
+    let cols = (0..kernel.dims.len())
+        .filter(|d| !kernel.grid.contains(d))
+        .filter_map(|d| extents.get(d).copied().flatten())
+        .max()
+        .unwrap_or(0);
+    // Up to 1024 columns a warp per row already covers the row in one pass.
+    if cols <= 1024 {
+        return default;
+    }
+    let block = cols.next_power_of_two().min(8192);
+    let warps = (block / 1024).clamp(4, 8);
+    let bs: Vec<usize> = (0..kernel.dims.len())
+        .map(|d| if kernel.grid.contains(&d) { 1 } else { block })
+        .collect();
+    Config {
+        block_sizes: bs,
+        ..default
+    }
+    .num_warps(warps)
+}
+
 /// A config that works for `kernel` without tuning.
 ///
 /// Matmul kernels get 128x256x64 blocks (M x N x K), 8 warps (64x64 warp tiles)

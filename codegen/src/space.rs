@@ -172,6 +172,14 @@ impl ConfigSpace {
         }
     }
 
+    /// The space with its default fitted to a launch's extents (`extents[d]`:
+    /// dimension `d`'s, where known), as an untuned launch of them would run it
+    /// ([`crate::fit_rows_default`]).
+    pub fn with_extents(mut self, extents: &[Option<usize>]) -> ConfigSpace {
+        self.default = crate::config::fit_rows_default(&self.kernel, self.default, extents);
+        self
+    }
+
     pub fn axes(&self) -> &[Axis] {
         &self.axes
     }

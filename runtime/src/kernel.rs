@@ -497,7 +497,12 @@ impl KernelDef {
         self.check_sizes(k, tensors, scalars)?;
         if dev.is_host() {
             // Interpret mode: the pinned or default config's block sizes, no tuning.
-            let config = self.group_rows_capped(k, self.default_for(&dev, &spec)?);
+            let default = tilefuse_codegen::fit_rows_default(
+                k,
+                self.default_for(&dev, &spec)?,
+                &crate::autotune::extents(k, scalars),
+            );
+            let config = self.group_rows_capped(k, default);
             return crate::interpret::launch(k, &config, consts, tensors, scalars);
         }
         let config = match self.chosen_config()? {

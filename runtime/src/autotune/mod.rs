@@ -230,6 +230,18 @@ struct Memo {
 static CHOSEN: Mutex<Option<HashMap<Memo, Config>>> = Mutex::new(None);
 
 /// Each tile extent rounded up to a power of two.
+/// Each dimension's extent at a launch (`None` where its scalar is not an integer).
+pub(crate) fn extents(kernel: &Kernel, scalars: &[ScalarArg]) -> Vec<Option<usize>> {
+    kernel
+        .dims
+        .iter()
+        .map(|d| match scalars.get(d.extent) {
+            Some(ScalarArg::Int(x)) => usize::try_from(*x).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
 fn shape_buckets(launch: &Launch) -> Vec<u64> {
     launch
         .kernel
@@ -281,7 +293,11 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
 /// The config a launch without a pinned config uses: tuned (from this process,
 /// the cache, rank 0, or tuned now), or the default when tuning is off or fails.
 pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
-    let default = def.default_for(launch.dev, launch.spec)?;
+    let default = tilefuse_codegen::fit_rows_default(
+        launch.kernel,
+        def.default_for(launch.dev, launch.spec)?,
+        &extents(launch.kernel, launch.scalars),
+    );
     let effort = effort()?;
     if effort == Effort::Off {
         return Ok(default);

@@ -37,7 +37,8 @@ pub(crate) fn tune(
 ) -> Option<Tuned> {
     let started = Instant::now();
     let k = launch.kernel;
-    let space = ConfigSpace::new(k, launch.spec, launch.dev.target());
+    let space = ConfigSpace::new(k, launch.spec, launch.dev.target())
+        .with_extents(&super::extents(k, launch.scalars));
     let mut trial = match Trial::new(launch) {
         Ok(t) => t,
         Err(why) => {
