@@ -263,7 +263,7 @@ fn row_kernels_compile() {
         Config::new(&[1, 8192, 8192]).num_warps(8),
         Config::new(&[2, 4096, 2048]).num_warps(16),
         // The untuned defaults fitted to rows of 1025-2048 and 2049-4096 columns.
-        Config::new(&[1, 2048, 2048]).num_warps(4),
+        Config::new(&[2, 2048, 2048]).num_warps(4),
         Config::new(&[1, 4096, 4096]).num_warps(4),
     ];
     for def in [

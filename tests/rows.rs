@@ -197,10 +197,10 @@ fn masks_pick_by_index() {
     assert!(label < src.find("for (long long tb1").unwrap(), "{src}");
 }
 
-/// Untuned, a row kernel takes one pass over rows that fit 8192 columns (the
-/// shape-blind default walks 1024 at a time and reads a long row twice); short
-/// rows, matmuls and configs already chosen keep theirs; the tuner's space
-/// starts from the same fitted default.
+/// Untuned, a row kernel that walks its rows twice takes one pass over rows that
+/// fit 8192 columns (the shape-blind default walks 1024 at a time and reads a
+/// long row twice); short rows, single-walk kernels, matmuls and configs already
+/// chosen keep theirs; the tuner's space starts from the same fitted default.
 #[test]
 fn the_untuned_row_default_fits_the_row_length() {
     use tilefuse::codegen::{default_config, fit_rows_default};
@@ -214,10 +214,12 @@ fn the_untuned_row_default_fits_the_row_length() {
         fit_rows_default(ir, d.clone(), &extents)
     };
     let one_pass = |c: &Config, block: usize, warps: usize| {
-        (0..ir.dims.len()).all(|i| c.block_sizes[i] == if i == grid { 1 } else { block })
+        let rows = if block == 2048 { 2 } else { 1 };
+        (0..ir.dims.len()).all(|i| c.block_sizes[i] == if i == grid { rows } else { block })
             && c.num_warps == warps
     };
     assert_eq!(at(1000), d, "a warp per row covers 1024 columns already");
+    assert!(one_pass(&at(1500), 2048, 4), "{}", at(1500));
     assert!(one_pass(&at(3000), 4096, 4), "{}", at(3000));
     assert!(one_pass(&at(8192), 8192, 8), "{}", at(8192));
     assert!(one_pass(&at(50000), 8192, 8), "{}", at(50000));
@@ -233,6 +235,15 @@ fn the_untuned_row_default_fits_the_row_length() {
         ConfigSpace::new(ir, &spec, H200).with_extents(&[Some(16384), Some(8192), Some(8192)]);
     assert!(one_pass(space.default_config(), 8192, 8));
     assert_eq!(space.seeds(&spec, true)[0], *space.default_config());
+    // One online walk (cross-entropy) reads each element once: it keeps the default.
+    let ce = common::examples::cross_entropy::cross_entropy::kernel()
+        .ir()
+        .unwrap();
+    let cd = default_config(ce);
+    assert_eq!(
+        fit_rows_default(ce, cd.clone(), &[Some(16384), Some(8192)]),
+        cd
+    );
     // Matmuls keep theirs.
     let mm = common::examples::matmul::matmul::kernel().ir().unwrap();
     let md = default_config(mm);

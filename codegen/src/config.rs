@@ -274,12 +274,17 @@ pub fn default_config_for(
 }
 
 /// The untuned config of a row kernel for its row length: `default` (what
-/// [`default_config_for`] gave) unless `kernel` reduces along rows and
-/// `default` is the shape-blind [`default_config`]; then one pass per row where
-/// the row fits 8192 columns (one row a block, 32 values a thread at most), so
-/// the row is read once: at 8192 columns the shape-blind default's four rows of
-/// 1024 walk a row in eight steps and read it twice, 65% of the copy bandwidth
-/// against 96-97% for one pass (docs/PERFORMANCE.md, session 10).
+/// [`default_config_for`] gave) unless `kernel` walks its rows more than once
+/// (softmax, norms: a reduction, then a pass that uses it) and `default` is the
+/// shape-blind [`default_config`]. Then the row's block fits the row up to 8192
+/// columns, 32 values a thread, so the second walk reads registers instead of
+/// memory: 2 rows × 2048 columns with 4 warps up to 2048 columns, 1 × 4096 with
+/// 4 warps up to 4096, 1 × 8192 with 8 warps beyond. Measured on an H200 at
+/// 16384 rows (docs/PERFORMANCE.md, session 15): softmax and RMSNorm go from
+/// 65-78% of the copy bandwidth to 93-98% at 4096 and 8192 columns, LayerNorm
+/// from 83% to 86% at 4096 and stays at 63% at 8192. A single online walk
+/// (cross-entropy's log-sum-exp) reads each element once whatever the block,
+/// and runs best with several rows a block: it keeps the default.
 /// `extents[d]`: dimension `d`'s extent at this launch, where known.
 pub fn fit_rows_default(
     kernel: &crate::ir::Kernel,
@@ -290,19 +295,30 @@ pub fn fit_rows_default(
     if !matches!(classify(kernel), Ok(Shape::Rows)) || default != default_config(kernel) {
         return default;
     }
+    let mut walks = 0;
+    kernel.walk_stmts(&mut |s| walks += usize::from(matches!(s, crate::ir::Stmt::Loop { .. })));
     let cols = (0..kernel.dims.len())
         .filter(|d| !kernel.grid.contains(d))
         .filter_map(|d| extents.get(d).copied().flatten())
         .max()
         .unwrap_or(0);
-    // Up to 1024 columns a warp per row already covers the row in one pass.
-    if cols <= 1024 {
+    // Up to 1024 columns the default's warp per row covers the row in one pass.
+    if walks < 2 || cols <= 1024 {
         return default;
     }
-    let block = cols.next_power_of_two().min(8192);
-    let warps = (block / 1024).clamp(4, 8);
+    let (rows, block, warps) = match cols {
+        1025..=2048 => (2, 2048, 4),
+        2049..=4096 => (1, 4096, 4),
+        _ => (1, 8192, 8),
+    };
     let bs: Vec<usize> = (0..kernel.dims.len())
-        .map(|d| if kernel.grid.contains(&d) { 1 } else { block })
+        .map(|d| {
+            if kernel.grid.contains(&d) {
+                rows
+            } else {
+                block
+            }
+        })
         .collect();
     Config {
         block_sizes: bs,
