@@ -52,7 +52,8 @@ pub struct Config {
     /// thread storing its fragments to global memory: far fewer store
     /// instructions, and the consumers go on to the next tile while the TMA
     /// unit writes. Needs a bf16/f16 output stored as the whole `[M, N]` tile,
-    /// with 16-byte aligned rows, and no `signal` after the store; takes 16 KB
+    /// with 16-byte aligned rows (a `signal` after the store then waits until
+    /// the TMA unit has written the tile); takes 16 KB
     /// of shared memory per consumer warpgroup (two 64 × 64 staging boxes), so
     /// the default's four stages still fit on an H100/H200.
     #[serde(default)]
