@@ -44,6 +44,22 @@ fn the_current_device_is_the_host() {
         .contains("needs a GPU"));
 }
 
+/// `t()` swaps a 2-D view's dimensions, leaves 1-D as it is, and refuses more
+/// dimensions with an error (no panic on a user's tensor).
+#[test]
+fn transposes_are_views_and_3d_is_an_error() {
+    interpret();
+    let x = Tensor::<f32>::from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]).unwrap();
+    let xt = x.t().unwrap();
+    assert_eq!(xt.dims(), &[3, 2]);
+    assert_eq!(xt.strides(), &[1, 3]);
+    let v = Tensor::<f32>::empty([5]).unwrap();
+    assert_eq!(v.t().unwrap().dims(), &[5]);
+    let cube = Tensor::<f32>::empty([2, 3, 4]).unwrap();
+    let e = cube.t().unwrap_err().to_string();
+    assert!(e.contains("[2, 3, 4]") && e.contains("t()"), "{e}");
+}
+
 /// `matmul` and `matmul_bias_gelu` at 67×45×40, on the default config and on
 /// 32×32×16 blocks (partial tiles along M, N and K), against f64.
 #[test]

@@ -17,7 +17,7 @@ use tilefuse_codegen::DType;
 /// use half::bf16;
 /// let a = Tensor::<bf16>::from_slice(&vec![bf16::ONE; 6], [2, 3])?;
 /// assert_eq!(a.shape(), [2, 3]);
-/// assert_eq!(a.t().shape(), [3, 2]);
+/// assert_eq!(a.t()?.shape(), [3, 2]);
 /// # Ok::<(), tilefuse_runtime::Error>(())
 /// ```
 pub struct Tensor<T: Element> {
@@ -439,21 +439,24 @@ impl<T: Element> Tensor<T> {
         Ok(v)
     }
 
-    /// The transpose of a 2-D tensor, as a view.
-    ///
-    /// # Panics
-    /// If the tensor is not 2-D.
-    pub fn t(&self) -> Tensor<T> {
-        assert_eq!(
-            self.rank(),
-            2,
-            "t() transposes 2-D tensors; this one has shape {:?}",
-            self.shape
-        );
+    /// The transpose of a 2-D tensor, as a view (a 0-D or 1-D tensor is its own
+    /// transpose, as in PyTorch). More dimensions are an error: say which two
+    /// to swap with a reshape or a copy instead.
+    pub fn t(&self) -> Result<Tensor<T>> {
+        if self.rank() > 2 {
+            return Err(argument(
+                "Tensor::t",
+                "self",
+                format!(
+                    "t() transposes tensors of at most 2 dimensions; this one has shape {:?}",
+                    self.shape
+                ),
+            ));
+        }
         let mut v = self.clone();
-        v.shape.swap(0, 1);
-        v.strides.swap(0, 1);
-        v
+        v.shape.reverse();
+        v.strides.reverse();
+        Ok(v)
     }
 
     /// The view of `len` indices of dimension `dim` starting at `start`.

@@ -52,17 +52,27 @@ impl Effort {
         }
     }
 
-    /// The wall-clock budget of one tuning run.
-    pub fn budget(self) -> Duration {
-        let env = std::env::var("TILEFUSE_AUTOTUNE_BUDGET_S")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0);
-        match (env, self) {
-            (Some(s), _) => Duration::from_secs_f64(s),
-            (None, Effort::Full) => Duration::from_secs(300),
-            (None, _) => Duration::from_secs(20),
+    /// The wall-clock budget of one tuning run: `TILEFUSE_AUTOTUNE_BUDGET_S`
+    /// (seconds, positive) where set, else the level's. A value that is not a
+    /// positive number is an error naming the variable, not silently ignored.
+    pub fn budget(self) -> Result<Duration> {
+        if let Ok(v) = std::env::var("TILEFUSE_AUTOTUNE_BUDGET_S") {
+            return v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| Error::Argument {
+                    context: "environment".into(),
+                    arg: "TILEFUSE_AUTOTUNE_BUDGET_S".into(),
+                    message: format!("`{v}`: expected a positive number of seconds"),
+                });
         }
+        Ok(match self {
+            Effort::Full => Duration::from_secs(300),
+            _ => Duration::from_secs(20),
+        })
     }
 
     fn parse(v: &str) -> Option<Effort> {
@@ -302,6 +312,7 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     if effort == Effort::Off {
         return Ok(default);
     }
+    let budget = effort.budget()?;
     let explicit = candidates_of(&launch.kernel.name);
     let memo = Memo {
         kernel: launch.kernel.name.clone(),
@@ -331,14 +342,14 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     let tuned = match &coordinator {
         Some(c) if c.rank() != 0 => {
             // Rank 0 may be tuning: wait its budget and then some.
-            let wait = effort.budget() + Duration::from_secs(120);
+            let wait = budget + Duration::from_secs(120);
             let bytes = c.fetch(&store_key, wait)?;
             serde_json::from_slice::<Option<Tuned>>(&bytes)
                 .ok()
                 .flatten()
         }
         _ => {
-            let t = find_or_tune(def, launch, effort, explicit, &key);
+            let t = find_or_tune(def, launch, effort, budget, explicit, &key);
             if let Some(c) = &coordinator {
                 c.publish(&store_key, &serde_json::to_vec(&t).unwrap_or_default())?;
             }
@@ -363,6 +374,7 @@ fn find_or_tune(
     def: &KernelDef,
     launch: &Launch,
     effort: Effort,
+    budget: Duration,
     explicit: Option<Vec<Config>>,
     key: &str,
 ) -> Option<Tuned> {
@@ -376,7 +388,7 @@ fn find_or_tune(
             }
         }
     }
-    let t = tuner::tune(def, launch, effort, explicit)?;
+    let t = tuner::tune(def, launch, effort, budget, explicit)?;
     tuned::store(key, &t);
     TUNED_HERE
         .lock()

@@ -12,7 +12,7 @@ use crate::kernel::{compile_variant, load_variant, KernelDef, Variant};
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tilefuse_codegen::{Config, ConfigSpace};
 
 /// A winner must beat the default config by this fraction at the median.
@@ -22,7 +22,7 @@ const PASSES: usize = 5;
 /// Each confirmation timing runs its candidate this long first, so the
 /// finalists are compared at sustained clocks (a config that wins short runs
 /// lost under sustained load at 8192³ and 2048×4096×11008 on an H200).
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+const SETTLE: Duration = Duration::from_millis(200);
 /// A winner must also be faster than the default in this many of the rounds
 /// (each pair timed back to back): a median gain inside the noise of large
 /// GEMMs (±2% on an H200 under sustained load) seldom wins this often.
@@ -33,6 +33,7 @@ pub(crate) fn tune(
     def: &KernelDef,
     launch: &Launch,
     effort: Effort,
+    budget: Duration,
     explicit: Option<Vec<Config>>,
 ) -> Option<Tuned> {
     let started = Instant::now();
@@ -69,7 +70,7 @@ pub(crate) fn tune(
             if effort == Effort::Quick { 1 } else { 8 },
         ),
     };
-    let deadline = started + effort.budget();
+    let deadline = started + budget;
     let progress = Progress::start(&k.name, effort.name());
     let mut variants: HashMap<Config, Arc<Variant>> = HashMap::new();
     variants.insert(default.clone(), default_v);
