@@ -289,21 +289,12 @@ fn bench_paths(layer: &mut Layer, out: &Tensor<bf16>, [m, n]: [usize; 2]) -> til
             times.push(t.median_ms);
         }
     }
-    let mine: Vec<u8> = medians
-        .iter_mut()
-        .flat_map(|v| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2].to_le_bytes()
-        })
-        .collect();
-    let all = layer.pg.all_gather_bytes("bench-times", &mine)?;
-    let worst = |i: usize| {
-        all.iter()
-            .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
-            .map(f64::from_le_bytes)
-            .fold(0.0, f64::max)
-    };
-    let (fused, unfused) = (worst(0), worst(1));
+    let mine = medians.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    });
+    let worst = layer.pg.max_over_ranks("bench-times", &mine)?;
+    let (fused, unfused) = (worst[0], worst[1]);
     if layer.pg.rank() == 0 {
         // Bytes the fused kernel moves: every partial read once, the output written.
         let world = layer.pg.world_size();

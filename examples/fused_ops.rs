@@ -284,18 +284,8 @@ fn bench(
         med(&mut medians[2]),
     );
     // The slowest rank's time is the op's.
-    let mine: Vec<u8> = [fused, unfused, floor]
-        .iter()
-        .flat_map(|t| t.to_le_bytes())
-        .collect();
-    let all = pg.all_gather_bytes("bench-times", &mine)?;
-    let worst = |i: usize| {
-        all.iter()
-            .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
-            .map(f64::from_le_bytes)
-            .fold(0.0, f64::max)
-    };
-    let (fused, unfused, floor) = (worst(0), worst(1), worst(2));
+    let worst = pg.max_over_ranks("bench-times", &[fused, unfused, floor])?;
+    let (fused, unfused, floor) = (worst[0], worst[1], worst[2]);
     // What Auto picks, on a workspace of its own.
     let auto = p
         .call(pg, &out, &opts.clone().async_op(true), None)?

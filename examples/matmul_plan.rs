@@ -231,17 +231,8 @@ fn run() -> tilefuse::Result<bool> {
                 t[i] =
                     tilefuse::time_gpu(&dev, 2, 10, true, || mm.execute().map(|_| ()))?.median_ms;
             }
-            let all = pg.all_gather_bytes(
-                "bench-times",
-                &[t[0].to_le_bytes(), t[1].to_le_bytes()].concat(),
-            )?;
-            let slowest = |i: usize| {
-                all.iter()
-                    .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
-                    .map(f64::from_le_bytes)
-                    .fold(0.0, f64::max)
-            };
-            let (f, u) = (slowest(0), slowest(1));
+            let slowest = pg.max_over_ranks("bench-times", &t)?;
+            let (f, u) = (slowest[0], slowest[1]);
             // Collective: every rank plans the Auto variant.
             let auto = plan(&pg, &l, Algorithm::Auto)?.path();
             let [m, n, k] = mnk;

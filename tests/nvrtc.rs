@@ -178,8 +178,9 @@ fn kernel_does_not_spill(log: &str) -> bool {
 /// The fused ops' kernels compile for both archs at their default config, for
 /// each specialization the schedules launch (switches: copy, addend, C, aux
 /// out, activation), and on sm_90a the ops' ones without spills at the Hopper
-/// configs, with the TMA-store epilogue or not. (The plans' heavier epilogues, `C` + aux + gelu, do spill at
-/// 128×256 tiles: 168 registers hold the accumulator; see docs/PERFORMANCE.md.)
+/// configs, with the TMA-store epilogue or not. (The plans' heavier epilogues,
+/// `C` + aux + gelu, do spill at 128×256 tiles: 168 registers hold the
+/// accumulator; see docs/PERFORMANCE.md.)
 #[test]
 fn op_kernels_compile() {
     use tilefuse::ops::kernels::*;

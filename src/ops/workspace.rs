@@ -176,15 +176,8 @@ impl Workspace {
             r.sort_by(f64::total_cmp);
             r[ROUNDS / 2]
         });
-        let mine: Vec<u8> = ms.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let all = pg.all_gather_bytes("ops-auto-times", &mine)?;
-        let slowest = |i: usize| {
-            all.iter()
-                .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
-                .map(f64::from_le_bytes)
-                .fold(0.0, f64::max)
-        };
-        let (fused, unfused) = (slowest(0), slowest(1));
+        let slowest = pg.max_over_ranks("ops-auto-times", &ms)?;
+        let (fused, unfused) = (slowest[0], slowest[1]);
         let choice = if fused <= unfused {
             Algorithm::Fused
         } else {

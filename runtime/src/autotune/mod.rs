@@ -239,7 +239,6 @@ struct Memo {
 /// Winners found or loaded in this process.
 static CHOSEN: Mutex<Option<HashMap<Memo, Config>>> = Mutex::new(None);
 
-/// Each tile extent rounded up to a power of two.
 /// Each dimension's extent at a launch (`None` where its scalar is not an integer).
 pub(crate) fn extents(kernel: &Kernel, scalars: &[ScalarArg]) -> Vec<Option<usize>> {
     kernel
@@ -252,6 +251,7 @@ pub(crate) fn extents(kernel: &Kernel, scalars: &[ScalarArg]) -> Vec<Option<usiz
         .collect()
 }
 
+/// Each tile extent rounded up to a power of two.
 fn shape_buckets(launch: &Launch) -> Vec<u64> {
     launch
         .kernel

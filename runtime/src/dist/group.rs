@@ -158,6 +158,21 @@ impl ProcessGroup {
             .collect()
     }
 
+    /// The largest of every rank's `values[i]`, for each `i` (every rank passes
+    /// as many): e.g. a collective's time is its slowest rank's.
+    pub fn max_over_ranks(&self, label: &str, values: &[f64]) -> Result<Vec<f64>> {
+        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = self.all_gather_bytes(label, &mine)?;
+        Ok((0..values.len())
+            .map(|i| {
+                all.iter()
+                    .filter_map(|b| b.get(i * 8..i * 8 + 8)?.try_into().ok())
+                    .map(f64::from_le_bytes)
+                    .fold(f64::NEG_INFINITY, f64::max)
+            })
+            .collect())
+    }
+
     /// The NCCL communicator of this group, created on first use (by every rank).
     pub fn nccl(&self) -> Result<Arc<Nccl>> {
         if let Some(n) = self.nccl.get() {
