@@ -8,8 +8,8 @@
 mod common;
 
 use common::examples::{
-    all_gather_matmul::ag_matmul, bias_gelu::matmul_bias_gelu, cross_entropy, layer_norm,
-    matmul::matmul, rms_norm, softmax,
+    all_gather_matmul::ag_matmul, attention, bias_gelu::matmul_bias_gelu, cross_entropy,
+    layer_norm, matmul::matmul, rms_norm, softmax,
 };
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
@@ -159,6 +159,56 @@ fn row_kernels_match_f64() {
     let want = cross_entropy::reference(&x64, &labels, m, n);
     let err = rel_error(&got, &want, |x| x, |x| x);
     assert!(err < 1e-2, "cross_entropy: rel err {err}");
+}
+
+/// Flash attention at 2 × 2 × 45 queries over 45 keys, head dimension 20, on
+/// blocks of 16 rows and 16 keys (the last tiles partial, the head dimension's
+/// block fitted to 32), causal (the key loop stopping at the diagonal) and
+/// not, and cross-attention over 30 keys: against the example's f64 rows. A
+/// pinned head-dimension block below the extent is refitted, not trusted.
+#[test]
+fn attention_matches_f64() {
+    interpret();
+    let (b, h, d) = (2, 2, 20);
+    for (s, sk, causal) in [(45, 45, false), (45, 45, true), (45, 30, false)] {
+        let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+        let k = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
+        let v = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
+        let out = poisoned::<bf16>([b, h, s, d]).unwrap();
+        let scale = 0.3f32;
+        let def = attention::attention::kernel();
+        // dims: tb, th, tm, td, tn; td's 8 is refitted to the extent.
+        let cfg = Config::new(&[1, 1, 16, 8, 16]).num_warps(4);
+        def.with_config(cfg, || {
+            attention::attention(&q, &k, &v, &out, scale, causal)
+        })
+        .unwrap();
+        let (qh, kh, vh, oh) = (host(&q), host(&k), host(&v), host(&out));
+        let mut want = Vec::new();
+        for sl in 0..b * h {
+            let (qs, ks, vs) = (
+                &qh[sl * s * d..(sl + 1) * s * d],
+                &kh[sl * sk * d..(sl + 1) * sk * d],
+                &vh[sl * sk * d..(sl + 1) * sk * d],
+            );
+            for r in 0..s {
+                want.extend(attention::reference_row(
+                    qs,
+                    ks,
+                    vs,
+                    r,
+                    (sk, d),
+                    f64::from(scale),
+                    causal,
+                ));
+            }
+        }
+        let err = rel_error(&oh, &want, |x| x, |x| x);
+        assert!(
+            err < 1e-2,
+            "attention {s}x{sk} causal={causal}: rel err {err}"
+        );
+    }
 }
 
 /// The all-gather matmul's kernel on the host: the flags start unset, and a

@@ -269,7 +269,12 @@ impl Checker<'_> {
                 }
                 self.integer_scalars("signal", [("index", index), ("value", value)], at)?;
             }
-            Stmt::Loop { dim, body } => {
+            Stmt::Loop { dim, body, until } => {
+                if let Some(u) = until {
+                    let what = format!("bound of `tile({}).until(…)`", self.k.dims[*dim].name);
+                    let at = format!("for {} in tile(…).until(…)", self.k.dims[*dim].name);
+                    self.integer_scalar(&what, u, &at)?;
+                }
                 self.scope.push(*dim);
                 self.stmts(body)?;
                 self.scope.pop();
@@ -288,18 +293,23 @@ impl Checker<'_> {
         at: &str,
     ) -> Result<(), CodegenError> {
         for (what, e) in parts {
-            let t = self.expr(e, at)?;
-            if !t.dims.is_empty() || t.dtype.is_float() {
-                return Err(self.err(
-                    at,
-                    format!(
-                        "the {what} of `{stmt}` must be an integer scalar (e.g. `tm.begin() / rows_per_chunk`), \
-                         got a {} tile with dimensions {}",
-                        t.dtype,
-                        self.dim_names(&t.dims)
-                    ),
-                ));
-            }
+            self.integer_scalar(&format!("{what} of `{stmt}`"), e, at)?;
+        }
+        Ok(())
+    }
+
+    /// `e`, the `what` of a statement at `at`, must be an integer scalar.
+    fn integer_scalar(&mut self, what: &str, e: &Expr, at: &str) -> Result<(), CodegenError> {
+        let t = self.expr(e, at)?;
+        if !t.dims.is_empty() || t.dtype.is_float() {
+            return Err(self.err(
+                at,
+                format!(
+                    "the {what} must be an integer scalar (e.g. `tm.begin() / rows_per_chunk` or `tm.end()`), got a {} tile with dimensions {}",
+                    t.dtype,
+                    self.dim_names(&t.dims)
+                ),
+            ));
         }
         Ok(())
     }
@@ -506,48 +516,56 @@ impl Checker<'_> {
         })
     }
 
+    /// `addmm(acc, a, b)` contracts by name: over the one tile that `a` and `b`
+    /// both have and `acc` lacks. The other tiles of the operands (the rows of
+    /// `a`, the columns of `b`, and batch tiles both share) are `acc`'s. So
+    /// `addmm(s, q[(tm, td)], k[(tn, td)])` is `s + q·kᵀ`, with no transpose
+    /// written.
     fn addmm(&mut self, acc: &Expr, a: &Expr, b: &Expr, at: &str) -> Result<Ty, CodegenError> {
         let acc_t = self.expr(acc, at)?;
         let a_t = self.expr(a, at)?;
         let b_t = self.expr(b, at)?;
-        let (Expr::Load { index: ai, .. }, Expr::Load { index: bi, .. }) = (a, b) else {
-            return Err(self.err(
-                at,
-                "the operands of `addmm` must be tile loads such as `a[(tm, tk)]` and `b[(tk, tn)]`",
-            ));
-        };
-        if ai.len() != 2 || bi.len() != 2 {
-            return Err(self.err(at, "the operands of `addmm` must be 2-D tiles"));
-        }
-        let (dm, dk) = (ai[0], ai[1]);
-        let (dk2, dn) = (bi[0], bi[1]);
-        if dk != dk2 {
-            return Err(self.err(
-                at,
-                format!(
-                    "`addmm` contracts over the second tile of its first operand (`{}`) and the first of its \
-                     second operand (`{}`); they must be the same tile",
-                    self.k.dims[dk].name, self.k.dims[dk2].name
-                ),
-            ));
-        }
         if !a_t.dtype.is_half() || a_t.dtype != b_t.dtype {
             return Err(self.err(
                 at,
                 format!(
-                    "`addmm` multiplies bf16 or f16 tiles of the same dtype on tensor cores; got {} and {}",
+                    "`addmm` multiplies bf16 or f16 tiles of the same dtype on tensor cores; got {} and {} \
+                     (convert a computed tile with `.cast::<bf16>()`)",
                     a_t.dtype, b_t.dtype
                 ),
             ));
         }
-        if acc_t.dtype != DType::F32 || acc_t.dims != union(&[dm, dn], &[]) {
+        let shared: Vec<DimId> = a_t
+            .dims
+            .iter()
+            .copied()
+            .filter(|d| b_t.dims.contains(d) && !acc_t.dims.contains(d))
+            .collect();
+        let [k] = shared.as_slice() else {
             return Err(self.err(
                 at,
                 format!(
-                    "the accumulator of `addmm` must be an f32 tile over {} (e.g. `zeros::<f32>([{}, {}])`), got a {} tile over {}",
-                    self.dim_names(&[dm, dn]),
-                    self.k.dims[dm].name,
-                    self.k.dims[dn].name,
+                    "`addmm(acc, a, b)` contracts over the one tile that both `a` ({}) and `b` ({}) have and \
+                     `acc` ({}) lacks; here {} such tiles, e.g. write `addmm(acc, a[(tm, tk)], b[(tk, tn)])`",
+                    self.dim_names(&a_t.dims),
+                    self.dim_names(&b_t.dims),
+                    self.dim_names(&acc_t.dims),
+                    if shared.is_empty() { "there are no".to_string() } else { format!("{} has", self.dim_names(&shared)) }
+                ),
+            ));
+        };
+        let out: Vec<DimId> = union(&a_t.dims, &b_t.dims)
+            .into_iter()
+            .filter(|d| d != k)
+            .collect();
+        if acc_t.dtype != DType::F32 || acc_t.dims != out {
+            let names: Vec<&str> = out.iter().map(|&d| self.k.dims[d].name.as_str()).collect();
+            return Err(self.err(
+                at,
+                format!(
+                    "the accumulator of `addmm` must be an f32 tile over {} (e.g. `zeros::<f32>([{}])`), got a {} tile over {}",
+                    self.dim_names(&out),
+                    names.join(", "),
                     acc_t.dtype,
                     self.dim_names(&acc_t.dims)
                 ),

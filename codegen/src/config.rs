@@ -328,6 +328,37 @@ pub fn fit_rows_default(
     .num_warps(warps)
 }
 
+/// `config` with the block of each `whole(…)` tile fitted to its extent at this
+/// launch (`extents[d]`, where known): the extent rounded up to a power of two,
+/// 16 at least. A `whole` tile's block is not a choice, so this applies to
+/// pinned and tuned configs too. An attention kernel's shape-blind default also
+/// takes 8 warps (16 rows each) instead of 4 (32 rows each) for head
+/// dimensions past 128, where 32 rows of output accumulators would not fit a
+/// thread's registers.
+pub fn fit_whole_dims(
+    kernel: &crate::ir::Kernel,
+    config: Config,
+    extents: &[Option<usize>],
+) -> Config {
+    let is_default = config == default_config(kernel);
+    let mut c = config;
+    for (d, dim) in kernel.dims.iter().enumerate() {
+        if let (true, Some(Some(x)), Some(b)) =
+            (dim.whole, extents.get(d), c.block_sizes.get_mut(d))
+        {
+            *b = (*x).max(16).next_power_of_two();
+        }
+    }
+    if let (true, Ok(crate::plan::Shape::Attention(a))) =
+        (is_default, crate::plan::classify(kernel))
+    {
+        if c.block_sizes[a.d] > 128 {
+            c = c.num_warps(8);
+        }
+    }
+    c
+}
+
 /// A config that works for `kernel` without tuning.
 ///
 /// Matmul kernels get 128x256x64 blocks (M x N x K), 8 warps (64x64 warp tiles)
@@ -344,6 +375,15 @@ pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
             bs[g.n] = 256;
             bs[g.k] = 64;
             Config::new(&bs).num_warps(8).num_stages(4)
+        }
+        Ok(Shape::Attention(a)) => {
+            // FlashAttention-2's shape for head dimensions up to 128: 4 warps of
+            // 32 query rows, 64 keys a step.
+            let mut bs = vec![1; kernel.dims.len()];
+            bs[a.m] = 128;
+            bs[a.n] = 64;
+            bs[a.d] = 128;
+            Config::new(&bs).num_warps(4)
         }
         Ok(Shape::Rows) => {
             // A warp per row, 1024 columns per step: 32 values a thread (bf16),

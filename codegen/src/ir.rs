@@ -70,6 +70,13 @@ pub struct TileDim {
     pub name: String,
     /// The scalar holding the extent the loop covers.
     pub extent: ScalarId,
+    /// `tile([.., whole(d)])`: a single tile covers the whole extent. Its block is
+    /// not a tuning choice: the launch fits it to the extent
+    /// ([`crate::fit_whole_dims`]). For a dimension an operation needs in one
+    /// piece, like attention's head dimension (contracted by `q·kᵀ`, kept whole
+    /// in the output accumulator).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
 }
 
 /// A local variable bound with `let` inside the device code.
@@ -121,7 +128,16 @@ pub enum Stmt {
         at: Src,
     },
     /// A nested `for d in tile(extent) { body }`, run sequentially inside the program.
-    Loop { dim: DimId, body: Vec<Stmt> },
+    /// `tile(extent).until(bound)` walks only the tiles that begin before `bound`
+    /// (an integer scalar computed in the program, e.g. `tm.end()` for a causal
+    /// mask's last useful tile); the tiles keep their extent, so the last one may
+    /// reach past `bound`.
+    Loop {
+        dim: DimId,
+        body: Vec<Stmt>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        until: Option<Expr>,
+    },
     /// `if cond { then } else { otherwise }` on `#[constexpr]` parameters: decided
     /// when the kernel is specialized ([`Kernel::specialize`]), so only the taken
     /// branch is ever checked and lowered.

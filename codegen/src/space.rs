@@ -7,7 +7,7 @@
 use crate::config::{default_config_for, Config, Target};
 use crate::emit::lower;
 use crate::ir::{Kernel, Stmt};
-use crate::plan::{classify, GemmShape, Shape};
+use crate::plan::{classify, AttentionShape, GemmShape, Shape};
 use crate::spec::Spec;
 
 /// One tunable parameter and its values, in increasing order.
@@ -148,8 +148,21 @@ impl ConfigSpace {
                 Axis::Stages(vec![2, 3, 4, 5, 6]),
                 Axis::GroupM(vec![1, 4, 8, 16]),
             ],
-            None if matches!(classify(kernel), Ok(Shape::Rows)) => rows_axes(kernel),
-            None => pointwise_axes(kernel),
+            None => match classify(kernel) {
+                Ok(Shape::Rows) => rows_axes(kernel),
+                Ok(Shape::Attention(a)) => vec![
+                    Axis::Block {
+                        dim: a.m,
+                        values: vec![64, 128, 256],
+                    },
+                    Axis::Block {
+                        dim: a.n,
+                        values: vec![32, 64, 128],
+                    },
+                    Axis::Warps(vec![4, 8]),
+                ],
+                _ => pointwise_axes(kernel),
+            },
         };
         if gemm.is_some() && target.wgmma {
             axes.push(Axis::Persistent);
@@ -177,6 +190,7 @@ impl ConfigSpace {
     /// ([`crate::fit_rows_default`]).
     pub fn with_extents(mut self, extents: &[Option<usize>]) -> ConfigSpace {
         self.default = crate::config::fit_rows_default(&self.kernel, self.default, extents);
+        self.default = crate::config::fit_whole_dims(&self.kernel, self.default, extents);
         self
     }
 
@@ -247,8 +261,11 @@ impl ConfigSpace {
                 }
                 p
             }
-            None if matches!(classify(&self.kernel), Ok(Shape::Rows)) => self.rows_seeds(),
-            None => self.pointwise_seeds(),
+            None => match classify(&self.kernel) {
+                Ok(Shape::Rows) => self.rows_seeds(),
+                Ok(Shape::Attention(a)) => self.attention_seeds(&a),
+                _ => self.pointwise_seeds(),
+            },
         };
         for c in proposals {
             if !out.contains(&c) && self.fits(&c, spec).is_ok() {
@@ -307,6 +324,28 @@ impl ConfigSpace {
                         cols
                     };
                 }
+                c
+            })
+            .collect()
+    }
+
+    /// Attention: (rows, keys a step, warps), FlashAttention-2's shapes first.
+    fn attention_seeds(&self, a: &AttentionShape) -> Vec<Config> {
+        const PROVEN: [(usize, usize, usize); 7] = [
+            (128, 64, 4),
+            (128, 32, 4),
+            (128, 128, 8),
+            (128, 64, 8),
+            (64, 64, 4),
+            (256, 64, 8),
+            (64, 128, 4),
+        ];
+        PROVEN
+            .iter()
+            .map(|&(bm, bn, w)| {
+                let mut c = self.default.clone().num_warps(w);
+                c.block_sizes[a.m] = bm;
+                c.block_sizes[a.n] = bn;
                 c
             })
             .collect()

@@ -81,9 +81,10 @@ impl Specializer<'_> {
                     };
                     out.extend(self.stmts(taken)?);
                 }
-                Stmt::Loop { dim, body } => out.push(Stmt::Loop {
+                Stmt::Loop { dim, body, until } => out.push(Stmt::Loop {
                     dim: *dim,
                     body: self.stmts(body)?,
+                    until: until.as_ref().map(|u| self.expr(u)).transpose()?,
                 }),
                 Stmt::Let { var, value, at } => out.push(Stmt::Let {
                     var: *var,

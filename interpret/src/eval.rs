@@ -110,37 +110,44 @@ impl Program<'_> {
         })
     }
 
-    /// `acc + a·b`: the K dimension is `a`'s dimension that `acc` lacks; f32
-    /// accumulation, one rounding per K step (the GPU adds a K block's products
-    /// on the tensor cores, then into the f32 accumulator).
+    /// `acc + a·b`, contracting by name over the one dimension `a` and `b`
+    /// share and `acc` lacks (the checker's rule); f32 accumulation, one
+    /// rounding per K step (the GPU adds a K block's products on the tensor
+    /// cores, then into the f32 accumulator).
     fn addmm(&self, acc: &Tile, a: &Tile, b: &Tile, at: &str) -> Result<Tile, InterpretError> {
         let shape_err = || {
             self.unsupported(format!(
-                "`{at}`: addmm takes acc over [m, n], a over [m, k] and b over [k, n]"
+                "`{at}`: addmm contracts over the one tile that both operands have and the accumulator lacks, \
+                 and the accumulator has every other tile of the operands"
             ))
         };
-        if acc.dims.len() != 2 || a.dims.len() != 2 || b.dims.len() != 2 {
-            return Err(shape_err());
-        }
-        let k = *a
+        let ks: Vec<DimId> = a
             .dims
             .iter()
-            .find(|d| !acc.dims.contains(d))
-            .ok_or_else(shape_err)?;
-        let m = *a.dims.iter().find(|&&d| d != k).ok_or_else(shape_err)?;
-        let n = *b.dims.iter().find(|&&d| d != k).ok_or_else(shape_err)?;
-        if !b.dims.contains(&k) || !acc.dims.contains(&m) || !acc.dims.contains(&n) {
+            .copied()
+            .filter(|d| b.dims.contains(d) && !acc.dims.contains(d))
+            .collect();
+        let [k] = ks.as_slice() else {
+            return Err(shape_err());
+        };
+        if a.dims
+            .iter()
+            .chain(&b.dims)
+            .any(|d| d != k && !acc.dims.contains(d))
+        {
             return Err(shape_err());
         }
-        let kn = a.lens[a.dims.iter().position(|&d| d == k).ok_or_else(shape_err)?];
+        let kn = a.lens[a.dims.iter().position(|d| d == k).ok_or_else(shape_err)?];
+        // Positions over acc's dims followed by k.
+        let mut of = acc.dims.clone();
+        of.push(*k);
+        let mut full = vec![0usize; of.len()];
         Ok(Tile::build(&acc.dims, &acc.lens, false, |pos| {
-            let (i, j) = (
-                pos[acc.dims.iter().position(|&d| d == m).unwrap_or(0)],
-                pos[acc.dims.iter().position(|&d| d == n).unwrap_or(0)],
-            );
+            full[..pos.len()].copy_from_slice(pos);
             let mut s = 0.0;
             for kk in 0..kn {
-                s += a.at(&[m, k], &[i, kk]) * b.at(&[k, n], &[kk, j]);
+                full[pos.len()] = kk;
+                s += a.at(&of, &full) * b.at(&of, &full);
             }
             f32r(acc.at(&acc.dims, pos) + s)
         }))

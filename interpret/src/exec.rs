@@ -143,6 +143,18 @@ pub fn run_with(
             }
         }
     }
+    for (d, dim) in k.dims.iter().enumerate() {
+        if dim.whole && (config.block_sizes[d] as i64) < extents[d] {
+            return Err(arg(
+                "(config)",
+                format!(
+                    "tile `{}` is `whole(…)`: its block ({}) must cover its extent ({}); \
+                     `tilefuse::codegen::fit_whole_dims` fits it",
+                    dim.name, config.block_sizes[d], extents[d]
+                ),
+            ));
+        }
+    }
     let p = Program {
         k,
         blocks: &config.block_sizes,
@@ -287,9 +299,13 @@ impl Program<'_> {
                 value,
                 at,
             } => self.store(*tensor, index, value, at)?,
-            Stmt::Loop { dim, body } => {
+            Stmt::Loop { dim, body, until } => {
+                let end = match until {
+                    Some(u) => self.int_scalar(u)?.min(self.extents[*dim]),
+                    None => self.extents[*dim],
+                };
                 let mut begin = 0;
-                while begin < self.extents[*dim] {
+                while begin < end {
                     self.enter(*dim, begin);
                     self.stmts(body)?;
                     begin += self.block(*dim);
@@ -402,7 +418,9 @@ impl Program<'_> {
     fn int_scalar(&mut self, e: &Expr) -> Result<i64, InterpretError> {
         let v = self.eval(e, None)?;
         if !v.dims.is_empty() {
-            return Err(self.unsupported("a flag index or value must be a scalar".into()));
+            return Err(self.unsupported(
+                "a flag index, a flag value or a loop bound must be a scalar".into(),
+            ));
         }
         Ok(v.data[0] as i64)
     }

@@ -34,7 +34,7 @@
 //!     ],
 //!     scalars: vec![ScalarParam { name: "n".into() }],
 //!     constexprs: vec![],
-//!     dims: vec![TileDim { name: "t".into(), extent: 0 }],
+//!     dims: vec![TileDim { name: "t".into(), extent: 0, whole: false }],
 //!     grid: vec![0],
 //!     grid_start: vec![],
 //!     vars: vec![],

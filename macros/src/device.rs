@@ -188,11 +188,22 @@ impl Builder {
         }
         let mut dims = Vec::new();
         for (name, ext) in names.into_iter().zip(extents) {
+            // `whole(d)`: one tile covering the extent (a head dimension).
+            let (ext, whole) = match ext {
+                SynExpr::Call(c) if is_fn(&c.func, "whole") => {
+                    if c.args.len() != 1 {
+                        return Err(err(c, "`whole(extent)` takes one extent"));
+                    }
+                    (&c.args[0], true)
+                }
+                other => (other, false),
+            };
             let extent = self.host_scalar(ext);
             let d = self.kernel.dims.len();
             self.kernel.dims.push(TileDim {
                 name: name.to_string(),
                 extent,
+                whole,
             });
             self.scopes
                 .last_mut()
@@ -385,12 +396,42 @@ impl Builder {
                 Ok(())
             }
             SynExpr::ForLoop(fl) => {
+                // `tile(n).until(bound)`: the tiles that begin before `bound`.
+                let (iter, until) = match fl.expr.as_ref() {
+                    SynExpr::MethodCall(m) if m.method == "until" => {
+                        if m.args.len() != 1 {
+                            return Err(err(
+                                &m.method,
+                                "`tile(extent).until(bound)` takes one bound, e.g. `.until(tm.end())`",
+                            ));
+                        }
+                        (m.receiver.as_ref(), Some(self.expr(&m.args[0])?))
+                    }
+                    SynExpr::MethodCall(m) => {
+                        return Err(err(
+                            &m.method,
+                            "an inner tile loop iterates over `tile(extent)` or `tile(extent).until(bound)`",
+                        ))
+                    }
+                    other => (other, None),
+                };
                 self.scopes.push(HashMap::new());
-                let dims = self.tile_loop_dims(&fl.pat, &fl.expr)?;
+                let dims = self.tile_loop_dims(&fl.pat, iter)?;
+                if until.is_some() && dims.len() != 1 {
+                    return Err(err(
+                        &fl.pat,
+                        "`.until(bound)` bounds a loop over one tile: `for tn in tile(n).until(bound)`",
+                    ));
+                }
                 let mut body = self.block(&fl.body.stmts)?;
                 self.scopes.pop();
+                let mut until = until;
                 for &d in dims.iter().rev() {
-                    body = vec![Stmt::Loop { dim: d, body }];
+                    body = vec![Stmt::Loop {
+                        dim: d,
+                        body,
+                        until: until.take(),
+                    }];
                 }
                 out.extend(body);
                 Ok(())
@@ -703,6 +744,10 @@ impl Builder {
             SynExpr::Group(g) => self.expr(&g.expr)?,
             SynExpr::Path(p) => {
                 let Some(ident) = p.path.get_ident() else {
+                    // `f32::INFINITY`, `f32::NEG_INFINITY` (a masked score).
+                    if let Some(v) = literal(e) {
+                        return Ok(Expr::Float(v));
+                    }
                     return Err(err(p, "device code refers to values by plain names"));
                 };
                 let name = ident.to_string();

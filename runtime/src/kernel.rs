@@ -503,6 +503,8 @@ impl KernelDef {
                 &crate::autotune::extents(k, scalars),
             );
             let config = self.group_rows_capped(k, default);
+            let config =
+                tilefuse_codegen::fit_whole_dims(k, config, &crate::autotune::extents(k, scalars));
             return crate::interpret::launch(k, &config, consts, tensors, scalars);
         }
         let config = match self.chosen_config()? {
@@ -519,6 +521,9 @@ impl KernelDef {
             )?,
         };
         let config = self.group_rows_capped(k, config);
+        // A `whole` tile's block follows the extent, whatever the config says.
+        let config =
+            tilefuse_codegen::fit_whole_dims(k, config, &crate::autotune::extents(k, scalars));
         let v = self.variant(&dev, k, spec, config)?;
         launch_variant(&dev, k, &v, tensors, scalars)
     }

@@ -24,3 +24,6 @@ pub mod cross_entropy;
 
 #[path = "../../examples/all_reduce_bias_rms_norm.rs"]
 pub mod all_reduce_rms_norm;
+
+#[path = "../../examples/attention.rs"]
+pub mod attention;

@@ -1,6 +1,7 @@
 //! Lowering of a checked kernel to self-contained CUDA C, for one specialization
 //! and one config.
 
+mod attention;
 mod expr;
 mod gemm;
 mod gemm_hopper;
@@ -175,7 +176,7 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
         ));
     }
     let shape = classify(kernel)?;
-    if matches!(shape, Shape::Pointwise | Shape::Rows)
+    if matches!(shape, Shape::Pointwise | Shape::Rows | Shape::Attention(_))
         && (config.wgmma
             || config.persistent
             || config.cluster_m != 1
@@ -185,7 +186,7 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
         return Err(config_err(
             kernel,
             config,
-            "`wgmma`, `persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (a tile loop with `addmm`); this kernel is elementwise: leave them unset",
+            "`wgmma`, `persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (one tile loop with `addmm`); leave them unset for this kernel",
         ));
     }
     if config.occupancy != 0 && !matches!(shape, Shape::Rows) {
@@ -195,12 +196,34 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "`occupancy` is an option of kernels that reduce tiles (`x.sum(t)`, `.max(t)`, `.min(t)`); leave it 0 here",
         ));
     }
+    if !matches!(shape, Shape::Attention(_)) {
+        let mut bounded = None;
+        kernel.walk_stmts(&mut |s| {
+            if let Stmt::Loop {
+                dim,
+                until: Some(_),
+                ..
+            } = s
+            {
+                bounded.get_or_insert(*dim);
+            }
+        });
+        if let Some(d) = bounded {
+            return Err(CodegenError::Unsupported {
+                kernel: kernel.name.clone(),
+                at: format!("for {} in tile(…).until(…)", kernel.dims[d].name),
+                message: "`.until(…)` bounds the key loop of an attention kernel; other loops walk their whole extent"
+                    .into(),
+            });
+        }
+    }
     let mut e = Emitter::new(kernel, spec, &checked, config);
     let mut lowered = match shape {
         Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
         Shape::Gemm(g) => gemm::emit(&mut e, &g),
         Shape::Pointwise => pointwise::emit(&mut e),
         Shape::Rows => rows::emit(&mut e),
+        Shape::Attention(a) => attention::emit(&mut e, &a),
     }?;
     lowered.staged = staged;
     Ok(lowered)
@@ -208,9 +231,20 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
 
 /// `e` with every variable in `vars` replaced by its expression.
 pub(crate) fn inline(e: &Expr, vars: &HashMap<VarId, Expr>) -> Expr {
-    let sub = |x: &Expr| Box::new(inline(x, vars));
+    rewrite(e, &mut |x| match x {
+        Expr::Var(v) => vars.get(v).cloned(),
+        _ => None,
+    })
+}
+
+/// `e` with each sub-expression `x` for which `f(x)` gives a replacement
+/// replaced by it (outermost first; a replacement is not visited again).
+pub(crate) fn rewrite(e: &Expr, f: &mut impl FnMut(&Expr) -> Option<Expr>) -> Expr {
+    if let Some(r) = f(e) {
+        return r;
+    }
+    let mut sub = |x: &Expr| Box::new(rewrite(x, f));
     match e {
-        Expr::Var(v) => vars.get(v).cloned().unwrap_or(Expr::Var(*v)),
         Expr::Binary { op, lhs, rhs, at } => Expr::Binary {
             op: *op,
             lhs: sub(lhs),

@@ -113,7 +113,9 @@ fn stmts(
                 // `v = f(v)`: f with v's current value substituted.
                 e.bind_inline(*var, value);
             }
-            Stmt::Loop { dim, body: inner } => {
+            Stmt::Loop {
+                dim, body: inner, ..
+            } => {
                 let ext = e.k.dims[*dim].extent;
                 let _ = writeln!(
                     e.out,

@@ -28,6 +28,7 @@ pub fn dim(name: &str, extent: ScalarId) -> TileDim {
     TileDim {
         name: name.into(),
         extent,
+        whole: false,
     }
 }
 
@@ -112,7 +113,11 @@ pub fn store(tensor: TensorId, index: &[DimId], value: Expr, at: &str) -> Stmt {
 }
 
 pub fn loop_(dim: DimId, body: Vec<Stmt>) -> Stmt {
-    Stmt::Loop { dim, body }
+    Stmt::Loop {
+        dim,
+        body,
+        until: None,
+    }
 }
 
 // Matmul: tensors a=0, b=1, out=2 (bias=3); scalars m=0, n=1, k=2; dims tm=0, tn=1, tk=2; var acc=0.

@@ -303,11 +303,13 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
 /// The config a launch without a pinned config uses: tuned (from this process,
 /// the cache, rank 0, or tuned now), or the default when tuning is off or fails.
 pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
+    let ext = extents(launch.kernel, launch.scalars);
     let default = tilefuse_codegen::fit_rows_default(
         launch.kernel,
         def.default_for(launch.dev, launch.spec)?,
-        &extents(launch.kernel, launch.scalars),
+        &ext,
     );
+    let default = tilefuse_codegen::fit_whole_dims(launch.kernel, default, &ext);
     let effort = effort()?;
     if effort == Effort::Off {
         return Ok(default);

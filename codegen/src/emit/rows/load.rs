@@ -89,7 +89,7 @@ pub(super) fn written(k: &Kernel) -> Vec<TensorId> {
 pub(super) fn shared_loads(e: &Emitter, body: &[Stmt], written: &[TensorId]) -> Vec<Kept> {
     let mut seen: Vec<(LoadKey, usize)> = Vec::new();
     for s in body {
-        if let Stmt::Loop { dim, body } = s {
+        if let Stmt::Loop { dim, body, .. } = s {
             let mut keys = Vec::new();
             loads_in(e, body, *dim, &mut keys);
             for k in keys {
@@ -117,7 +117,7 @@ pub(super) fn shared_loads(e: &Emitter, body: &[Stmt], written: &[TensorId]) -> 
 pub(super) fn held_words(e: &Emitter, g: &Geometry, body: &[Stmt]) -> usize {
     body.iter()
         .filter_map(|s| match s {
-            Stmt::Loop { dim, body } => {
+            Stmt::Loop { dim, body, .. } => {
                 let mut keys = Vec::new();
                 loads_in(e, body, *dim, &mut keys);
                 let cols = e.cfg.block_sizes[*dim] / g.c;

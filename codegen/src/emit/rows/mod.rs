@@ -398,7 +398,9 @@ impl RowWriter {
                     value,
                     at,
                 } => self.store(e, *tensor, index, value, at, &ind)?,
-                Stmt::Loop { dim, body: inner } => {
+                Stmt::Loop {
+                    dim, body: inner, ..
+                } => {
                     if self.cur.is_some() {
                         return Err(CodegenError::Unsupported {
                             kernel: e.k.name.clone(),

@@ -1,0 +1,421 @@
+//! Tile values of an attention program as registers, in the layouts of the
+//! `mma.sync.m16n8k16` fragments that produce them, and the elementwise code
+//! over them.
+//!
+//! A warp owns `16 · MI` rows of the program's tile; in each 16-row block a
+//! thread holds rows `g` and `g + 8` (`g = lane / 4`) and, of every 8 columns,
+//! columns `2t` and `2t + 1` (`t = lane % 4`). So a value over `[tm, tn]` (the
+//! scores) is `[MI][NI][4]` floats a thread, one over `[tm, td]` (the output
+//! accumulator) `[MI][DI][4]`, and one over `[tm]` (a row's max or sum)
+//! `[MI][2]`, the same in the four threads of a quad. Row reductions add a
+//! thread's elements, then the quad's with two shuffles.
+
+use super::super::expr::{CTy, ElemCtx};
+use super::super::Emitter;
+use crate::error::CodegenError;
+use crate::ir::*;
+use std::fmt::Write;
+
+/// Where the elements of a value live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// One value for the whole program (batch tiles count as scalars: one index each).
+    Scalar,
+    /// Per row: `[MI][2]`.
+    Row,
+    /// Over rows and key columns: `[MI][NI][4]`.
+    Scores,
+    /// Over rows and the head dimension: `[MI][DI][4]`.
+    Out,
+}
+
+/// The tile geometry of one config.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Geo {
+    pub m: DimId,
+    pub n: DimId,
+    pub d: DimId,
+    pub bm: usize,
+    pub bn: usize,
+    pub hd: usize,
+    pub warps: usize,
+    /// 16-row blocks per warp, 8-column blocks of the scores and of the output.
+    pub mi: usize,
+    pub ni: usize,
+    pub di: usize,
+}
+
+impl Geo {
+    /// The C array dimensions of a layout (empty for a scalar).
+    pub fn shape(&self, l: Layout) -> String {
+        match l {
+            Layout::Scalar => String::new(),
+            Layout::Row => format!("[{}][2]", self.mi),
+            Layout::Scores => format!("[{}][{}][4]", self.mi, self.ni),
+            Layout::Out => format!("[{}][{}][4]", self.mi, self.di),
+        }
+    }
+
+    /// The element of a value in layout `of` seen from a loop over layout `at`,
+    /// if `at` has it (a row value is everywhere; a scores value only in scores loops).
+    pub fn index(&self, of: Layout, at: Layout) -> Option<&'static str> {
+        match (of, at) {
+            (Layout::Scalar, _) => Some(""),
+            (Layout::Row, Layout::Row | Layout::Scores | Layout::Out) => Some("[tf_mi][tf_h]"),
+            (Layout::Scores, Layout::Scores) | (Layout::Out, Layout::Out) => {
+                Some("[tf_mi][tf_j][tf_h * 2 + tf_e]")
+            }
+            _ => None,
+        }
+    }
+
+    /// The global index of the element's row, and of its column along the
+    /// loop's column tile (keys or head dimension).
+    pub fn row(&self) -> String {
+        format!("(tb{} + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)", self.m)
+    }
+
+    pub fn col(&self, l: Layout) -> String {
+        match l {
+            Layout::Scores => format!("(tb{} + tf_j * 8 + 2 * tf_t + tf_e)", self.n),
+            _ => "(tf_j * 8 + 2 * tf_t + tf_e)".into(),
+        }
+    }
+
+    /// The tile coordinates an element of a `l` loop binds.
+    pub fn coords(&self, l: Layout, batch: &[DimId]) -> Vec<(DimId, String)> {
+        let mut c: Vec<(DimId, String)> = batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
+        match l {
+            Layout::Scalar => {}
+            Layout::Row => c.push((self.m, self.row())),
+            Layout::Scores => {
+                c.push((self.m, self.row()));
+                c.push((self.n, self.col(l)));
+            }
+            Layout::Out => {
+                c.push((self.m, self.row()));
+                c.push((self.d, self.col(l)));
+            }
+        }
+        c
+    }
+
+    /// `for` headers over a layout's elements (fully unrolled), and the closing braces.
+    pub fn loop_open(&self, l: Layout, ind: &str) -> (String, String) {
+        let unroll = |v: &str, n: usize| {
+            format!("{ind}#pragma unroll\n{ind}for (int {v} = 0; {v} < {n}; ++{v})\n")
+        };
+        let mut s = String::new();
+        match l {
+            Layout::Scalar => return (format!("{ind}{{\n"), format!("{ind}}}\n")),
+            Layout::Row => {
+                s += &unroll("tf_mi", self.mi);
+                s += &unroll("tf_h", 2);
+            }
+            Layout::Scores | Layout::Out => {
+                let cols = if l == Layout::Scores {
+                    self.ni
+                } else {
+                    self.di
+                };
+                s += &unroll("tf_mi", self.mi);
+                s += &unroll("tf_j", cols);
+                s += &unroll("tf_h", 2);
+                s += &unroll("tf_e", 2);
+            }
+        }
+        (format!("{s}{ind}{{\n"), format!("{ind}}}\n"))
+    }
+}
+
+/// Lowers the elementwise statements of an attention program.
+pub(super) struct Frags<'g> {
+    pub geo: &'g Geo,
+    pub batch: &'g [DimId],
+    /// The layout of each variable that has been given a value.
+    pub layouts: Vec<Option<Layout>>,
+    /// Counter for temporaries.
+    pub temps: usize,
+    /// The code being emitted may see columns past the tensor's edge (an edge
+    /// tile of keys): reductions leave them out.
+    pub masked: bool,
+    /// Indentation of the code being emitted.
+    pub ind: String,
+}
+
+impl Frags<'_> {
+    fn unsupported(e: &Emitter, at: &str, message: impl Into<String>) -> CodegenError {
+        CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at: at.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The layout a value over `dims` takes.
+    pub fn layout_of(&self, e: &Emitter, dims: &[DimId], at: &str) -> Result<Layout, CodegenError> {
+        let g = self.geo;
+        let own: Vec<DimId> = dims
+            .iter()
+            .copied()
+            .filter(|d| !self.batch.contains(d))
+            .collect();
+        let has = |d: DimId| own.contains(&d);
+        if own.iter().any(|&d| d != g.m && d != g.n && d != g.d) || (has(g.n) && has(g.d)) {
+            let names: Vec<&str> = dims.iter().map(|&d| e.k.dims[d].name.as_str()).collect();
+            return Err(Self::unsupported(
+                e,
+                at,
+                format!(
+                    "in an attention kernel a value is over the rows and either the keys or the head dimension \
+                     (`[{m}, {n}]` or `[{m}, {d}]`), or over the rows only; this one is over [{}]",
+                    names.join(", "),
+                    m = e.k.dims[g.m].name,
+                    n = e.k.dims[g.n].name,
+                    d = e.k.dims[g.d].name,
+                ),
+            ));
+        }
+        Ok(if has(g.n) {
+            Layout::Scores
+        } else if has(g.d) {
+            Layout::Out
+        } else if has(g.m) {
+            Layout::Row
+        } else {
+            Layout::Scalar
+        })
+    }
+
+    /// An element context for a loop over layout `l`: coordinates bound, every
+    /// variable visible from `l` named by its element, and `pre`'s values.
+    pub fn ctx<'e>(&self, e: &'e Emitter, l: Layout, pre: &[(Expr, String)]) -> ElemCtx<'e> {
+        let mut c = e.ctx(&self.geo.coords(l, self.batch));
+        for (v, lay) in self.layouts.iter().enumerate() {
+            let Some(of) = lay else { continue };
+            match self.geo.index(*of, l) {
+                Some(ix) => {
+                    c.named_vars.insert(v, format!("v{v}{ix}"));
+                }
+                None => {
+                    c.named_vars.remove(&v);
+                }
+            }
+        }
+        c.precomputed = pre.to_vec();
+        c
+    }
+
+    /// Computes the row reductions inside `value` (innermost first) into
+    /// temporaries, and returns them as precomputed values. Under
+    /// [`Frags::masked`], columns outside the tensor are left out (they hold
+    /// zeros from the loads).
+    pub fn reductions(
+        &mut self,
+        e: &mut Emitter,
+        value: &Expr,
+        pre: &mut Vec<(Expr, String)>,
+    ) -> Result<(), CodegenError> {
+        let (masked, ind) = (self.masked, self.ind.clone());
+        let mut found: Vec<Expr> = Vec::new();
+        value.walk(&mut |x| {
+            if matches!(x, Expr::Reduce { .. }) {
+                found.push(x.clone());
+            }
+        });
+        // `walk` visits outer before inner: reduce the inner ones first.
+        for r in found.into_iter().rev() {
+            if pre.iter().any(|(x, _)| *x == r) {
+                continue;
+            }
+            let Expr::Reduce { op, arg, dim, at } = &r else {
+                continue;
+            };
+            let g = self.geo;
+            let l = if *dim == g.n {
+                Layout::Scores
+            } else if *dim == g.d {
+                Layout::Out
+            } else {
+                return Err(Self::unsupported(
+                    e,
+                    at,
+                    format!(
+                        "an attention kernel reduces along the keys (`{}`) or the head dimension (`{}`)",
+                        e.k.dims[g.n].name, e.k.dims[g.d].name
+                    ),
+                ));
+            };
+            let (x, _) = self.ctx(e, l, pre).emit(arg, at)?;
+            let (init, fold) = match op {
+                ReduceOp::Sum => ("0.0f", "tf_a + tf_b"),
+                ReduceOp::Max => ("__int_as_float(0xff800000)", "fmaxf(tf_a, tf_b)"),
+                ReduceOp::Min => ("__int_as_float(0x7f800000)", "fminf(tf_a, tf_b)"),
+            };
+            let name = format!("tf_r{}", self.temps);
+            self.temps += 1;
+            let cols = if l == Layout::Scores { g.ni } else { g.di };
+            let (ext, col) = match l {
+                Layout::Scores => (format!("s{}", e.k.dims[g.n].extent), g.col(l)),
+                _ => (format!("s{}", e.k.dims[g.d].extent), g.col(l)),
+            };
+            let take = if masked || l == Layout::Out {
+                format!("({col} < {ext}) ? ({x}) : {init}")
+            } else {
+                x
+            };
+            let _ = write!(
+                e.out,
+                "{ind}float {name}[{mi}][2];  // {at}\n\
+                 {ind}#pragma unroll\n\
+                 {ind}for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
+                 {ind}#pragma unroll\n\
+                 {ind}for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
+                 {ind}  float tf_a = {init};\n\
+                 {ind}  #pragma unroll\n\
+                 {ind}  for (int tf_j = 0; tf_j < {cols}; ++tf_j)\n\
+                 {ind}  #pragma unroll\n\
+                 {ind}  for (int tf_e = 0; tf_e < 2; ++tf_e) {{ const float tf_b = {take}; tf_a = {fold}; }}\n\
+                 {ind}  float tf_b = __shfl_xor_sync(0xffffffffu, tf_a, 1); tf_a = {fold};\n\
+                 {ind}  tf_b = __shfl_xor_sync(0xffffffffu, tf_a, 2); tf_a = {fold};\n\
+                 {ind}  {name}[tf_mi][tf_h] = tf_a;\n\
+                 {ind}}}\n",
+                mi = g.mi,
+                at = super::super::one_line(at),
+            );
+            pre.push((r.clone(), format!("{name}[tf_mi][tf_h]")));
+        }
+        Ok(())
+    }
+
+    /// `let` (declare = true) or assignment of `value` to `var`, elementwise.
+    pub fn assign(
+        &mut self,
+        e: &mut Emitter,
+        var: VarId,
+        value: &Expr,
+        declare: bool,
+        pre: &mut Vec<(Expr, String)>,
+        at: &str,
+    ) -> Result<(), CodegenError> {
+        let ind = self.ind.clone();
+        let ind = ind.as_str();
+        let ty = e.checked.vars[var].clone();
+        let l = self.layout_of(e, &ty.dims, at)?;
+        if let (false, Some(old)) = (declare, self.layouts[var]) {
+            if old != l {
+                return Err(Self::unsupported(
+                    e,
+                    at,
+                    "a variable keeps its tiles when reassigned",
+                ));
+            }
+        }
+        self.reductions(e, value, pre)?;
+        let (c, cty) = self.ctx(e, l, pre).emit(value, at)?;
+        let cty_name = match cty {
+            CTy::F32 => "float",
+            CTy::I64 => "long long",
+        };
+        if declare {
+            let _ = writeln!(
+                e.out,
+                "{ind}{cty_name} v{var}{};  // {}",
+                self.geo.shape(l),
+                e.k.vars[var].name
+            );
+        }
+        self.layouts[var] = Some(l);
+        let ix = self.geo.index(l, l).unwrap_or("");
+        let (open, close) = self.geo.loop_open(l, ind);
+        let _ = write!(e.out, "{open}{ind}  v{var}{ix} = {c};\n{close}");
+        Ok(())
+    }
+
+    /// `tensor[index] = value` for a value over the rows (and the head dimension):
+    /// each thread stores its elements, masked at the tensor's edges; a row value
+    /// is stored by one thread of each quad.
+    pub fn store(
+        &mut self,
+        e: &mut Emitter,
+        tensor: TensorId,
+        index: &[DimId],
+        value: &Expr,
+        at: &str,
+    ) -> Result<(), CodegenError> {
+        let ind = self.ind.clone();
+        let ind = ind.as_str();
+        let mut dims = index.to_vec();
+        dims.sort_unstable();
+        let l = self.layout_of(e, &dims, at)?;
+        if matches!(l, Layout::Scores | Layout::Scalar) {
+            return Err(Self::unsupported(
+                e,
+                at,
+                "an attention kernel stores tiles over its rows (and head dimension) after the key loop",
+            ));
+        }
+        let mut pre = Vec::new();
+        self.reductions(e, value, &mut pre)?;
+        let ctx = self.ctx(e, l, &pre);
+        let coords: Vec<String> = index
+            .iter()
+            .map(|d| {
+                ctx.coords
+                    .get(d)
+                    .cloned()
+                    .unwrap_or_else(|| format!("tb{d}"))
+            })
+            .collect();
+        let dst = e.spec.tensors[tensor].dtype;
+        let (c, cty) = super::super::expr::ElemCtx::emit(&ctx, &strip_store_cast(value), at)?;
+        let v = super::super::expr::narrow(dst, &c, cty);
+        let mask = super::super::expr::tensor_mask(tensor, &coords);
+        let off = super::super::expr::tensor_offset(tensor, &coords);
+        let quad = if l == Layout::Row {
+            "tf_t == 0 && "
+        } else {
+            ""
+        };
+        let (open, close) = self.geo.loop_open(l, ind);
+        let _ = write!(
+            e.out,
+            "{open}{ind}  if ({quad}{mask}) t{tensor}[{off}] = {v};\n{close}"
+        );
+        Ok(())
+    }
+}
+
+/// The tile dimensions of `x` (sorted), as the checker gave them.
+pub(super) fn dims_of(e: &Emitter, x: &Expr) -> Vec<DimId> {
+    let mut dims: Vec<DimId> = match x {
+        Expr::Var(v) => e.checked.vars[*v].dims.clone(),
+        Expr::Load { index, .. } => index.clone(),
+        Expr::Full { dims, .. } => dims.clone(),
+        Expr::TileIndex(d) => vec![*d],
+        Expr::Addmm { acc, .. } => dims_of(e, acc),
+        Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => {
+            [dims_of(e, lhs), dims_of(e, rhs)].concat()
+        }
+        Expr::Select {
+            mask,
+            then,
+            otherwise,
+            ..
+        } => [dims_of(e, mask), dims_of(e, then), dims_of(e, otherwise)].concat(),
+        Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => dims_of(e, arg),
+        Expr::Reduce { arg, dim, .. } => dims_of(e, arg).into_iter().filter(|d| d != dim).collect(),
+        _ => Vec::new(),
+    };
+    dims.sort_unstable();
+    dims.dedup();
+    dims
+}
+
+/// A store's value without its untyped `.cast()` (the store converts).
+fn strip_store_cast(v: &Expr) -> Expr {
+    match v {
+        Expr::Cast { arg, dtype: None } => (**arg).clone(),
+        other => other.clone(),
+    }
+}

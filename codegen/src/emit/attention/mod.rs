@@ -1,0 +1,702 @@
+//! Attention-shaped kernels (see [`AttentionShape`]) as one flash-attention
+//! program per block of query rows, in the manner of FlashAttention-2:
+//!
+//! - the block's `q` tile stays in shared memory; `k` and `v` tiles stream
+//!   through two shared buffers each, 16-byte `cp.async` copies one tile ahead
+//!   (swizzled so `ldmatrix` reads are free of bank conflicts);
+//! - each warp owns `16 · MI` rows: it computes its scores `q·kᵀ` with
+//!   `mma.sync.m16n8k16` into registers, runs the kernel's elementwise code and
+//!   row reductions on them there (see [`frag`]), and multiplies the resulting
+//!   `p` with `v` straight from registers (an accumulator fragment of the first
+//!   product is an operand fragment of the second);
+//! - a key tile that lies inside the tensor and where every comparison of tile
+//!   indices in the loop holds for the whole tile (a causal mask below the
+//!   diagonal) runs a copy of the body without the edge masks and comparisons.
+
+mod frag;
+
+use super::expr::{CTy, ElemCtx};
+use super::{config_err, rewrite, Emitter, Lowered};
+use crate::dtype::DType;
+use crate::error::CodegenError;
+use crate::ir::*;
+use crate::plan::AttentionShape;
+use frag::{Frags, Geo, Layout};
+use std::fmt::Write;
+
+pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
+    let geo = geometry(e, a)?;
+    let dtype = operands(e, a)?;
+    let threads = geo.warps * 32;
+    let shared = (geo.bm + 4 * geo.bn) * geo.hd * 2;
+    let helpers = helpers(&geo, threads, dtype);
+    let params = e.begin(threads, 1, &helpers, &[]);
+    let (m, d) = (a.m, a.d);
+    let _ = write!(
+        e.out,
+        "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
+         \x20 const int tid = threadIdx.x, lane = tid & 31, tf_warp = tid >> 5;\n\
+         \x20 const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_warp * {rows};\n\
+         \x20 (void)tf_g; (void)tf_t;\n\
+         \x20 // The last row tiles first: under a causal mask they have the most keys.\n\
+         \x20 long long tf_pid = blockIdx.x;\n\
+         \x20 const long long tf_mt = (s{mext} + B{m} - 1) / B{m};\n\
+         \x20 const long long tb{m} = (tf_mt - 1 - tf_pid % tf_mt) * B{m};\n\
+         \x20 tf_pid /= tf_mt;\n",
+        rows = 16 * geo.mi,
+        mext = e.k.dims[m].extent,
+    );
+    for &b in a.batch.iter().rev() {
+        let ext = e.k.dims[b].extent;
+        let _ = writeln!(
+            e.out,
+            "  const long long tb{b} = tf_pid % s{ext};  // tile `{}`\n  tf_pid /= s{ext};",
+            e.k.dims[b].name
+        );
+    }
+    let _ = writeln!(
+        e.out,
+        "  const long long tb{d} = 0;\n\
+         \x20 const tf_u32 tf_sq = tf_smem_u32(tf_smem);\n\
+         \x20 const tf_u32 tf_sk = tf_sq + {q_bytes}u, tf_sv = tf_sk + {kv2}u;\n\
+         \x20 // Each lane's `ldmatrix` row in its first 16-row block, at the first 16\n\
+         \x20 // columns: a later block adds whole rows, a later k step XORs the chunk\n\
+         \x20 // (rows are a power of two bytes long and the swizzle is an XOR too).\n\
+         \x20 const tf_u32 tf_qa = tf_sq + tf_swz(tf_wr + (lane & 15), lane >> 4);\n\
+         \x20 const tf_u32 tf_kl = tf_swz(((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);\n\
+         \x20 const tf_u32 tf_vl = tf_swz((((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);",
+        q_bytes = geo.bm * geo.hd * 2,
+        kv2 = 2 * geo.bn * geo.hd * 2,
+    );
+    for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v)] {
+        operand_base(e, a, name, t);
+    }
+    let _ = writeln!(
+        e.out,
+        "  tf_att_load<{bm}>(tf_sq, tf_q, tf_q_rs, tb{m}, tf_q_rows, tf_q_cols, tid);",
+        bm = geo.bm
+    );
+    let mut frags = Frags {
+        geo: &geo,
+        batch: &a.batch,
+        layouts: vec![None; e.k.vars.len()],
+        temps: 0,
+        masked: true,
+        ind: "  ".into(),
+    };
+    let body = e.k.body.clone();
+    for (i, s) in body.iter().enumerate() {
+        if i == a.kv_loop {
+            key_loop(e, a, &mut frags, s)?;
+        } else {
+            outside(e, &mut frags, s)?;
+        }
+    }
+    e.out.push_str("  tf_cp_async_wait<0>();\n}\n");
+    Ok(e.finish(params, threads, shared, "attention (mma.sync, flash)"))
+}
+
+/// The block sizes and warps of the config, checked against what the lowering does.
+fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
+    let c = e.cfg;
+    let b = |d: DimId| c.block_sizes[d];
+    for &t in &a.batch {
+        if b(t) != 1 {
+            return Err(config_err(
+                e.k,
+                c,
+                format!(
+                    "the batch tile `{}` of an attention kernel takes block size 1 (a program per index)",
+                    e.k.dims[t].name
+                ),
+            ));
+        }
+    }
+    let (bm, bn, hd, warps) = (b(a.m), b(a.n), b(a.d), c.num_warps);
+    if !matches!(warps, 4 | 8) {
+        return Err(config_err(e.k, c, "an attention kernel runs 4 or 8 warps"));
+    }
+    if bm != 16 * warps && bm != 32 * warps {
+        return Err(config_err(
+            e.k,
+            c,
+            format!(
+                "an attention kernel's row block is 16 or 32 rows a warp: {} or {} with {warps} warps, not {bm}",
+                16 * warps,
+                32 * warps
+            ),
+        ));
+    }
+    if !matches!(bn, 16 | 32 | 64 | 128) {
+        return Err(config_err(
+            e.k,
+            c,
+            format!("an attention kernel's key block is 16, 32, 64 or 128, not {bn}"),
+        ));
+    }
+    if !hd.is_power_of_two() || !(16..=256).contains(&hd) {
+        return Err(config_err(
+            e.k,
+            c,
+            format!(
+                "the head dimension's block is {hd}; an attention kernel takes a power of two from 16 to 256 \
+                 (the launch fits a `whole` tile to the extent)"
+            ),
+        ));
+    }
+    let geo = Geo {
+        m: a.m,
+        n: a.n,
+        d: a.d,
+        bm,
+        bn,
+        hd,
+        warps,
+        mi: bm / (16 * warps),
+        ni: bn / 8,
+        di: hd / 8,
+    };
+    // Scores and output accumulator, in f32 registers a thread; ~60 more go to
+    // operand fragments, row state and addresses, within the 255 a thread has.
+    let held = geo.mi * (geo.ni + geo.di) * 4;
+    if held > 192 {
+        return Err(config_err(
+            e.k,
+            c,
+            format!(
+                "a thread would hold {held} accumulator registers (scores {} + output {}); take a smaller \
+                 row or key block, or 8 warps",
+                geo.mi * geo.ni * 4,
+                geo.mi * geo.di * 4
+            ),
+        ));
+    }
+    Ok(geo)
+}
+
+/// `q`, `k`, `v` share a 16-bit dtype and have contiguous, 16-byte aligned rows.
+fn operands(e: &Emitter, a: &AttentionShape) -> Result<DType, CodegenError> {
+    let dtype = e.spec.tensors[a.q].dtype;
+    for t in [a.q, a.k, a.v] {
+        let ts = &e.spec.tensors[t];
+        if !ts.dtype.is_half() || ts.dtype != dtype {
+            return Err(CodegenError::Argument {
+                kernel: e.k.name.clone(),
+                arg: e.k.tensors[t].name.clone(),
+                message: format!(
+                    "attention operands are bf16 or f16, all the same; got {} and {}",
+                    dtype, ts.dtype
+                ),
+            });
+        }
+        if !ts.last_contiguous || ts.align < 16 {
+            return Err(CodegenError::Argument {
+                kernel: e.k.name.clone(),
+                arg: e.k.tensors[t].name.clone(),
+                message: "attention operands need contiguous rows (head dimension stride 1) starting at \
+                          16-byte aligned addresses (a row length that is a multiple of 8 elements); copy it \
+                          into a fresh tensor first"
+                    .into(),
+            });
+        }
+    }
+    Ok(dtype)
+}
+
+/// `tf_{name}`: the operand's rows for this program's batch index, with its row
+/// stride, rows and columns (no rows when the batch index is past its extent).
+fn operand_base(e: &mut Emitter, a: &AttentionShape, name: &str, t: TensorId) {
+    let rank = e.spec.tensors[t].rank;
+    let mut off = String::new();
+    let mut inside = String::from("true");
+    for (i, &b) in a.batch.iter().enumerate() {
+        let _ = write!(off, " + tb{b} * t{t}_s{i}");
+        let _ = write!(inside, " && tb{b} < t{t}_n{i}");
+    }
+    let _ = writeln!(
+        e.out,
+        "  const unsigned short* tf_{name} = t{t}{off};\n\
+         \x20 const long long tf_{name}_rs = t{t}_s{r}, tf_{name}_cols = t{t}_n{c};\n\
+         \x20 const long long tf_{name}_rows = ({inside}) ? t{t}_n{r} : 0;",
+        r = rank - 2,
+        c = rank - 1,
+    );
+}
+
+/// The swizzle, tile loader and operand packing the program uses.
+fn helpers(g: &Geo, threads: usize, dtype: DType) -> String {
+    let ch = g.hd / 8;
+    // 16-byte chunk `ch` of row `r` goes to chunk `ch ^ f(r)`: eight rows that
+    // `ldmatrix` reads together hit eight different bank groups.
+    let swz = if ch >= 8 {
+        "(r & 7)".to_string()
+    } else {
+        format!("((r / {}) & {})", 8 / ch, ch - 1)
+    };
+    let cvt = if dtype == DType::BF16 {
+        "bf16x2"
+    } else {
+        "f16x2"
+    };
+    let mma = if dtype == DType::BF16 {
+        "tf_mma_bf16"
+    } else {
+        "tf_mma_f16"
+    };
+    format!(
+        r#"
+#define tf_att_mma {mma}
+__device__ __forceinline__ tf_u32 tf_swz(int r, int ch) {{ return (tf_u32)(r * {row_bytes} + ((ch ^ {swz}) << 4)); }}
+// Two f32 as the 16-bit pair of an operand register: `lo` in the low half.
+__device__ __forceinline__ tf_u32 tf_pack(float lo, float hi) {{
+  tf_u32 r; asm("cvt.rn.{cvt}.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}}
+// Rows `row0 ..` of an operand (`rows` of them, `cols` elements each) into a
+// swizzled tile of ROWS rows; zeros outside the operand. A thread copies one
+// 16-byte column chunk of every STEP-th row: its source pointer moves by a
+// constant stride and its edge test is one compare against an immediate, so
+// few registers stay live across the key loop.
+template <int ROWS>
+__device__ __forceinline__ void tf_att_load(tf_u32 dst, const unsigned short* base, long long rs, long long row0,
+                                            long long rows, long long cols, int tid) {{
+  const int STEP = {threads} / {ch};
+  const int ch = tid % {ch}, r0 = tid / {ch};
+  const long long left = cols - ch * 8;
+  const tf_u32 bytes = left >= 8 ? 16u : (left > 0 ? (tf_u32)(left * 2) : 0u);
+  const long long lim = rows - row0 - r0;
+  const unsigned short* src = base + (row0 + r0) * rs + ch * 8;
+  const long long step = (long long)STEP * rs;
+  #pragma unroll
+  for (int i = 0; i < (ROWS + STEP - 1) / STEP; ++i) {{
+    if (ROWS % STEP == 0 || r0 + i * STEP < ROWS) {{
+      const bool ok = i * STEP < lim;
+      tf_cp_async16(dst + tf_swz(r0 + i * STEP, ch), ok ? (const void*)src : (const void*)base, ok ? bytes : 0u);
+    }}
+    src += step;
+  }}
+}}
+"#,
+        row_bytes = g.hd * 2,
+    )
+}
+
+/// A statement outside the key loop: scalar code, per-row state, stores.
+fn outside(e: &mut Emitter, f: &mut Frags, s: &Stmt) -> Result<(), CodegenError> {
+    if e.block_stmt(s, "  ")? {
+        return Ok(());
+    }
+    match s {
+        Stmt::Let { var, value, at } => {
+            let mut pre = Vec::new();
+            f.assign(e, *var, value, true, &mut pre, at)
+        }
+        Stmt::Assign { var, value, at } => {
+            if e.checked.vars[*var].dims.is_empty() {
+                return Err(scalar_reassigned(e, at));
+            }
+            let mut pre = Vec::new();
+            f.assign(e, *var, value, false, &mut pre, at)
+        }
+        Stmt::Store {
+            tensor,
+            index,
+            value,
+            at,
+        } => f.store(e, *tensor, index, value, at),
+        Stmt::Loop { .. } => Err(CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at: String::new(),
+            message: "an attention kernel has one inner loop, over the keys".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn scalar_reassigned(e: &Emitter, at: &str) -> CodegenError {
+    CodegenError::Unsupported {
+        kernel: e.k.name.clone(),
+        at: at.to_string(),
+        message: "reassigning a scalar is not supported; bind a new name with `let`".into(),
+    }
+}
+
+/// The loop over key tiles: prefetch, then the body, twice (edge tiles and the rest).
+fn key_loop(
+    e: &mut Emitter,
+    a: &AttentionShape,
+    f: &mut Frags,
+    s: &Stmt,
+) -> Result<(), CodegenError> {
+    let Stmt::Loop { dim, body, until } = s else {
+        return Ok(());
+    };
+    let g = *f.geo;
+    let n = *dim;
+    let next = e.k.dims[n].extent;
+    let end = match until {
+        Some(u) => {
+            let (c, _) = e.ctx(&[]).emit(u, "tile(…).until(…)")?;
+            format!("tf_min_i(s{next}, {c})")
+        }
+        None => format!("s{next}"),
+    };
+    let conds = uniform_compares(e, body, n, &g);
+    let mut fast = format!("tb{n} + B{n} <= s{next}");
+    for (c, _) in &conds {
+        let _ = write!(fast, " && {c}");
+    }
+    let compares: Vec<Expr> = conds.into_iter().map(|(_, x)| x).collect();
+    let fast_body: Vec<Stmt> = body.iter().map(|s| without(s, &compares)).collect();
+    let tile_bytes = g.bn * g.hd * 2;
+    let _ = write!(
+        e.out,
+        "  // Key tiles: `k` and `v` one tile ahead, in two buffers each.\n\
+         \x20 const long long tf_n_end = {end};\n\
+         \x20 const int tf_nt = tf_n_end > 0 ? (int)((tf_n_end + B{n} - 1) / B{n}) : 0;\n\
+         \x20 tf_att_load<{bn}>(tf_sk, tf_k, tf_k_rs, 0, tf_k_rows, tf_k_cols, tid);\n\
+         \x20 tf_cp_async_commit();\n\
+         \x20 tf_att_load<{bn}>(tf_sv, tf_v, tf_v_rs, 0, tf_v_rows, tf_v_cols, tid);\n\
+         \x20 tf_cp_async_commit();\n\
+         \x20 for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
+         \x20   const long long tb{n} = (long long)tf_it * B{n};\n\
+         \x20   const tf_u32 tf_kb = tf_sk + (tf_it & 1) * {tile_bytes}u, tf_vb = tf_sv + (tf_it & 1) * {tile_bytes}u;\n\
+         \x20   if (tf_it + 1 < tf_nt) {{\n\
+         \x20     tf_att_load<{bn}>(tf_sk + ((tf_it + 1) & 1) * {tile_bytes}u, tf_k, tf_k_rs, tb{n} + B{n}, tf_k_rows, tf_k_cols, tid);\n\
+         \x20     tf_cp_async_commit();\n\
+         \x20     tf_att_load<{bn}>(tf_sv + ((tf_it + 1) & 1) * {tile_bytes}u, tf_v, tf_v_rs, tb{n} + B{n}, tf_v_rows, tf_v_cols, tid);\n\
+         \x20     tf_cp_async_commit();\n\
+         \x20   }} else {{\n\
+         \x20     tf_cp_async_commit();\n\
+         \x20     tf_cp_async_commit();\n\
+         \x20   }}\n\
+         \x20   tf_cp_async_wait<3>();  // this tile's `k` (and `q`)\n\
+         \x20   __syncthreads();\n\
+         \x20   if ({fast}) {{\n",
+        bn = g.bn,
+        name = e.k.dims[n].name,
+    );
+    loop_body(e, a, f, &fast_body, false)?;
+    e.out.push_str("    } else {\n");
+    loop_body(e, a, f, body, true)?;
+    e.out
+        .push_str("    }\n    __syncthreads();  // the buffers are refilled next iteration\n  }\n");
+    Ok(())
+}
+
+/// One copy of the key loop's body; `masked`: the tile may reach past the keys.
+fn loop_body(
+    e: &mut Emitter,
+    a: &AttentionShape,
+    f: &mut Frags,
+    body: &[Stmt],
+    masked: bool,
+) -> Result<(), CodegenError> {
+    let ind = "      ";
+    f.masked = masked;
+    f.ind = ind.into();
+    let saved = f.layouts.clone();
+    let named = e.named_vars.clone();
+    for (i, s) in body.iter().enumerate() {
+        if i == a.scores {
+            scores(e, f, s)?;
+            continue;
+        }
+        if i == a.update {
+            update(e, a, f, s)?;
+            continue;
+        }
+        if e.block_stmt(s, ind)? {
+            continue;
+        }
+        match s {
+            Stmt::Let { var, value, at } => {
+                let mut pre = Vec::new();
+                f.assign(e, *var, value, true, &mut pre, at)?;
+            }
+            Stmt::Assign { var, value, at } => {
+                if e.checked.vars[*var].dims.is_empty() {
+                    return Err(scalar_reassigned(e, at));
+                }
+                let mut pre = Vec::new();
+                f.assign(e, *var, value, false, &mut pre, at)?;
+            }
+            _ => {}
+        }
+    }
+    // `let`s of the body are local to it (its C scope ends here).
+    for (v, l) in f.layouts.iter_mut().enumerate() {
+        if saved[v].is_none() {
+            *l = None;
+        }
+    }
+    e.named_vars = named;
+    f.masked = true;
+    f.ind = "  ".into();
+    Ok(())
+}
+
+/// The statement holding `q·kᵀ`: the product into `tf_s`, then the statement
+/// with it as a computed value.
+fn scores(e: &mut Emitter, f: &mut Frags, s: &Stmt) -> Result<(), CodegenError> {
+    let ind = f.ind.clone();
+    let ind = ind.as_str();
+    let (Stmt::Let { var, value, at } | Stmt::Assign { var, value, at }) = s else {
+        return Ok(());
+    };
+    let mut found = None;
+    value.walk(&mut |x| {
+        if matches!(x, Expr::Addmm { .. }) && found.is_none() {
+            found = Some(x.clone());
+        }
+    });
+    let Some(mm) = found else {
+        return Ok(());
+    };
+    let Expr::Addmm { acc, .. } = &mm else {
+        return Ok(());
+    };
+    let g = *f.geo;
+    let mut pre = Vec::new();
+    f.reductions(e, acc, &mut pre)?;
+    let (init, _) = f.ctx(e, Layout::Scores, &pre).emit(acc, at)?;
+    let (open, close) = g.loop_open(Layout::Scores, ind);
+    let _ = write!(
+        e.out,
+        "{ind}float tf_s[{mi}][{ni}][4];  // {at}\n{open}{ind}  tf_s[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}\
+         {ind}#pragma unroll\n\
+         {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks) {{\n\
+         {ind}  tf_u32 tf_af[{mi}][4];\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
+         {ind}    tf_ldmatrix_x4(tf_af[tf_mi], (tf_qa + tf_mi * {rows16}u) ^ (tf_ks * 32));\n\
+{mmas}\
+         {ind}}}\n",
+        mi = g.mi,
+        ni = g.ni,
+        ks = g.hd / 16,
+        rows16 = 16 * g.hd * 2,
+        at = super::one_line(at),
+        mmas = mma_pairs(
+            &format!("{ind}  "),
+            &g,
+            g.ni / 2,
+            "tf_ldmatrix_x4(tf_bf, (tf_kb + tf_kl + tf_jp * ROWS16) ^ (tf_ks * 32))",
+            "tf_s",
+            "tf_af",
+        ),
+    );
+    pre.push((mm, "tf_s[tf_mi][tf_j][tf_h * 2 + tf_e]".into()));
+    let declare = matches!(s, Stmt::Let { .. });
+    f.assign(e, *var, value, declare, &mut pre, at)
+}
+
+/// `acc = addmm(x, p, v[…])`: `acc = x` elementwise, `p` into registers (zero
+/// past the keys), then `acc += p·v` from them.
+fn update(
+    e: &mut Emitter,
+    a: &AttentionShape,
+    f: &mut Frags,
+    s: &Stmt,
+) -> Result<(), CodegenError> {
+    let Stmt::Assign {
+        value: Expr::Addmm { acc, a: p, at, .. },
+        ..
+    } = s
+    else {
+        return Ok(());
+    };
+    let g = *f.geo;
+    let (masked, ind) = (f.masked, f.ind.clone());
+    let ind = ind.as_str();
+    let mut pre = Vec::new();
+    f.assign(e, a.acc, acc, false, &mut pre, at)?;
+    let pt = frag::dims_of(e, p);
+    if f.layout_of(e, &pt, at)? != Layout::Scores {
+        return Err(CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at: at.clone(),
+            message: format!(
+                "the second operand of the output update is a tile over the rows and keys (`[{}, {}]`), e.g. `p.cast::<bf16>()`",
+                e.k.dims[g.m].name, e.k.dims[g.n].name
+            ),
+        });
+    }
+    let mut pre = Vec::new();
+    f.reductions(e, p, &mut pre)?;
+    let ctx: ElemCtx = f.ctx(e, Layout::Scores, &pre);
+    let (pc, ty) = ctx.emit(p, at)?;
+    let pc = if ty == CTy::I64 {
+        format!("(float)({pc})")
+    } else {
+        pc
+    };
+    let pc = if masked {
+        format!(
+            "({} < s{}) ? ({pc}) : 0.0f",
+            g.col(Layout::Scores),
+            e.k.dims[g.n].extent
+        )
+    } else {
+        pc
+    };
+    let (open, close) = g.loop_open(Layout::Scores, ind);
+    let acc_v = format!("v{}", a.acc);
+    let _ = write!(
+        e.out,
+        "{ind}float tf_p[{mi}][{ni}][4];  // {at_line}\n{open}{ind}  tf_p[tf_mi][tf_j][tf_h * 2 + tf_e] = {pc};\n{close}\
+         {ind}tf_cp_async_wait<2>();  // this tile's `v`\n\
+         {ind}__syncthreads();\n\
+         {ind}#pragma unroll\n\
+         {ind}for (int tf_kk = 0; tf_kk < {nkk}; ++tf_kk) {{\n\
+         {ind}  tf_u32 tf_pa[{mi}][4];\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi) {{\n\
+         {ind}    tf_pa[tf_mi][0] = tf_pack(tf_p[tf_mi][2 * tf_kk][0], tf_p[tf_mi][2 * tf_kk][1]);\n\
+         {ind}    tf_pa[tf_mi][1] = tf_pack(tf_p[tf_mi][2 * tf_kk][2], tf_p[tf_mi][2 * tf_kk][3]);\n\
+         {ind}    tf_pa[tf_mi][2] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][0], tf_p[tf_mi][2 * tf_kk + 1][1]);\n\
+         {ind}    tf_pa[tf_mi][3] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][2], tf_p[tf_mi][2 * tf_kk + 1][3]);\n\
+         {ind}  }}\n\
+{mmas}\
+         {ind}}}\n",
+        mi = g.mi,
+        ni = g.ni,
+        nkk = g.ni / 2,
+        at_line = super::one_line(at),
+        mmas = mma_pairs(
+            &format!("{ind}  "),
+            &g,
+            g.di / 2,
+            "tf_ldmatrix_x4_trans(tf_bf, (tf_vb + tf_vl + tf_kk * ROWS16) ^ (tf_jp * 32))",
+            &acc_v,
+            "tf_pa",
+        ),
+    );
+    Ok(())
+}
+
+/// For each pair of 8-column blocks (`tf_jp < pairs`): their B fragments by
+/// `load` (into `tf_bf`; `ROWS16` stands for 16 rows' bytes), then `acc[mi][2jp]`
+/// and `acc[mi][2jp + 1]` += `a[mi]` times them, for every 16-row block.
+fn mma_pairs(ind: &str, g: &Geo, pairs: usize, load: &str, acc: &str, a: &str) -> String {
+    let load = load.replace("ROWS16", &format!("{}u", 16 * g.hd * 2));
+    format!(
+        "{ind}#pragma unroll
+         {ind}for (int tf_jp = 0; tf_jp < {pairs}; ++tf_jp) {{
+         {ind}  tf_u32 tf_bf[4];
+         {ind}  {load};
+         {ind}  #pragma unroll
+         {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi) {{
+         {ind}    tf_att_mma({acc}[tf_mi][2 * tf_jp], {a}[tf_mi], tf_bf);
+         {ind}    tf_att_mma({acc}[tf_mi][2 * tf_jp + 1], {a}[tf_mi], tf_bf + 2);
+         {ind}  }}
+         {ind}}}
+",
+        mi = g.mi
+    )
+}
+
+/// The comparisons of tile indices in `body` that involve the key tile `n` and
+/// whose truth over a whole tile pair can be decided from the tiles' ranges:
+/// each with the C condition under which it holds for every element.
+fn uniform_compares(e: &Emitter, body: &[Stmt], n: DimId, g: &Geo) -> Vec<(String, Expr)> {
+    let mut out: Vec<(String, Expr)> = Vec::new();
+    let mut visit = |x: &Expr| {
+        let Expr::Compare { op, lhs, rhs, .. } = x else {
+            return;
+        };
+        let (Some(l), Some(r)) = (affine(e, lhs), affine(e, rhs)) else {
+            return;
+        };
+        if l.0 != Some(n) && r.0 != Some(n) {
+            return;
+        }
+        let range = |side: &(Option<DimId>, String)| match side.0 {
+            None => (side.1.clone(), side.1.clone()),
+            Some(d) => {
+                let block = if d == g.m { g.bm } else { e.cfg.block_sizes[d] };
+                (
+                    format!("(tb{d} + {})", side.1),
+                    format!("(tb{d} + {} + {})", block - 1, side.1),
+                )
+            }
+        };
+        let ((lmin, lmax), (rmin, rmax)) = (range(&l), range(&r));
+        let cond = match op {
+            CmpOp::Ge => format!("{lmin} >= {rmax}"),
+            CmpOp::Gt => format!("{lmin} > {rmax}"),
+            CmpOp::Le => format!("{lmax} <= {rmin}"),
+            CmpOp::Lt => format!("{lmax} < {rmin}"),
+            CmpOp::Eq | CmpOp::Ne => return,
+        };
+        if !out.iter().any(|(_, y)| y == x) {
+            out.push((format!("({cond})"), x.clone()));
+        }
+    };
+    for s in body {
+        if let Stmt::Let { value, .. } | Stmt::Assign { value, .. } = s {
+            value.walk(&mut |x| visit(x));
+        }
+    }
+    out
+}
+
+/// `x` as `t.index() + c` (`Some(t)`) or a block-uniform `c` (`None`), with `c` in C.
+fn affine(e: &Emitter, x: &Expr) -> Option<(Option<DimId>, String)> {
+    let uniform = |x: &Expr| -> Option<String> {
+        let mut ok = true;
+        x.walk(&mut |y| {
+            ok &= matches!(
+                y,
+                Expr::Int(_)
+                    | Expr::Scalar(_)
+                    | Expr::Const(_)
+                    | Expr::TileBegin(_)
+                    | Expr::TileEnd(_)
+                    | Expr::TileSize(_)
+                    | Expr::Binary {
+                        op: BinOp::Add | BinOp::Sub | BinOp::Mul,
+                        ..
+                    }
+            )
+        });
+        let (c, ty) = e.ctx(&[]).emit(x, "").ok()?;
+        (ok && ty == CTy::I64).then_some(c)
+    };
+    match x {
+        Expr::TileIndex(d) => Some((Some(*d), "0".into())),
+        Expr::Binary {
+            op: op @ (BinOp::Add | BinOp::Sub),
+            lhs,
+            rhs,
+            ..
+        } => {
+            if let (Expr::TileIndex(d), Some(c)) = (lhs.as_ref(), uniform(rhs)) {
+                let sign = if *op == BinOp::Add { "" } else { "-" };
+                return Some((Some(*d), format!("{sign}({c})")));
+            }
+            if let (Some(c), Expr::TileIndex(d), BinOp::Add) = (uniform(lhs), rhs.as_ref(), op) {
+                return Some((Some(*d), format!("({c})")));
+            }
+            uniform(x).map(|c| (None, c))
+        }
+        _ => uniform(x).map(|c| (None, c)),
+    }
+}
+
+/// `s` with each of `compares` replaced by 1 (it holds on the whole tile).
+fn without(s: &Stmt, compares: &[Expr]) -> Stmt {
+    let mut f = |x: &Expr| compares.contains(x).then_some(Expr::Int(1));
+    match s {
+        Stmt::Let { var, value, at } => Stmt::Let {
+            var: *var,
+            value: rewrite(value, &mut f),
+            at: at.clone(),
+        },
+        Stmt::Assign { var, value, at } => Stmt::Assign {
+            var: *var,
+            value: rewrite(value, &mut f),
+            at: at.clone(),
+        },
+        other => other.clone(),
+    }
+}

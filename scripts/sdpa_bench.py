@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""PyTorch's scaled_dot_product_attention at the attention example's bench shape,
+timed as tilefuse times its kernels (CUDA events, warm-up, L2 flushed before each
+run, median of repeats), for the comparison in docs/PERFORMANCE.md.
+
+    python3 scripts/sdpa_bench.py [B H S D]      (default 8 16 4096 128)
+"""
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def time_ms(fn, warmup=3, reps=20):
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    b, h, s, d = (int(x) for x in sys.argv[1:5]) if len(sys.argv) >= 5 else (8, 16, 4096, 128)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, q/k/v [{b}x{h}x{s}x{d}] bf16")
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    for causal in (False, True):
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        tag = "causal" if causal else "non-causal"
+        ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        print(f"sdpa default {tag}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+        for name, backend in (
+            ("flash", SDPBackend.FLASH_ATTENTION),
+            ("cudnn", SDPBackend.CUDNN_ATTENTION),
+            ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ):
+            try:
+                with sdpa_kernel(backend):
+                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                print(f"sdpa {name} {tag}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+            except RuntimeError as e:
+                print(f"sdpa {name} {tag}: unavailable ({str(e).splitlines()[0]})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+//! Flash attention against a float64 reference: ragged rows and keys (past the
+//! row and key blocks), head dimensions below their block, causal and not,
+//! cross-attention (fewer keys than queries), under the tuner's configs;
+//! outputs poisoned. Also the errors for operands the lowering cannot load.
+
+use crate::common::examples::attention::{attention, reference_row};
+use crate::common::gpu;
+use tilefuse::prelude::*;
+use tilefuse::verify::{poisoned, random_tensor};
+
+fn host(t: &Tensor<bf16>) -> Vec<f64> {
+    t.to_vec().unwrap().iter().map(|v| v.to_f64()).collect()
+}
+
+/// Runs the kernel on `[b, h, s, d]` queries and `sk` keys, checks every row.
+fn check(b: usize, h: usize, s: usize, sk: usize, d: usize, causal: bool, cfg: Option<Config>) {
+    let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+    let k = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
+    let v = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
+    let out = poisoned::<bf16>([b, h, s, d]).unwrap();
+    let scale = 1.0 / (d as f32).sqrt();
+    let run = || attention(&q, &k, &v, &out, scale, causal).unwrap();
+    match &cfg {
+        Some(c) => attention::kernel().with_config(c.clone(), run),
+        None => run(),
+    }
+    let (qh, kh, vh, oh) = (host(&q), host(&k), host(&v), host(&out));
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for sl in 0..b * h {
+        let qs = &qh[sl * s * d..(sl + 1) * s * d];
+        let (ks, vs) = (
+            &kh[sl * sk * d..(sl + 1) * sk * d],
+            &vh[sl * sk * d..(sl + 1) * sk * d],
+        );
+        for r in 0..s {
+            let want = reference_row(qs, ks, vs, r, (sk, d), f64::from(scale), causal);
+            for (c, w) in want.iter().enumerate() {
+                num += (oh[(sl * s + r) * d + c] - w).powi(2);
+                den += w * w;
+            }
+        }
+    }
+    let err = (num / den).sqrt();
+    let label = cfg.map_or("default".into(), |c| c.to_string());
+    eprintln!("attention {b}x{h}x{s}x{d}, {sk} keys, causal={causal}, {label}: rel err {err:.2e}");
+    assert!(
+        err <= 1e-2,
+        "attention {b}x{h}x{s}x{d} causal={causal} {label}: rel err {err}"
+    );
+}
+
+#[test]
+fn attention_matches_f64() {
+    let Some(_dev) = gpu() else { return };
+    for causal in [false, true] {
+        check(2, 3, 200, 200, 64, causal, None);
+        check(1, 2, 333, 333, 80, causal, None);
+        check(1, 1, 1, 1, 16, causal, None);
+        check(1, 2, 129, 129, 128, causal, None);
+        check(1, 1, 77, 77, 200, causal, None);
+    }
+    // Cross-attention: keys fewer and more than queries.
+    check(1, 2, 300, 100, 64, false, None);
+    check(1, 2, 100, 300, 64, false, None);
+}
+
+#[test]
+fn attention_matches_f64_under_the_tuners_configs() {
+    let Some(_dev) = gpu() else { return };
+    // dims: tb, th, tm, td (fitted to the head dimension), tn
+    for (bm, bn, w) in [
+        (128, 32, 4),
+        (64, 64, 4),
+        (128, 128, 8),
+        (128, 64, 8),
+        (64, 128, 4),
+        (256, 64, 8),
+    ] {
+        let cfg = Config::new(&[1, 1, bm, 64, bn]).num_warps(w);
+        check(1, 2, 300, 300, 64, true, Some(cfg.clone()));
+        check(1, 1, 250, 250, 48, false, Some(cfg));
+    }
+}
+
+#[test]
+fn attention_rejects_unaligned_rows() {
+    let Some(_dev) = gpu() else { return };
+    // A head dimension of 60: rows of 120 bytes, not 16-byte aligned.
+    let q = random_tensor::<bf16>([1, 1, 64, 60], 1.0).unwrap();
+    let out = poisoned::<bf16>([1, 1, 64, 60]).unwrap();
+    let err = attention(&q, &q, &q, &out, 0.1, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`q`") && err.contains("16-byte"), "{err}");
+}
