@@ -32,14 +32,25 @@
 //! holding index `i` and `j` and wrap around (an all-gather matmul starts on the
 //! rank's own rows, which are there first). Inside it:
 //!
+//! - `tile([b, s, whole(d)])`: `whole(d)` is one tile over all of `d` (its block
+//!   follows the extent at each launch, whatever the config says): attention's head
+//!   dimension, contracted by `q·kᵀ` and kept whole in the output accumulator;
 //! - `for t in tile(extent) { … }`: a nested tile loop, run sequentially in the program;
+//!   `tile(sk).until(bound)` walks only the tiles that begin before `bound` (an
+//!   integer computed in the program, e.g. `tm.end()` for a causal mask), each tile
+//!   keeping its extent (attention kernels);
 //! - `t.begin()`, `t.end()`, `t.size()`: the bounds of the program's tile along `t`;
 //! - `x[(tm, tk)]`, `bias[tn]`: tile loads; `out[(tm, tn)] = value;`: tile stores.
 //!   Ragged edges are masked, so any extent works. A tensor's size along each
 //!   dimension must equal the extent of the tile that indexes it (checked at launch);
 //! - `zeros::<f32>([tm, tn])`, `full::<f32>([tm, tn], v)`: accumulators;
 //! - `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`: `acc + a·b` on tensor cores (bf16 or
-//!   f16 operands, f32 accumulation);
+//!   f16 operands, f32 accumulation). It contracts by tile name, over the one tile
+//!   both operands have and `acc` lacks, so `addmm(s, q[(tb, tm, td)], k[(tb, tn, td)])`
+//!   is `s + q·kᵀ` for each batch tile `tb`. A matmul kernel (one `addmm` loop) takes
+//!   `b` as `[k, n]`; a loop with two (scores, then `acc = addmm(acc * alpha,
+//!   p.cast::<bf16>(), v[(tb, tn, td)])`) is lowered as flash attention
+//!   (`examples/attention.rs`);
 //! - elementwise `+ - * / %`, `min`, `max`, `exp`, `log`, `sqrt`, `rsqrt`, `abs`, `relu`,
 //!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh`, and the derivatives `relu_grad`,
 //!   `gelu_grad` (functions or methods). As in Triton, `exp` is `2^(x·log2 e)` on the
@@ -47,7 +58,8 @@
 //!   rounding of `x·log2 e` for large `|x|`); the others are CUDA's libm;
 //!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
 //!   dimension name: `acc + bias[tn]` adds the bias to every row;
-//! - in kernels without `addmm`: `x.sum(tn)`, `x.max(tn)`, `x.min(tn)` reduce a tile
+//! - in kernels without `addmm`, and in attention kernels over the keys:
+//!   `x.sum(tn)`, `x.max(tn)`, `x.min(tn)` reduce a tile
 //!   along the tile `tn` of the enclosing `tile()` loop (its in-bounds elements only),
 //!   giving a per-row tile that broadcasts back (`exp(v - row_max)`); per-row
 //!   accumulators (`full::<f32>([tm], f32::NEG_INFINITY)`) carry across the loop's
