@@ -52,6 +52,19 @@ pub fn check(kernel: &Kernel, spec: &Spec) -> Result<Checked, CodegenError> {
     Ok(Checked { vars })
 }
 
+/// The tile dimensions of `e`, an expression of `kernel` (specialized and
+/// checked for `spec`, with `checked` its result), by the checker's own rules;
+/// empty if it does not check.
+pub(crate) fn dims_of(kernel: &Kernel, spec: &Spec, checked: &Checked, e: &Expr) -> Vec<DimId> {
+    let mut c = Checker {
+        k: kernel,
+        spec,
+        vars: checked.vars.iter().cloned().map(Some).collect(),
+        scope: (0..kernel.dims.len()).collect(),
+    };
+    c.expr(e, "").map(|t| t.dims).unwrap_or_default()
+}
+
 struct Checker<'a> {
     k: &'a Kernel,
     spec: &'a Spec,

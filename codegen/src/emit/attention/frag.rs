@@ -386,30 +386,9 @@ impl Frags<'_> {
     }
 }
 
-/// The tile dimensions of `x` (sorted), as the checker gave them.
+/// The tile dimensions of `x` (sorted), by the checker's rules.
 pub(super) fn dims_of(e: &Emitter, x: &Expr) -> Vec<DimId> {
-    let mut dims: Vec<DimId> = match x {
-        Expr::Var(v) => e.checked.vars[*v].dims.clone(),
-        Expr::Load { index, .. } => index.clone(),
-        Expr::Full { dims, .. } => dims.clone(),
-        Expr::TileIndex(d) => vec![*d],
-        Expr::Addmm { acc, .. } => dims_of(e, acc),
-        Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => {
-            [dims_of(e, lhs), dims_of(e, rhs)].concat()
-        }
-        Expr::Select {
-            mask,
-            then,
-            otherwise,
-            ..
-        } => [dims_of(e, mask), dims_of(e, then), dims_of(e, otherwise)].concat(),
-        Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => dims_of(e, arg),
-        Expr::Reduce { arg, dim, .. } => dims_of(e, arg).into_iter().filter(|d| d != dim).collect(),
-        _ => Vec::new(),
-    };
-    dims.sort_unstable();
-    dims.dedup();
-    dims
+    crate::check::dims_of(e.k, e.spec, e.checked, x)
 }
 
 /// A store's value without its untyped `.cast()` (the store converts).
