@@ -50,12 +50,14 @@
 //!   is `s + q·kᵀ` for each batch tile `tb`. A matmul kernel (one `addmm` loop) takes
 //!   `b` as `[k, n]`; a loop with two (scores, then `acc = addmm(acc * alpha,
 //!   p.cast::<bf16>(), v[(tb, tn, td)])`) is lowered as flash attention
-//!   (`examples/attention.rs`);
+//!   (`examples/attention.rs`): with `wgmma` (the default on Hopper) in the manner of
+//!   FlashAttention-3, else of FlashAttention-2;
 //! - elementwise `+ - * / %`, `min`, `max`, `exp`, `log`, `sqrt`, `rsqrt`, `abs`, `relu`,
 //!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh`, and the derivatives `relu_grad`,
 //!   `gelu_grad` (functions or methods). As in Triton, `exp` is `2^(x·log2 e)` on the
 //!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp, plus the
-//!   rounding of `x·log2 e` for large `|x|`); the others are CUDA's libm;
+//!   rounding of `x·log2 e` for large `|x|`; `exp(a - b)` is `2^(a·log2 e − b·log2 e)`,
+//!   one fused multiply-add, as FlashAttention computes it); the others are CUDA's libm;
 //!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
 //!   dimension name: `acc + bias[tn]` adds the bias to every row;
 //! - in kernels without `addmm`, and in attention kernels over the keys:

@@ -7,7 +7,10 @@ mod common;
 
 use common::examples::{attention, softmax};
 use tilefuse::codegen::plan::{classify, Shape};
-use tilefuse::codegen::{default_config, fit_whole_dims, ir::Expr, ir::Stmt, lower, Config};
+use tilefuse::codegen::{
+    default_config, default_config_for, default_wgmma_attention, fit_whole_dims, ir::Expr,
+    ir::Stmt, lower, Config, Target,
+};
 
 /// dims: tb, th, tm, td, tn
 const TM: usize = 2;
@@ -88,4 +91,90 @@ fn a_whole_tile_takes_its_extent() {
     let pinned = Config::new(&[1, 1, 64, 8, 32]).num_warps(4);
     let f = fit_whole_dims(ir, pinned, &ext(200));
     assert_eq!((f.block_sizes[TD], f.num_warps), (256, 4));
+}
+
+/// The Hopper program (`wgmma`): a producer warpgroup loading q, k and v by
+/// 4-D TMA, consumers multiplying with `wgmma` (`p` from registers, `v`
+/// transposed), the two warpgroups taking turns, each tile's `p·v` issued with
+/// the next tile's `q·kᵀ`, and the cast of `p` done by the packing alone.
+#[test]
+fn the_hopper_program_lowers() {
+    let def = attention::attention::kernel();
+    let ir = def.ir().unwrap();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    let h200 = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+    };
+    let c = default_config_for(ir, &spec, h200);
+    assert_eq!(Some(&c), default_wgmma_attention(ir).as_ref());
+    let l = lower(ir, &spec, &c).unwrap();
+    assert_eq!(l.path, "attention (wgmma)");
+    assert_eq!(l.threads, 384, "a producer and two consumer warpgroups");
+    // q (128 rows), three stages of k and v (128 rows), 256 bytes a row; barriers; alignment slack.
+    assert_eq!(
+        l.shared_bytes as usize,
+        (128 + 6 * 128) * 256 + 8 * 10 + 1024
+    );
+    for needle in [
+        "cp.async.bulk.tensor.4d",
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        "setmaxnreg.inc.sync.aligned.u32 240",
+        "bar.sync 2, 256",
+        "bar.arrive 3, 256",
+        "tf_exp_diff(",
+    ] {
+        assert!(l.source.contains(needle), "no `{needle}` in\n{}", l.source);
+    }
+    // The previous tile's `p·v` waits for the next `q·kᵀ`; `p` is rounded once, by the packing.
+    assert!(l.source.contains("if (tf_it > 0) {"));
+    assert_eq!(
+        l.source.matches("tf_round_bf16(").count(),
+        1,
+        "the prelude's definition only"
+    );
+    // Without the Hopper target: the mma.sync program.
+    let plain = Target {
+        shared_limit: 227 * 1024,
+        wgmma: false,
+    };
+    assert!(!default_config_for(ir, &spec, plain).wgmma);
+}
+
+#[test]
+fn hopper_configs_the_lowering_cannot_run_say_why() {
+    let def = attention::attention::kernel();
+    let ir = def.ir().unwrap();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![0];
+    let err = |c: Config| lower(ir, &spec, &c.wgmma(true)).unwrap_err().to_string();
+    let c = |bm, bd, bn, w, s| Config::new(&[1, 1, bm, bd, bn]).num_warps(w).num_stages(s);
+    assert!(err(c(128, 128, 128, 4, 3)).contains("row block of 16 × num_warps"));
+    assert!(err(c(128, 128, 72, 8, 3)).contains("multiple of 16"));
+    assert!(err(c(128, 256, 128, 8, 2)).contains("accumulator registers"));
+    assert!(err(c(128, 128, 128, 8, 5)).contains("2 to 4 stages"));
+    assert!(err(c(128, 128, 128, 8, 3).persistent(true)).contains("leave them unset"));
+}
+
+#[test]
+fn the_hopper_default_fits_large_head_dimensions() {
+    let ir = attention::attention::kernel().ir().unwrap();
+    let hopper = default_wgmma_attention(ir).unwrap();
+    let ext = |d: usize| [Some(8), Some(16), Some(4096), Some(d), Some(4096)];
+    let f = fit_whole_dims(ir, hopper.clone(), &ext(128));
+    assert_eq!(
+        (f.block_sizes.clone(), f.num_stages),
+        (vec![1, 1, 128, 128, 128], 3)
+    );
+    // Past 128: 64 keys a step and two stages, so registers and shared memory hold.
+    let f = fit_whole_dims(ir, hopper, &ext(200));
+    assert_eq!(
+        (f.block_sizes.clone(), f.num_stages),
+        (vec![1, 1, 128, 256, 64], 2)
+    );
+    let mut spec = attention::attention::kernel().declared_spec().unwrap();
+    spec.constexprs = vec![0];
+    let l = lower(ir, &spec, &f).unwrap();
+    assert!(l.shared_bytes as usize <= 227 * 1024, "{}", l.shared_bytes);
 }

@@ -19,8 +19,10 @@ pub struct Config {
     /// Output tiles are visited in groups of this many tile rows, so blocks that run
     /// together share rows of A and columns of B in L2.
     pub group_m: usize,
-    /// Matmuls: the Hopper path (TMA + `wgmma`, sm_90a only); `num_warps` then counts
-    /// the consumer warps, and a producer warpgroup comes on top.
+    /// Matmuls and attention: the Hopper path (TMA + `wgmma`, sm_90a only);
+    /// `num_warps` then counts the consumer warps, and a producer warpgroup comes
+    /// on top. Attention takes 16 rows a consumer warp, a key block that is a
+    /// multiple of 16, and 2 to 4 stages of `k` and `v`.
     #[serde(default)]
     pub wgmma: bool,
     /// Hopper matmuls: a persistent grid (one block per SM, each looping over output
@@ -102,7 +104,7 @@ impl Config {
         self
     }
 
-    /// The Hopper (`wgmma`) lowering for a matmul; see [`Config::wgmma`].
+    /// The Hopper (`wgmma`) lowering for a matmul or attention; see [`Config::wgmma`].
     pub fn wgmma(mut self, on: bool) -> Config {
         self.wgmma = on;
         self
@@ -234,6 +236,24 @@ pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> 
     )
 }
 
+/// The Hopper attention program's default (FlashAttention-3's shape for head
+/// dimensions up to 128): two consumer warpgroups of 64 query rows, 128 keys a
+/// step, three stages of `k` and `v` (a stage is released one tile late, when
+/// its `p·v` completes with the next tile's `q·kᵀ`: with two, every tile waited
+/// for its loads, 430 TFLOP/s against 544 at batch 8 × 16 heads × 4096 × 128 on
+/// an H200). [`fit_whole_dims`] takes 64 keys a step and two stages for head
+/// dimensions past 128 (the output accumulators and the tiles grow).
+pub fn default_wgmma_attention(kernel: &crate::ir::Kernel) -> Option<Config> {
+    let crate::plan::Shape::Attention(a) = crate::plan::classify(kernel).ok()? else {
+        return None;
+    };
+    let mut bs = vec![1; kernel.dims.len()];
+    bs[a.m] = 128;
+    bs[a.n] = 128;
+    bs[a.d] = 128;
+    Some(Config::new(&bs).num_warps(8).num_stages(3).wgmma(true))
+}
+
 /// The config a launch uses without tuning: on a [`Target`] with `wgmma`, the
 /// Hopper path when this specialization can take it (16-bit operands with rows
 /// TMA can load, or that can be staged into such rows: [`Config::stage`]),
@@ -247,6 +267,11 @@ pub fn default_config_for(
     let specialized = kernel.specialize(&spec.constexprs);
     let kernel = specialized.as_deref().unwrap_or(kernel);
     if target.wgmma {
+        if let Some(c) = default_wgmma_attention(kernel) {
+            if crate::emit::lower(kernel, spec, &c).is_ok() {
+                return c;
+            }
+        }
         if let Some(c) = default_wgmma_config(kernel, target.shared_limit) {
             // The TMA-store epilogue where the output allows it and it fits:
             // faster at every shape measured, 1.006-1.41x on an H200
@@ -331,16 +356,17 @@ pub fn fit_rows_default(
 /// `config` with the block of each `whole(…)` tile fitted to its extent at this
 /// launch (`extents[d]`, where known): the extent rounded up to a power of two,
 /// 16 at least. A `whole` tile's block is not a choice, so this applies to
-/// pinned and tuned configs too. An attention kernel's shape-blind default also
-/// takes 8 warps (16 rows each) instead of 4 (32 rows each) for head
-/// dimensions past 128, where 32 rows of output accumulators would not fit a
-/// thread's registers.
+/// pinned and tuned configs too. For head dimensions past 128, where the
+/// output accumulators grow, an attention kernel's shape-blind default takes 8
+/// warps (16 rows each) instead of 4 (32 rows each), and the Hopper default
+/// ([`default_wgmma_attention`]) 64 keys a step instead of 128, in two stages.
 pub fn fit_whole_dims(
     kernel: &crate::ir::Kernel,
     config: Config,
     extents: &[Option<usize>],
 ) -> Config {
     let is_default = config == default_config(kernel);
+    let is_hopper_default = Some(&config) == default_wgmma_attention(kernel).as_ref();
     let mut c = config;
     for (d, dim) in kernel.dims.iter().enumerate() {
         if let (true, Some(Some(x)), Some(b)) =
@@ -354,6 +380,14 @@ pub fn fit_whole_dims(
     {
         if c.block_sizes[a.d] > 128 {
             c = c.num_warps(8);
+        }
+    }
+    if let (true, Ok(crate::plan::Shape::Attention(a))) =
+        (is_hopper_default, crate::plan::classify(kernel))
+    {
+        if c.block_sizes[a.d] > 128 {
+            c.block_sizes[a.n] = 64;
+            c = c.num_stages(2);
         }
     }
     c

@@ -20,8 +20,8 @@ pub mod staging;
 
 pub use check::check;
 pub use config::{
-    default_config, default_config_for, default_config_within, default_wgmma_config,
-    fit_rows_default, fit_whole_dims, Config, Target,
+    default_config, default_config_for, default_config_within, default_wgmma_attention,
+    default_wgmma_config, fit_rows_default, fit_whole_dims, Config, Target,
 };
 pub use dtype::DType;
 pub use emit::{lower, Lowered, Param, SplitTail};

@@ -329,8 +329,33 @@ impl ConfigSpace {
             .collect()
     }
 
-    /// Attention: (rows, keys a step, warps), FlashAttention-2's shapes first.
+    /// Attention: on Hopper, the wgmma program's (rows, keys a step, stages),
+    /// FlashAttention-3's shapes first (176 keys: its non-causal choice at head
+    /// dimension 128); then the `mma.sync` program's (rows, keys a step, warps),
+    /// FlashAttention-2's shapes first.
     fn attention_seeds(&self, a: &AttentionShape) -> Vec<Config> {
+        const HOPPER: [(usize, usize, usize); 6] = [
+            (128, 128, 3),
+            (128, 176, 2),
+            (128, 64, 4),
+            (128, 128, 2),
+            (64, 128, 3),
+            (64, 64, 4),
+        ];
+        let mut out = Vec::new();
+        if self.wgmma {
+            for &(bm, bn, stages) in &HOPPER {
+                let mut c = Config {
+                    wgmma: true,
+                    ..self.default.clone()
+                }
+                .num_warps(bm / 16)
+                .num_stages(stages);
+                c.block_sizes[a.m] = bm;
+                c.block_sizes[a.n] = bn;
+                out.push(c);
+            }
+        }
         const PROVEN: [(usize, usize, usize); 7] = [
             (128, 64, 4),
             (128, 32, 4),
@@ -340,15 +365,17 @@ impl ConfigSpace {
             (256, 64, 8),
             (64, 128, 4),
         ];
-        PROVEN
-            .iter()
-            .map(|&(bm, bn, w)| {
-                let mut c = self.default.clone().num_warps(w);
-                c.block_sizes[a.m] = bm;
-                c.block_sizes[a.n] = bn;
-                c
-            })
-            .collect()
+        out.extend(PROVEN.iter().map(|&(bm, bn, w)| {
+            let mut c = Config {
+                wgmma: false,
+                ..self.default.clone()
+            }
+            .num_warps(w);
+            c.block_sizes[a.m] = bm;
+            c.block_sizes[a.n] = bn;
+            c
+        }));
+        out
     }
 
     /// Pointwise: the contiguous dimension's block a quarter to four times the

@@ -649,7 +649,7 @@ pub(crate) fn launch_variant(
             box_outer,
         } = *p
         {
-            maps.push(crate::tma::tensor_map_2d(
+            maps.push(crate::tma::tensor_map(
                 &tensors[tensor],
                 &k.tensors[tensor].name,
                 box_inner,

@@ -7,9 +7,10 @@ use crate::error::{argument, driver, Result};
 use cudarc::driver::sys;
 use tilefuse_codegen::DType;
 
-/// A descriptor of the 2-D tensor `t` (last dimension contiguous) for boxes of
-/// `box_outer` rows by `box_inner` elements, 128-byte swizzle, zero fill outside.
-pub(crate) fn tensor_map_2d(
+/// A descriptor of the tensor `t` (2 to 5 dimensions, the last contiguous) for
+/// boxes of `box_outer` rows by `box_inner` elements (one index of every outer
+/// dimension), 128-byte swizzle, zero fill outside.
+pub(crate) fn tensor_map(
     t: &TensorArg,
     name: &str,
     box_inner: usize,
@@ -28,35 +29,49 @@ pub(crate) fn tensor_map_2d(
             ))
         }
     };
-    let row_bytes = t.strides.first().copied().unwrap_or(0) as i64 * elem as i64;
-    if t.shape.len() != 2
-        || t.strides[1] != 1
-        || t.ptr % 16 != 0
-        || row_bytes <= 0
-        || row_bytes % 16 != 0
-    {
+    let rank = t.shape.len();
+    // Dimensions innermost first; each outer one's stride in bytes. A dimension of
+    // one index is never stepped: any valid stride stands in for its own (which
+    // may be 0 or odd for a broadcast or a view).
+    let dims: Vec<u64> = t.shape.iter().rev().map(|&n| n as u64).collect();
+    let mut strides: Vec<u64> = Vec::with_capacity(rank.saturating_sub(1));
+    let mut ok = (2..=5).contains(&rank) && t.strides[rank - 1] == 1 && t.ptr % 16 == 0;
+    let mut span = (t.shape[rank - 1] as u64 * elem as u64).div_ceil(16) * 16;
+    for i in (0..rank.saturating_sub(1)).rev() {
+        let bytes = t.strides[i] as i64 * elem as i64;
+        let s = if t.shape[i] == 1 {
+            span.max(16)
+        } else {
+            bytes.max(0) as u64
+        };
+        ok &= s > 0 && s % 16 == 0 && s < (1 << 40);
+        span = s * t.shape[i].max(1) as u64;
+        strides.push(s);
+    }
+    if !ok {
         return Err(argument(
             "TMA descriptor",
             name,
             format!(
-                "needs a 2-D tensor with contiguous rows, a 16-byte aligned start and a row stride that is a multiple of 16 bytes; got shape {:?}, strides {:?}",
+                "needs a tensor of 2 to 5 dimensions with contiguous rows, a 16-byte aligned start and \
+                 outer strides that are positive multiples of 16 bytes; got shape {:?}, strides {:?}",
                 t.shape, t.strides
             ),
         ));
     }
-    let dims: [u64; 2] = [t.shape[1] as u64, t.shape[0] as u64];
-    let strides: [u64; 1] = [row_bytes as u64];
-    let boxes: [u32; 2] = [box_inner as u32, box_outer as u32];
-    let elem_strides: [u32; 2] = [1, 1];
+    let mut boxes = vec![1u32; rank];
+    boxes[0] = box_inner as u32;
+    boxes[1] = box_outer as u32;
+    let elem_strides = vec![1u32; rank];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: every array holds `rank` (2) entries (strides rank - 1); the address is
+    // SAFETY: every array holds `rank` entries (strides rank - 1); the address is
     // a live device allocation of at least `dims` elements at these strides (the
     // tensor's), and `map` is writable storage of the right size and alignment.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             data_type,
-            2,
+            rank as u32,
             t.ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),

@@ -9,7 +9,7 @@ use crate::matmul::{mm_bf16, mm_f16};
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
 
-fn hopper() -> Option<crate::common::Gpu> {
+pub(crate) fn hopper() -> Option<crate::common::Gpu> {
     let dev = gpu()?;
     if dev.compute_capability().0 != 9 {
         eprintln!(

@@ -229,6 +229,19 @@ impl ElemCtx<'_> {
                 }
             }
             Expr::Unary { op, arg } => {
+                if let (UnOp::Exp, Expr::Binary {
+                    op: BinOp::Sub,
+                    lhs,
+                    rhs,
+                    ..
+                }) = (op, &**arg)
+                {
+                    let (a, b) = (self.emit(lhs, at)?, self.emit(rhs, at)?);
+                    if a.1 == CTy::F32 || b.1 == CTy::F32 {
+                        let code = format!("tf_exp_diff({}, {})", to_f32(a), to_f32(b));
+                        return Ok((code, CTy::F32));
+                    }
+                }
                 let x = self.emit(arg, at)?;
                 if x.1 == CTy::I64 {
                     match op {

@@ -32,8 +32,8 @@
 use super::gemm::{
     after_loop, before_loop, grid_rotation, grouped_tile, split_fixup, FixupSite, Geometry,
 };
+use super::hopper::WgmmaA;
 use super::{config_err, Emitter, Lowered, Param, SplitTail, TmaStore};
-use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
 use crate::plan::GemmShape;
@@ -41,75 +41,6 @@ use std::fmt::Write;
 
 /// The bytes of one 64-element (128-byte) swizzle row times 8 rows.
 const ATOM: usize = 1024;
-
-const HELPERS: &str = r#"
-struct __align__(64) tf_tmap { tf_u64 v[16]; };
-__device__ __forceinline__ void tf_mbar_init(tf_u32 bar, tf_u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void tf_mbar_expect_tx(tf_u32 bar, tf_u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tf_mbar_arrive(tf_u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ bool tf_mbar_test(tf_u32 bar, tf_u32 parity) {
-  tf_u32 ok;
-  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) { while (!tf_mbar_test(bar, parity)) {} }
-__device__ __forceinline__ void tf_tma_2d(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
-}
-// Clusters: this block's rank, a barrier over every thread of the cluster, an
-// arrive on the barrier at the same offset in block `rank`, and a TMA load that
-// lands at the same offset (and completes the same barrier) in every block of `mask`.
-__device__ __forceinline__ tf_u32 tf_cluster_rank() { tf_u32 r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
-__device__ __forceinline__ void tf_cluster_sync() { asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory"); }
-__device__ __forceinline__ void tf_mbar_arrive_in(tf_u32 bar, tf_u32 rank) {
-  asm volatile("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [ra]; }"
-               :: "r"(bar), "r"(rank) : "memory");
-}
-__device__ __forceinline__ void tf_tma_2d_multicast(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar, tf_u16 mask) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
-               :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
-}
-// The TMA-store epilogue: a box of shared memory to the tensor at (c0, c1),
-// clipped to the tensor, completing in this thread's bulk group.
-__device__ __forceinline__ void tf_tma_store_2d(const tf_tmap* map, tf_u32 src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-               :: "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(src) : "memory");
-}
-// A shared-memory matrix descriptor: 128-byte swizzle, byte offsets >> 4.
-__device__ __forceinline__ tf_u64 tf_wgmma_desc(tf_u32 addr, tf_u32 lbo, tf_u32 sbo) {
-  return (tf_u64)((addr & 0x3FFFF) >> 4) | ((tf_u64)(lbo >> 4) << 16) | ((tf_u64)(sbo >> 4) << 32) | (1ull << 62);
-}
-"#;
-
-/// The `wgmma.m64n{bn}k16` wrapper: `d` is the thread's `bn / 2` accumulators.
-fn wgmma_fn(bn: usize, dtype: DType) -> String {
-    let ty = if dtype == DType::BF16 { "bf16" } else { "f16" };
-    let n = bn / 2;
-    let regs: Vec<String> = (0..n).map(|i| format!("%{i}")).collect();
-    let outs: Vec<String> = (0..n).map(|i| format!("\"+f\"(d[{i}])")).collect();
-    format!(
-        r#"__device__ __forceinline__ void tf_wgmma(float* d, tf_u64 da, tf_u64 db) {{
-  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{s}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{regs}}}, %{da}, %{db}, p, 1, 1, 0, 1; }}"
-               : {outs}
-               : "l"(da), "l"(db), "r"(1));
-}}
-"#,
-        s = n + 2,
-        da = n,
-        db = n + 1,
-        regs = regs.join(", "),
-        outs = outs.join(", "),
-    )
-}
 
 pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenError> {
     let c = e.cfg.clone();
@@ -202,7 +133,11 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let (dm, dn) = (g.m, g.n);
     let (ta, tb) = (g.a, g.b);
 
-    let helpers = format!("{HELPERS}{}", wgmma_fn(bn, dtype));
+    let helpers = format!(
+        "{}{}",
+        super::hopper::HELPERS,
+        super::hopper::wgmma_fn("tf_wgmma", bn, dtype, WgmmaA::Shared, true)
+    );
     let out_map = tma_out.map(|(t, _)| {
         (
             Param::TensorMap {

@@ -6,6 +6,7 @@ mod expr;
 mod gemm;
 mod gemm_hopper;
 mod gemm_mainloop;
+mod hopper;
 mod pointwise;
 pub mod prelude;
 mod rows;
@@ -55,9 +56,10 @@ pub enum Param {
     SplitPartials,
     /// Split tail: one arrival counter per split tile, zero at launch (`unsigned*`).
     SplitCounters,
-    /// A TMA descriptor (`CUtensorMap`, 128 bytes, passed by value) of a 2-D tensor
-    /// with its last dimension contiguous: boxes of `box_outer` rows by `box_inner`
-    /// elements, 128-byte swizzle, zeros outside the tensor.
+    /// A TMA descriptor (`CUtensorMap`, 128 bytes, passed by value) of a tensor of
+    /// 2 to 5 dimensions with its last dimension contiguous: boxes of `box_outer`
+    /// rows by `box_inner` elements (one index of each outer dimension), 128-byte
+    /// swizzle, zeros outside the tensor.
     TensorMap {
         tensor: TensorId,
         box_inner: usize,
@@ -176,8 +178,10 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
         ));
     }
     let shape = classify(kernel)?;
+    // Attention has a Hopper program too (`wgmma`), without the matmul's options.
+    let attention = matches!(shape, Shape::Attention(_));
     if matches!(shape, Shape::Pointwise | Shape::Rows | Shape::Attention(_))
-        && (config.wgmma
+        && ((config.wgmma && !attention)
             || config.persistent
             || config.cluster_m != 1
             || config.stage
@@ -186,7 +190,11 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
         return Err(config_err(
             kernel,
             config,
-            "`wgmma`, `persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (one tile loop with `addmm`); leave them unset for this kernel",
+            if attention {
+                "`persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel"
+            } else {
+                "`wgmma`, `persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (one tile loop with `addmm`); leave them unset for this kernel"
+            },
         ));
     }
     if config.occupancy != 0 && !matches!(shape, Shape::Rows) {

@@ -32,6 +32,9 @@ __device__ __forceinline__ float tf_round_f16(float f) { return tf_f16_to_f32(tf
 // IEEE versions cost several times the instructions, which a row kernel
 // (softmax) that is otherwise memory-bound pays in full.
 __device__ __forceinline__ float tf_exp(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f)); return r; }
+// exp(a - b) as 2^(a·log2e - b·log2e): one FFMA before the ex2 (b·log2e is
+// shared where b is, e.g. a row's max), as FlashAttention computes softmax.
+__device__ __forceinline__ float tf_exp_diff(float a, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
 __device__ __forceinline__ float tf_div(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ float tf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tf_silu(float x) { return x / (1.0f + expf(-x)); }

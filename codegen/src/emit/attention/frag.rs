@@ -43,6 +43,11 @@ pub(super) struct Geo {
     pub mi: usize,
     pub ni: usize,
     pub di: usize,
+    /// The Hopper program (`wgmma`, TMA; see `hopper`), with its ring of stages.
+    pub wgmma: bool,
+    pub stages: usize,
+    /// Hopper: a tile's `p·v` is issued with the next tile's `q·kᵀ` (see `hopper`).
+    pub defer_pv: bool,
 }
 
 impl Geo {
@@ -271,16 +276,26 @@ impl Frags<'_> {
                  {ind}for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
                  {ind}#pragma unroll\n\
                  {ind}for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
-                 {ind}  float tf_a = {init};\n\
+                 {ind}  // {parts} partial results (short dependency chains), then the quad's.\n\
+                 {ind}  float tf_acc[{parts}];\n\
+                 {ind}  #pragma unroll\n\
+                 {ind}  for (int tf_q = 0; tf_q < {parts}; ++tf_q) tf_acc[tf_q] = {init};\n\
                  {ind}  #pragma unroll\n\
                  {ind}  for (int tf_j = 0; tf_j < {cols}; ++tf_j)\n\
                  {ind}  #pragma unroll\n\
-                 {ind}  for (int tf_e = 0; tf_e < 2; ++tf_e) {{ const float tf_b = {take}; tf_a = {fold}; }}\n\
+                 {ind}  for (int tf_e = 0; tf_e < 2; ++tf_e) {{\n\
+                 {ind}    const float tf_b = {take}; float tf_a = tf_acc[(tf_j * 2 + tf_e) % {parts}];\n\
+                 {ind}    tf_acc[(tf_j * 2 + tf_e) % {parts}] = {fold};\n\
+                 {ind}  }}\n\
+                 {ind}  float tf_a = tf_acc[0];\n\
+                 {ind}  #pragma unroll\n\
+                 {ind}  for (int tf_q = 1; tf_q < {parts}; ++tf_q) {{ const float tf_b = tf_acc[tf_q]; tf_a = {fold}; }}\n\
                  {ind}  float tf_b = __shfl_xor_sync(0xffffffffu, tf_a, 1); tf_a = {fold};\n\
                  {ind}  tf_b = __shfl_xor_sync(0xffffffffu, tf_a, 2); tf_a = {fold};\n\
                  {ind}  {name}[tf_mi][tf_h] = tf_a;\n\
                  {ind}}}\n",
                 mi = g.mi,
+                parts = (2 * cols).min(4),
                 at = super::super::one_line(at),
             );
             pre.push((r.clone(), format!("{name}[tf_mi][tf_h]")));

@@ -14,6 +14,7 @@
 //!   diagonal) runs a copy of the body without the edge masks and comparisons.
 
 mod frag;
+mod hopper;
 
 use super::expr::{CTy, ElemCtx};
 use super::{config_err, rewrite, Emitter, Lowered};
@@ -25,39 +26,26 @@ use frag::{Frags, Geo, Layout};
 use std::fmt::Write;
 
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
+    if e.cfg.wgmma {
+        return hopper::emit(e, a);
+    }
     let geo = geometry(e, a)?;
     let dtype = operands(e, a)?;
     let threads = geo.warps * 32;
     let shared = (geo.bm + 4 * geo.bn) * geo.hd * 2;
     let helpers = helpers(&geo, threads, dtype);
     let params = e.begin(threads, 1, &helpers, &[]);
-    let (m, d) = (a.m, a.d);
-    let _ = write!(
-        e.out,
-        "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
-         \x20 const int tid = threadIdx.x, lane = tid & 31, tf_warp = tid >> 5;\n\
-         \x20 const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_warp * {rows};\n\
-         \x20 (void)tf_g; (void)tf_t;\n\
-         \x20 // The last row tiles first: under a causal mask they have the most keys.\n\
-         \x20 long long tf_pid = blockIdx.x;\n\
-         \x20 const long long tf_mt = (s{mext} + B{m} - 1) / B{m};\n\
-         \x20 const long long tb{m} = (tf_mt - 1 - tf_pid % tf_mt) * B{m};\n\
-         \x20 tf_pid /= tf_mt;\n",
-        rows = 16 * geo.mi,
-        mext = e.k.dims[m].extent,
-    );
-    for &b in a.batch.iter().rev() {
-        let ext = e.k.dims[b].extent;
-        let _ = writeln!(
-            e.out,
-            "  const long long tb{b} = tf_pid % s{ext};  // tile `{}`\n  tf_pid /= s{ext};",
-            e.k.dims[b].name
-        );
-    }
+    program_tiles(e, a);
     let _ = writeln!(
         e.out,
-        "  const long long tb{d} = 0;\n\
-         \x20 const tf_u32 tf_sq = tf_smem_u32(tf_smem);\n\
+        "  const int lane = tid & 31, tf_warp = tid >> 5;\n\
+         \x20 const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_warp * {rows};\n\
+         \x20 (void)tf_g; (void)tf_t;",
+        rows = 16 * geo.mi,
+    );
+    let _ = writeln!(
+        e.out,
+        "  const tf_u32 tf_sq = tf_smem_u32(tf_smem);\n\
          \x20 const tf_u32 tf_sk = tf_sq + {q_bytes}u, tf_sv = tf_sk + {kv2}u;\n\
          \x20 // Each lane's `ldmatrix` row in its first 16-row block, at the first 16\n\
          \x20 // columns: a later block adds whole rows, a later k step XORs the chunk\n\
@@ -74,7 +62,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let _ = writeln!(
         e.out,
         "  tf_att_load<{bm}>(tf_sq, tf_q, tf_q_rs, tb{m}, tf_q_rows, tf_q_cols, tid);",
-        bm = geo.bm
+        bm = geo.bm,
+        m = a.m,
     );
     let mut frags = Frags {
         geo: &geo,
@@ -96,15 +85,58 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     Ok(e.finish(params, threads, shared, "attention (mma.sync, flash)"))
 }
 
-/// The block sizes and warps of the config, checked against what the lowering does.
-fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
-    let c = e.cfg;
-    let b = |d: DimId| c.block_sizes[d];
+/// The program's tiles: shared memory, `tid`, then the row tile (the last ones
+/// first: under a causal mask they have the most keys) and the batch tiles of
+/// `blockIdx.x`.
+fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
+    let (m, d) = (a.m, a.d);
+    let _ = write!(
+        e.out,
+        "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
+         \x20 const int tid = threadIdx.x;\n\
+         \x20 long long tf_pid = blockIdx.x;\n\
+         \x20 const long long tf_mt = (s{mext} + B{m} - 1) / B{m};\n\
+         \x20 const long long tb{m} = (tf_mt - 1 - tf_pid % tf_mt) * B{m};\n\
+         \x20 tf_pid /= tf_mt;\n",
+        mext = e.k.dims[m].extent,
+    );
+    for &b in a.batch.iter().rev() {
+        let ext = e.k.dims[b].extent;
+        let _ = writeln!(
+            e.out,
+            "  const long long tb{b} = tf_pid % s{ext};  // tile `{}`\n  tf_pid /= s{ext};",
+            e.k.dims[b].name
+        );
+    }
+    let _ = writeln!(e.out, "  const long long tb{d} = 0;");
+}
+
+/// `tf_nt`: how many key tiles the loop over `dim` walks (up to its `until` bound).
+fn key_tiles(e: &mut Emitter, dim: DimId, until: Option<&Expr>) -> Result<(), CodegenError> {
+    let next = e.k.dims[dim].extent;
+    let end = match until {
+        Some(u) => {
+            let (c, _) = e.ctx(&[]).emit(u, "tile(…).until(…)")?;
+            format!("tf_min_i(s{next}, {c})")
+        }
+        None => format!("s{next}"),
+    };
+    let _ = writeln!(
+        e.out,
+        "  const long long tf_n_end = {end};\n\
+         \x20 const int tf_nt = tf_n_end > 0 ? (int)((tf_n_end + B{dim} - 1) / B{dim}) : 0;"
+    );
+    Ok(())
+}
+
+/// The blocks both programs take: 1 for batch tiles (a program per index), a
+/// power of two from 16 to 256 for the head dimension.
+fn shared_blocks(e: &Emitter, a: &AttentionShape) -> Result<(), CodegenError> {
     for &t in &a.batch {
-        if b(t) != 1 {
+        if e.cfg.block_sizes[t] != 1 {
             return Err(config_err(
                 e.k,
-                c,
+                e.cfg,
                 format!(
                     "the batch tile `{}` of an attention kernel takes block size 1 (a program per index)",
                     e.k.dims[t].name
@@ -112,6 +144,40 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
             ));
         }
     }
+    let hd = e.cfg.block_sizes[a.d];
+    if !hd.is_power_of_two() || !(16..=256).contains(&hd) {
+        return Err(config_err(
+            e.k,
+            e.cfg,
+            format!(
+                "the head dimension's block is {hd}; an attention kernel takes a power of two from 16 to 256 \
+                 (the launch fits a `whole` tile to the extent)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `tf_pack(lo, hi)`: two f32 as the 16-bit pair of an operand register, `lo` in the low half.
+fn pack_fn(dtype: DType) -> String {
+    let cvt = if dtype == DType::BF16 {
+        "bf16x2"
+    } else {
+        "f16x2"
+    };
+    format!(
+        r#"__device__ __forceinline__ tf_u32 tf_pack(float lo, float hi) {{
+  tf_u32 r; asm("cvt.rn.{cvt}.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}}
+"#
+    )
+}
+
+/// The block sizes and warps of the config, checked against what the lowering does.
+fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
+    let c = e.cfg;
+    let b = |d: DimId| c.block_sizes[d];
+    shared_blocks(e, a)?;
     let (bm, bn, hd, warps) = (b(a.m), b(a.n), b(a.d), c.num_warps);
     if !matches!(warps, 4 | 8) {
         return Err(config_err(e.k, c, "an attention kernel runs 4 or 8 warps"));
@@ -134,16 +200,6 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
             format!("an attention kernel's key block is 16, 32, 64 or 128, not {bn}"),
         ));
     }
-    if !hd.is_power_of_two() || !(16..=256).contains(&hd) {
-        return Err(config_err(
-            e.k,
-            c,
-            format!(
-                "the head dimension's block is {hd}; an attention kernel takes a power of two from 16 to 256 \
-                 (the launch fits a `whole` tile to the extent)"
-            ),
-        ));
-    }
     let geo = Geo {
         m: a.m,
         n: a.n,
@@ -155,6 +211,9 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         mi: bm / (16 * warps),
         ni: bn / 8,
         di: hd / 8,
+        wgmma: false,
+        stages: 2,
+        defer_pv: false,
     };
     // Scores and output accumulator, in f32 registers a thread; ~60 more go to
     // operand fragments, row state and addresses, within the 255 a thread has.
@@ -233,11 +292,6 @@ fn helpers(g: &Geo, threads: usize, dtype: DType) -> String {
     } else {
         format!("((r / {}) & {})", 8 / ch, ch - 1)
     };
-    let cvt = if dtype == DType::BF16 {
-        "bf16x2"
-    } else {
-        "f16x2"
-    };
     let mma = if dtype == DType::BF16 {
         "tf_mma_bf16"
     } else {
@@ -247,11 +301,7 @@ fn helpers(g: &Geo, threads: usize, dtype: DType) -> String {
         r#"
 #define tf_att_mma {mma}
 __device__ __forceinline__ tf_u32 tf_swz(int r, int ch) {{ return (tf_u32)(r * {row_bytes} + ((ch ^ {swz}) << 4)); }}
-// Two f32 as the 16-bit pair of an operand register: `lo` in the low half.
-__device__ __forceinline__ tf_u32 tf_pack(float lo, float hi) {{
-  tf_u32 r; asm("cvt.rn.{cvt}.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
-}}
-// Rows `row0 ..` of an operand (`rows` of them, `cols` elements each) into a
+{pack}// Rows `row0 ..` of an operand (`rows` of them, `cols` elements each) into a
 // swizzled tile of ROWS rows; zeros outside the operand. A thread copies one
 // 16-byte column chunk of every STEP-th row: its source pointer moves by a
 // constant stride and its edge test is one compare against an immediate, so
@@ -277,6 +327,7 @@ __device__ __forceinline__ void tf_att_load(tf_u32 dst, const unsigned short* ba
 }}
 "#,
         row_bytes = g.hd * 2,
+        pack = pack_fn(dtype),
     )
 }
 
@@ -333,13 +384,7 @@ fn key_loop(
     let g = *f.geo;
     let n = *dim;
     let next = e.k.dims[n].extent;
-    let end = match until {
-        Some(u) => {
-            let (c, _) = e.ctx(&[]).emit(u, "tile(…).until(…)")?;
-            format!("tf_min_i(s{next}, {c})")
-        }
-        None => format!("s{next}"),
-    };
+    key_tiles(e, n, until.as_ref())?;
     let conds = uniform_compares(e, body, n, &g);
     let mut fast = format!("tb{n} + B{n} <= s{next}");
     for (c, _) in &conds {
@@ -351,8 +396,6 @@ fn key_loop(
     let _ = write!(
         e.out,
         "  // Key tiles: `k` and `v` one tile ahead, in two buffers each.\n\
-         \x20 const long long tf_n_end = {end};\n\
-         \x20 const int tf_nt = tf_n_end > 0 ? (int)((tf_n_end + B{n} - 1) / B{n}) : 0;\n\
          \x20 tf_att_load<{bn}>(tf_sk, tf_k, tf_k_rs, 0, tf_k_rows, tf_k_cols, tid);\n\
          \x20 tf_cp_async_commit();\n\
          \x20 tf_att_load<{bn}>(tf_sv, tf_v, tf_v_rs, 0, tf_v_rows, tf_v_cols, tid);\n\
@@ -398,7 +441,7 @@ fn loop_body(
     let named = e.named_vars.clone();
     for (i, s) in body.iter().enumerate() {
         if i == a.scores {
-            scores(e, f, s)?;
+            scores(e, a, f, s)?;
             continue;
         }
         if i == a.update {
@@ -437,7 +480,12 @@ fn loop_body(
 
 /// The statement holding `q·kᵀ`: the product into `tf_s`, then the statement
 /// with it as a computed value.
-fn scores(e: &mut Emitter, f: &mut Frags, s: &Stmt) -> Result<(), CodegenError> {
+fn scores(
+    e: &mut Emitter,
+    a: &AttentionShape,
+    f: &mut Frags,
+    s: &Stmt,
+) -> Result<(), CodegenError> {
     let ind = f.ind.clone();
     let ind = ind.as_str();
     let (Stmt::Let { var, value, at } | Stmt::Assign { var, value, at }) = s else {
@@ -460,30 +508,37 @@ fn scores(e: &mut Emitter, f: &mut Frags, s: &Stmt) -> Result<(), CodegenError> 
     f.reductions(e, acc, &mut pre)?;
     let (init, _) = f.ctx(e, Layout::Scores, &pre).emit(acc, at)?;
     let (open, close) = g.loop_open(Layout::Scores, ind);
+    let product = if g.wgmma {
+        hopper::scores_product(&g, ind, &format!("v{}", a.acc))
+    } else {
+        format!(
+            "{ind}#pragma unroll\n\
+             {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks) {{\n\
+             {ind}  tf_u32 tf_af[{mi}][4];\n\
+             {ind}  #pragma unroll\n\
+             {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
+             {ind}    tf_ldmatrix_x4(tf_af[tf_mi], (tf_qa + tf_mi * {rows16}u) ^ (tf_ks * 32));\n\
+{mmas}\
+             {ind}}}\n",
+            mi = g.mi,
+            ks = g.hd / 16,
+            rows16 = 16 * g.hd * 2,
+            mmas = mma_pairs(
+                &format!("{ind}  "),
+                &g,
+                g.ni / 2,
+                "tf_ldmatrix_x4(tf_bf, (tf_kb + tf_kl + tf_jp * ROWS16) ^ (tf_ks * 32))",
+                "tf_s",
+                "tf_af",
+            ),
+        )
+    };
     let _ = write!(
         e.out,
-        "{ind}float tf_s[{mi}][{ni}][4];  // {at}\n{open}{ind}  tf_s[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}\
-         {ind}#pragma unroll\n\
-         {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks) {{\n\
-         {ind}  tf_u32 tf_af[{mi}][4];\n\
-         {ind}  #pragma unroll\n\
-         {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
-         {ind}    tf_ldmatrix_x4(tf_af[tf_mi], (tf_qa + tf_mi * {rows16}u) ^ (tf_ks * 32));\n\
-{mmas}\
-         {ind}}}\n",
+        "{ind}float tf_s[{mi}][{ni}][4];  // {at}\n{open}{ind}  tf_s[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}{product}",
         mi = g.mi,
         ni = g.ni,
-        ks = g.hd / 16,
-        rows16 = 16 * g.hd * 2,
         at = super::one_line(at),
-        mmas = mma_pairs(
-            &format!("{ind}  "),
-            &g,
-            g.ni / 2,
-            "tf_ldmatrix_x4(tf_bf, (tf_kb + tf_kl + tf_jp * ROWS16) ^ (tf_ks * 32))",
-            "tf_s",
-            "tf_af",
-        ),
     );
     pre.push((mm, "tf_s[tf_mi][tf_j][tf_h * 2 + tf_e]".into()));
     let declare = matches!(s, Stmt::Let { .. });
@@ -524,6 +579,15 @@ fn update(
     let mut pre = Vec::new();
     f.reductions(e, p, &mut pre)?;
     let ctx: ElemCtx = f.ctx(e, Layout::Scores, &pre);
+    // Packing `p` into operand registers rounds to the operands' type (to
+    // nearest): a cast to it before is the same rounding, done once.
+    let p = match &**p {
+        Expr::Cast {
+            arg,
+            dtype: Some(dt),
+        } if *dt == e.spec.tensors[a.v].dtype => arg,
+        _ => p,
+    };
     let (pc, ty) = ctx.emit(p, at)?;
     let pc = if ty == CTy::I64 {
         format!("(float)({pc})")
@@ -541,35 +605,42 @@ fn update(
     };
     let (open, close) = g.loop_open(Layout::Scores, ind);
     let acc_v = format!("v{}", a.acc);
+    let product = if g.wgmma {
+        hopper::update_product(&g, ind, &acc_v)
+    } else {
+        format!(
+            "{ind}tf_cp_async_wait<2>();  // this tile's `v`\n\
+             {ind}__syncthreads();\n\
+             {ind}#pragma unroll\n\
+             {ind}for (int tf_kk = 0; tf_kk < {nkk}; ++tf_kk) {{\n\
+             {ind}  tf_u32 tf_pa[{mi}][4];\n\
+             {ind}  #pragma unroll\n\
+             {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi) {{\n\
+             {ind}    tf_pa[tf_mi][0] = tf_pack(tf_p[tf_mi][2 * tf_kk][0], tf_p[tf_mi][2 * tf_kk][1]);\n\
+             {ind}    tf_pa[tf_mi][1] = tf_pack(tf_p[tf_mi][2 * tf_kk][2], tf_p[tf_mi][2 * tf_kk][3]);\n\
+             {ind}    tf_pa[tf_mi][2] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][0], tf_p[tf_mi][2 * tf_kk + 1][1]);\n\
+             {ind}    tf_pa[tf_mi][3] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][2], tf_p[tf_mi][2 * tf_kk + 1][3]);\n\
+             {ind}  }}\n\
+{mmas}\
+             {ind}}}\n",
+            mi = g.mi,
+            nkk = g.ni / 2,
+            mmas = mma_pairs(
+                &format!("{ind}  "),
+                &g,
+                g.di / 2,
+                "tf_ldmatrix_x4_trans(tf_bf, (tf_vb + tf_vl + tf_kk * ROWS16) ^ (tf_jp * 32))",
+                &acc_v,
+                "tf_pa",
+            ),
+        )
+    };
     let _ = write!(
         e.out,
-        "{ind}float tf_p[{mi}][{ni}][4];  // {at_line}\n{open}{ind}  tf_p[tf_mi][tf_j][tf_h * 2 + tf_e] = {pc};\n{close}\
-         {ind}tf_cp_async_wait<2>();  // this tile's `v`\n\
-         {ind}__syncthreads();\n\
-         {ind}#pragma unroll\n\
-         {ind}for (int tf_kk = 0; tf_kk < {nkk}; ++tf_kk) {{\n\
-         {ind}  tf_u32 tf_pa[{mi}][4];\n\
-         {ind}  #pragma unroll\n\
-         {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi) {{\n\
-         {ind}    tf_pa[tf_mi][0] = tf_pack(tf_p[tf_mi][2 * tf_kk][0], tf_p[tf_mi][2 * tf_kk][1]);\n\
-         {ind}    tf_pa[tf_mi][1] = tf_pack(tf_p[tf_mi][2 * tf_kk][2], tf_p[tf_mi][2 * tf_kk][3]);\n\
-         {ind}    tf_pa[tf_mi][2] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][0], tf_p[tf_mi][2 * tf_kk + 1][1]);\n\
-         {ind}    tf_pa[tf_mi][3] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][2], tf_p[tf_mi][2 * tf_kk + 1][3]);\n\
-         {ind}  }}\n\
-{mmas}\
-         {ind}}}\n",
+        "{ind}float tf_p[{mi}][{ni}][4];  // {at_line}\n{open}{ind}  tf_p[tf_mi][tf_j][tf_h * 2 + tf_e] = {pc};\n{close}{product}",
         mi = g.mi,
         ni = g.ni,
-        nkk = g.ni / 2,
         at_line = super::one_line(at),
-        mmas = mma_pairs(
-            &format!("{ind}  "),
-            &g,
-            g.di / 2,
-            "tf_ldmatrix_x4_trans(tf_bf, (tf_vb + tf_vl + tf_kk * ROWS16) ^ (tf_jp * 32))",
-            &acc_v,
-            "tf_pa",
-        ),
     );
     Ok(())
 }

@@ -1,0 +1,499 @@
+//! The Hopper (sm_90a) attention program, in the manner of FlashAttention-3
+//! (`Config::wgmma`): a producer warpgroup and one or two consumer warpgroups of
+//! 64 query rows each.
+//!
+//! - One producer thread loads the block's `q` tile once, then every key tile's
+//!   `k` and `v` by TMA into a ring of `num_stages` shared buffers (128-byte
+//!   swizzled panels of 64 head-dimension columns; rows past the tensors come
+//!   in as zeros), each completing on its own `mbarrier`.
+//! - A consumer warpgroup computes its 64 rows of scores `q·kᵀ` with
+//!   `wgmma.m64n{BN}k16` from shared memory (both operands K-major) into
+//!   registers, in the layout the `mma.sync` program's fragments have (a warp's
+//!   16 rows, [`super::frag`]), so the kernel's elementwise code and row
+//!   reductions are the same; `p` goes to `wgmma.m64n{D}k16` as register
+//!   operands, `v` as a transposed (MN-major) shared operand. When both products
+//!   of a tile are done, each consumer warp releases its stage to the producer.
+
+use super::super::hopper::{tma_load_fn, wgmma_fn, WgmmaA, HELPERS};
+use super::super::{config_err, Emitter, Lowered, Param};
+use super::frag::{Frags, Geo};
+use super::{key_tiles, loop_body, operands, outside, uniform_compares, without};
+use crate::error::CodegenError;
+use crate::ir::*;
+use crate::plan::AttentionShape;
+use std::fmt::Write;
+
+/// Bytes of one swizzle atom (8 rows of 128 bytes); tiles start on one.
+const ATOM: usize = 1024;
+
+/// Registers a consumer thread gets (`setmaxnreg`), and the producer's.
+const CONSUMER_REGS: usize = 240;
+const PRODUCER_REGS: usize = 24;
+
+pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
+    let mut g = geometry(e, a)?;
+    let dtype = operands(e, a)?;
+    let rank = e.spec.tensors[a.q].rank;
+    for t in [a.k, a.v] {
+        if e.spec.tensors[t].rank != rank {
+            return Err(config_err(
+                e.k,
+                e.cfg,
+                "the wgmma attention path loads q, k and v with TMA and needs them of one rank; \
+                 leave `wgmma` unset",
+            ));
+        }
+    }
+    if rank > 5 {
+        return Err(config_err(
+            e.k,
+            e.cfg,
+            format!("TMA loads tensors of up to 5 dimensions; q has {rank}: leave `wgmma` unset"),
+        ));
+    }
+    if let Some(at) = e.k.body[a.kv_loop + 1..].iter().find_map(|s| match s {
+        Stmt::Wait { at, .. } => Some(at.clone()),
+        _ => None,
+    }) {
+        return Err(CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at,
+            message:
+                "the wgmma attention path waits before the key loop only; move the `wait` before it"
+                    .into(),
+        });
+    }
+    let consumers = g.warps / 4;
+    let stages = g.stages;
+    // A tile's `p·v` may wait to be issued with the next tile's `q·kᵀ` (and is
+    // complete when that returns) if nothing in the key loop between the two
+    // reads the output accumulator.
+    if let Stmt::Loop { body, .. } = &e.k.body[a.kv_loop] {
+        g.defer_pv = body
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i < a.scores || *i > a.update)
+            .all(|(_, s)| !stmt_reads(s, a.acc));
+    }
+    let threads = 128 * (consumers + 1);
+    let q_bytes = g.bm * g.hd * 2;
+    let kv_bytes = g.bn * g.hd * 2;
+    let panels = g.hd / 64;
+    let tiles = q_bytes + 2 * stages * kv_bytes;
+    let bars = 8 * (1 + 3 * stages);
+    let shared = tiles + bars + ATOM;
+
+    let mut helpers = String::from(HELPERS);
+    if rank != 2 {
+        helpers += &tma_load_fn(rank);
+    }
+    helpers += &wgmma_fn("tf_wgmma_qk", g.bn, dtype, WgmmaA::Shared, false);
+    helpers += &wgmma_fn("tf_wgmma_pv", g.hd, dtype, WgmmaA::Registers, true);
+    helpers += &super::pack_fn(dtype);
+    let maps: Vec<(Param, String)> = [("q", a.q, g.bm), ("k", a.k, g.bn), ("v", a.v, g.bn)]
+        .into_iter()
+        .map(|(name, t, rows)| {
+            (
+                Param::TensorMap {
+                    tensor: t,
+                    box_inner: 64,
+                    box_outer: rows,
+                },
+                format!("const __grid_constant__ tf_tmap tf_map_{name}"),
+            )
+        })
+        .collect();
+    let extra: Vec<(Param, &str)> = maps.iter().map(|(p, d)| (*p, d.as_str())).collect();
+    let params = e.begin(threads, 1, &helpers, &extra);
+    let (m, n) = (a.m, a.n);
+    super::program_tiles(e, a);
+    let _ = write!(
+        e.out,
+        "  const int warp = tid >> 5;\n\
+         \x20 // Tiles from a 1024-byte boundary: q ({panels} panels of 64 columns), then the\n\
+         \x20 // rings of k and v ({stages} stages), then the barriers: q's, each stage's\n\
+         \x20 // k and v arrivals, each stage's release by the consumer warps.\n\
+         \x20 const tf_u32 tf_sq = (tf_smem_u32(tf_smem) + {atom_m1}u) & ~{atom_m1}u;\n\
+         \x20 const tf_u32 tf_sk = tf_sq + {q_bytes}u, tf_sv = tf_sk + {ring}u, tf_bq = tf_sv + {ring}u;\n\
+         \x20 const tf_u32 tf_bk = tf_bq + 8u, tf_bv = tf_bk + {sb}u, tf_be = tf_bv + {sb}u;\n\
+         \x20 if (tid == 0) {{\n\
+         \x20   tf_mbar_init(tf_bq, 1);\n\
+         \x20   for (int s = 0; s < {stages}; ++s) {{\n\
+         \x20     tf_mbar_init(tf_bk + s * 8, 1);\n\
+         \x20     tf_mbar_init(tf_bv + s * 8, 1);\n\
+         \x20     tf_mbar_init(tf_be + s * 8, {cw});\n\
+         \x20   }}\n\
+         \x20   asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n\
+         \x20 }}\n\
+         \x20 __syncthreads();\n",
+        atom_m1 = ATOM - 1,
+        ring = stages * kv_bytes,
+        sb = stages * 8,
+        cw = 4 * consumers,
+    );
+    // Block-level statements before the key loop run on every thread: the
+    // producer needs their scalars (the loop's bound) and their `wait`s.
+    let body = e.k.body.clone();
+    let mut waited = false;
+    for s in &body[..a.kv_loop] {
+        waited |= matches!(s, Stmt::Wait { .. });
+        e.block_stmt(s, "  ")?;
+    }
+    if waited {
+        // Flags acquired by generic loads; the TMA unit reads through the async proxy.
+        e.out
+            .push_str("  asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");\n");
+    }
+    let Stmt::Loop {
+        dim,
+        body: kv_body,
+        until,
+    } = &body[a.kv_loop]
+    else {
+        return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
+    };
+    key_tiles(e, *dim, until.as_ref())?;
+    // TMA coordinates, innermost first: column, row, then the batch tiles.
+    let batch: String = a
+        .batch
+        .iter()
+        .rev()
+        .map(|b| format!(", (int)tb{b}"))
+        .collect();
+    let load = |map: &str, dst: &str, row: &str, bar: &str, rows: usize| -> String {
+        (0..panels)
+            .map(|p| {
+                format!(
+                    "        tf_tma_{rank}d({dst} + {off}u, &tf_map_{map}, {col}, (int)({row}){batch}, {bar});\n",
+                    off = p * rows * 128,
+                    col = p * 64
+                )
+            })
+            .collect()
+    };
+    let _ = write!(
+        e.out,
+        "  if (warp < 4) {{\n\
+         \x20   // Producer: one thread issues every load.\n\
+         \x20   asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");\n\
+         \x20   if (tid == 0) {{\n\
+         \x20     tf_mbar_expect_tx(tf_bq, {q_bytes}u);\n\
+         {q_load}\
+         \x20     for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{\n\
+         \x20       const int s = tf_it % {stages};\n\
+         \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_be + s * 8, ((tf_it / {stages}) & 1) ^ 1);\n\
+         \x20       const int tf_row = tf_it * B{n};\n\
+         \x20       tf_mbar_expect_tx(tf_bk + s * 8, {kv_bytes}u);\n\
+         {k_load}\
+         \x20       tf_mbar_expect_tx(tf_bv + s * 8, {kv_bytes}u);\n\
+         {v_load}\
+         \x20     }}\n\
+         \x20   }}\n\
+         \x20 }} else {{\n\
+         \x20   asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};\");\n\
+         \x20   // Consumer warp w (0..{last}) owns rows 16w..16w+15; its warpgroup's 64 rows\n\
+         \x20   // start at 64 · (w / 4) in each panel of q.\n\
+         \x20   const int lane = tid & 31, tf_cw = warp - 4;\n\
+         \x20   const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_cw * 16;\n\
+         \x20   const tf_u32 tf_qw = tf_sq + (tf_cw >> 2) * {wg_rows}u;\n\
+         {deferred}",
+        q_load = load("q", "tf_sq", &format!("tb{m}"), "tf_bq", g.bm).replace("        ", "      "),
+        k_load = load("k", "tf_sk + s * KVu", "tf_row", "tf_bk + s * 8", g.bn)
+            .replace("KV", &kv_bytes.to_string()),
+        v_load = load("v", "tf_sv + s * KVu", "tf_row", "tf_bv + s * 8", g.bn)
+            .replace("KV", &kv_bytes.to_string()),
+        last = 4 * consumers - 1,
+        wg_rows = 64 * 128,
+        deferred = if g.defer_pv {
+            format!(
+                "    tf_u32 tf_pa[{kk}][4];  // the last tile's `p`, multiplied with its `v` next iteration\n{first}",
+                kk = g.bn / 16,
+                first = if consumers == 2 {
+                    "    // The warpgroups take turns at the tensor cores, the first one first.\n\
+                     \x20   if (tf_cw >= 4 && tf_nt > 0) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");\n"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            String::new()
+        },
+    );
+    // The consumer warps store the outputs (and signal after them).
+    e.storers = (
+        "(tid - 128)".into(),
+        format!(
+            "asm volatile(\"bar.sync 1, {};\" ::: \"memory\");",
+            128 * consumers
+        ),
+    );
+    let mut frags = Frags {
+        geo: &g,
+        batch: &a.batch,
+        layouts: vec![None; e.k.vars.len()],
+        temps: 0,
+        masked: true,
+        ind: "    ".into(),
+    };
+    for s in &body[..a.kv_loop] {
+        if !is_block_level(e, s) {
+            outside(e, &mut frags, s)?;
+        }
+    }
+    let conds = uniform_compares(e, kv_body, n, &g);
+    let mut fast = format!("tb{n} + B{n} <= s{}", e.k.dims[n].extent);
+    for (c, _) in &conds {
+        let _ = write!(fast, " && {c}");
+    }
+    let compares: Vec<Expr> = conds.into_iter().map(|(_, x)| x).collect();
+    let fast_body: Vec<Stmt> = kv_body.iter().map(|s| without(s, &compares)).collect();
+    let _ = write!(
+        e.out,
+        "    tf_mbar_wait(tf_bq, 0);\n\
+         \x20   for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
+         \x20     const long long tb{n} = (long long)tf_it * B{n};\n\
+         \x20     const int tf_st = tf_it % {stages};\n\
+         \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
+         \x20     const tf_u32 tf_kb = tf_sk + tf_st * {kv_bytes}u{vb};\n\
+         \x20     tf_mbar_wait(tf_bk + tf_st * 8, tf_ph);\n\
+         \x20     if ({fast}) {{\n",
+        name = e.k.dims[n].name,
+        vb = if g.defer_pv {
+            String::new()
+        } else {
+            format!(", tf_vb = tf_sv + tf_st * {kv_bytes}u")
+        },
+    );
+    loop_body(e, a, &mut frags, &fast_body, false)?;
+    e.out.push_str("      } else {\n");
+    loop_body(e, a, &mut frags, kv_body, true)?;
+    if g.defer_pv {
+        // The last tile's `p·v`.
+        let _ = write!(
+            e.out,
+            "      }}\n    }}\n    if (tf_nt > 0) {{\n\
+             \x20     const int tf_st = (tf_nt - 1) % {stages};\n\
+             \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
+             \x20     tf_mbar_wait(tf_bv + tf_st * 8, ((tf_nt - 1) / {stages}) & 1);\n\
+             \x20     asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
+             {pv}\
+             \x20     asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
+             \x20     asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n\
+             \x20   }}\n",
+            pv = pv_issue(&g, "      ", &format!("v{}", a.acc)),
+        );
+    } else {
+        e.out.push_str(
+            "      }\n      if (lane == 0) tf_mbar_arrive(tf_be + tf_st * 8);  // both products read the stage\n    }\n",
+        );
+    }
+    frags.ind = "    ".into();
+    for s in &body[a.kv_loop + 1..] {
+        outside(e, &mut frags, s)?;
+    }
+    e.out.push_str("  }\n}\n");
+    Ok(e.finish(params, threads, shared, "attention (wgmma)"))
+}
+
+/// Whether `s` is emitted for the whole block (a scalar `let`, a `wait`).
+fn is_block_level(e: &Emitter, s: &Stmt) -> bool {
+    match s {
+        Stmt::Let { var, .. } => e.checked.vars[*var].dims.is_empty(),
+        Stmt::Wait { .. } | Stmt::Signal { .. } => true,
+        _ => false,
+    }
+}
+
+/// The block sizes, warps and stages of the config, checked against what the
+/// lowering does.
+fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
+    let c = e.cfg;
+    let b = |d: DimId| c.block_sizes[d];
+    super::shared_blocks(e, a)?;
+    let (bm, bn, hd, warps) = (b(a.m), b(a.n), b(a.d), c.num_warps);
+    if !matches!(warps, 4 | 8) || bm != 16 * warps {
+        return Err(config_err(
+            e.k,
+            c,
+            format!(
+                "the wgmma attention path runs 4 or 8 consumer warps (one or two warpgroups of 64 rows) with \
+                 a row block of 16 × num_warps; got {warps} warps and a row block of {bm}"
+            ),
+        ));
+    }
+    if bn % 16 != 0 || !(16..=256).contains(&bn) {
+        return Err(config_err(
+            e.k,
+            c,
+            format!("the wgmma attention path takes a key block that is a multiple of 16 up to 256, not {bn}"),
+        ));
+    }
+    if !(2..=4).contains(&c.num_stages) {
+        return Err(config_err(
+            e.k,
+            c,
+            format!(
+                "the wgmma attention path keeps 2 to 4 stages of k and v, not {}",
+                c.num_stages
+            ),
+        ));
+    }
+    // Panels of 64 columns (one 128-byte swizzle row): smaller head dimensions
+    // compute on zero columns that TMA fills in.
+    let hd = hd.max(64);
+    let held = (bn + hd) / 2;
+    if held > 160 {
+        return Err(config_err(
+            e.k,
+            c,
+            format!(
+                "a consumer thread would hold {held} accumulator registers (scores {} + output {}) of its {CONSUMER_REGS}; \
+                 take a smaller key block",
+                bn / 2,
+                hd / 2
+            ),
+        ));
+    }
+    Ok(Geo {
+        m: a.m,
+        n: a.n,
+        d: a.d,
+        bm,
+        bn,
+        hd,
+        warps,
+        mi: 1,
+        ni: bn / 8,
+        di: hd / 8,
+        wgmma: true,
+        stages: c.num_stages,
+        defer_pv: false,
+    })
+}
+
+/// `q·kᵀ` into the warpgroup's scores `tf_s` (initialized): one `wgmma` per 16
+/// columns of the head dimension, then wait for them. With [`Geo::defer_pv`]
+/// the previous tile's `p·v` goes first in the same group, and its stage is
+/// released when the group completes; with two consumer warpgroups each issues
+/// its group in turn (named barriers 2 and 3), so one warpgroup's softmax runs
+/// while the other's products keep the tensor cores busy.
+pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
+    let panel = |rows: usize| rows * 128;
+    let pingpong = g.defer_pv && g.warps == 8;
+    let mut out = String::new();
+    if pingpong {
+        let _ = writeln!(
+            out,
+            "{ind}if (tf_cw < 4) asm volatile(\"bar.sync 2, 256;\" ::: \"memory\");\n\
+             {ind}else asm volatile(\"bar.sync 3, 256;\" ::: \"memory\");"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"
+    );
+    if g.defer_pv {
+        let _ = write!(
+            out,
+            "{ind}const int tf_pst = (tf_it + {s1}) % {stages};  // the last tile's stage\n\
+             {ind}if (tf_it > 0) {{\n\
+             {ind}  const tf_u32 tf_vb = tf_sv + tf_pst * {kv}u;\n\
+             {ind}  tf_mbar_wait(tf_bv + tf_pst * 8, ((tf_it - 1) / {stages}) & 1);\n\
+             {pv}\
+             {ind}}}\n",
+            s1 = g.stages - 1,
+            stages = g.stages,
+            kv = g.bn * g.hd * 2,
+            pv = pv_issue(g, &format!("{ind}  "), acc),
+        );
+    }
+    let _ = write!(
+        out,
+        "{ind}#pragma unroll\n\
+         {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks)\n\
+         {ind}  tf_wgmma_qk(&tf_s[0][0][0],\n\
+         {ind}      tf_wgmma_desc(tf_qw + (tf_ks >> 2) * {qp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u),\n\
+         {ind}      tf_wgmma_desc(tf_kb + (tf_ks >> 2) * {kp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u));\n\
+         {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
+        ks = g.hd / 16,
+        qp = panel(g.bm),
+        kp = panel(g.bn),
+    );
+    if pingpong {
+        // Every turn one warpgroup takes is one the other gave: the second
+        // gives none after its last (the first's initial turn was given before the loop).
+        let _ = writeln!(
+            out,
+            "{ind}if (tf_cw < 4) asm volatile(\"bar.arrive 3, 256;\" ::: \"memory\");\n\
+             {ind}else if (tf_it + 1 < tf_nt) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{ind}asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");"
+    );
+    if g.defer_pv {
+        let _ = writeln!(
+            out,
+            "{ind}if (tf_it > 0 && lane == 0) tf_mbar_arrive(tf_be + tf_pst * 8);  // its products are done"
+        );
+    }
+    out
+}
+
+/// The `wgmma`s of `acc += p·v` from the packed `tf_pa` and the stage at `tf_vb`.
+fn pv_issue(g: &Geo, ind: &str, acc: &str) -> String {
+    format!(
+        "{ind}#pragma unroll\n\
+         {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk)\n\
+         {ind}  tf_wgmma_pv(&{acc}[0][0][0], tf_pa[tf_kk], tf_wgmma_desc(tf_vb + tf_kk * {k16}u, {vp}u, {ATOM}u));\n",
+        kk = g.bn / 16,
+        k16 = 16 * 128,
+        vp = g.bn * 128,
+    )
+}
+
+/// `acc += p·v` from `tf_p`: `p` packed into A fragments first (a `wgmma`
+/// reads its registers after it is issued); then, unless deferred to the next
+/// tile ([`Geo::defer_pv`]), one `wgmma` per 16 keys once the stage's `v` has
+/// landed.
+pub(super) fn update_product(g: &Geo, ind: &str, acc: &str) -> String {
+    let kk = g.bn / 16;
+    let mut out = String::new();
+    if !g.defer_pv {
+        let _ = writeln!(out, "{ind}tf_u32 tf_pa[{kk}][4];");
+    }
+    let _ = write!(
+        out,
+        "{ind}#pragma unroll\n\
+         {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk) {{\n\
+         {ind}  tf_pa[tf_kk][0] = tf_pack(tf_p[0][2 * tf_kk][0], tf_p[0][2 * tf_kk][1]);\n\
+         {ind}  tf_pa[tf_kk][1] = tf_pack(tf_p[0][2 * tf_kk][2], tf_p[0][2 * tf_kk][3]);\n\
+         {ind}  tf_pa[tf_kk][2] = tf_pack(tf_p[0][2 * tf_kk + 1][0], tf_p[0][2 * tf_kk + 1][1]);\n\
+         {ind}  tf_pa[tf_kk][3] = tf_pack(tf_p[0][2 * tf_kk + 1][2], tf_p[0][2 * tf_kk + 1][3]);\n\
+         {ind}}}\n"
+    );
+    if !g.defer_pv {
+        let _ = write!(
+            out,
+            "{ind}tf_mbar_wait(tf_bv + tf_st * 8, tf_ph);  // this tile's `v`\n\
+             {ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
+             {pv}\
+             {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
+             {ind}asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n",
+            pv = pv_issue(g, ind, acc),
+        );
+    }
+    out
+}
+
+/// Whether statement `s` may read variable `v` (anything but a `let`, an
+/// assignment or a store counts as reading it).
+fn stmt_reads(s: &Stmt, v: VarId) -> bool {
+    match s {
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Store { value, .. } => {
+            super::super::reads_var(value, v)
+        }
+        _ => true,
+    }
+}

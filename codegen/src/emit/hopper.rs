@@ -1,0 +1,121 @@
+//! Device helpers shared by the Hopper (sm_90a) lowerings: `mbarrier`
+//! handshakes, TMA tile loads and stores, clusters, and `wgmma` shared-memory
+//! descriptors, `wgmma` wrappers.
+
+use crate::dtype::DType;
+
+pub(super) const HELPERS: &str = r#"
+struct __align__(64) tf_tmap { tf_u64 v[16]; };
+__device__ __forceinline__ void tf_mbar_init(tf_u32 bar, tf_u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void tf_mbar_expect_tx(tf_u32 bar, tf_u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tf_mbar_arrive(tf_u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ bool tf_mbar_test(tf_u32 bar, tf_u32 parity) {
+  tf_u32 ok;
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) { while (!tf_mbar_test(bar, parity)) {} }
+__device__ __forceinline__ void tf_tma_2d(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+// Clusters: this block's rank, a barrier over every thread of the cluster, an
+// arrive on the barrier at the same offset in block `rank`, and a TMA load that
+// lands at the same offset (and completes the same barrier) in every block of `mask`.
+__device__ __forceinline__ tf_u32 tf_cluster_rank() { tf_u32 r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+__device__ __forceinline__ void tf_cluster_sync() { asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory"); }
+__device__ __forceinline__ void tf_mbar_arrive_in(tf_u32 bar, tf_u32 rank) {
+  asm volatile("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [ra]; }"
+               :: "r"(bar), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void tf_tma_2d_multicast(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar, tf_u16 mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+// The TMA-store epilogue: a box of shared memory to the tensor at (c0, c1),
+// clipped to the tensor, completing in this thread's bulk group.
+__device__ __forceinline__ void tf_tma_store_2d(const tf_tmap* map, tf_u32 src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+               :: "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+// A shared-memory matrix descriptor: 128-byte swizzle, byte offsets >> 4.
+__device__ __forceinline__ tf_u64 tf_wgmma_desc(tf_u32 addr, tf_u32 lbo, tf_u32 sbo) {
+  return (tf_u64)((addr & 0x3FFFF) >> 4) | ((tf_u64)(lbo >> 4) << 16) | ((tf_u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+"#;
+
+/// `tf_tma_{rank}d(dst, map, c0, …, bar)`: a TMA load of one box of a tensor of
+/// `rank` dimensions (coordinates innermost first), completing on `bar`.
+pub(super) fn tma_load_fn(rank: usize) -> String {
+    let coords: Vec<String> = (0..rank).map(|i| format!("int c{i}")).collect();
+    let slots: Vec<String> = (0..rank).map(|i| format!("%{}", i + 2)).collect();
+    let ins: Vec<String> = (0..rank).map(|i| format!("\"r\"(c{i})")).collect();
+    format!(
+        r#"__device__ __forceinline__ void tf_tma_{rank}d(tf_u32 dst, const tf_tmap* map, {coords}, tf_u32 bar) {{
+  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{{slots}}}], [%{bar}];"
+               :: "r"(dst), "l"((tf_u64)map), {ins}, "r"(bar) : "memory");
+}}
+"#,
+        coords = coords.join(", "),
+        slots = slots.join(", "),
+        ins = ins.join(", "),
+        bar = rank + 2,
+    )
+}
+
+/// Where a `wgmma`'s A operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WgmmaA {
+    /// A shared-memory descriptor, K-major.
+    Shared,
+    /// Four registers a thread (the `mma.m16n8k16` A fragment of each warp's 16 rows).
+    Registers,
+}
+
+/// `name(d, a, db)`: `wgmma.m64n{n}k16` accumulating into the thread's `n / 2`
+/// floats at `d`; `a` is a descriptor (`tf_u64`) or four registers
+/// (`const tf_u32*`), `db` a descriptor of B, read transposed (MN-major) with
+/// `trans_b`.
+pub(super) fn wgmma_fn(name: &str, n: usize, dtype: DType, a: WgmmaA, trans_b: bool) -> String {
+    let ty = if dtype == DType::BF16 { "bf16" } else { "f16" };
+    let m = n / 2;
+    let regs: Vec<String> = (0..m).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..m).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let tb = u8::from(trans_b);
+    let (a_decl, a_slot, a_in, next, flags) = match a {
+        WgmmaA::Shared => (
+            "tf_u64 da".to_string(),
+            format!("%{m}"),
+            "\"l\"(da)".to_string(),
+            m + 1,
+            format!("1, 1, 0, {tb}"),
+        ),
+        WgmmaA::Registers => (
+            "const tf_u32* a".to_string(),
+            format!("{{%{}, %{}, %{}, %{}}}", m, m + 1, m + 2, m + 3),
+            "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3])".to_string(),
+            m + 4,
+            format!("1, 1, {tb}"),
+        ),
+    };
+    format!(
+        r#"__device__ __forceinline__ void {name}(float* d, {a_decl}, tf_u64 db) {{
+  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{s}, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{regs}}}, {a_slot}, %{db}, p, {flags}; }}"
+               : {outs}
+               : {a_in}, "l"(db), "r"(1));
+}}
+"#,
+        s = next + 1,
+        db = next,
+        regs = regs.join(", "),
+        outs = outs.join(", "),
+    )
+}
