@@ -108,7 +108,7 @@ pub fn gemm_fused(
     }
 }
 
-/// `x = epilogue(x (+ addend))` in place: [`gemm_fused`]'s epilogue with `x`
+/// `x = epilogue(x (+ addend))` in place: [`gemm_fused()`]'s epilogue with `x`
 /// (plus another partial sum, `with_addend`) for `acc`.
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
