@@ -11,8 +11,8 @@
 //!   registers, in the layout the `mma.sync` program's fragments have (a warp's
 //!   16 rows, [`super::frag`]), so the kernel's elementwise code and row
 //!   reductions are the same; `p` goes to `wgmma.m64n{D}k16` as register
-//!   operands, `v` as a transposed (MN-major) shared operand. When both products
-//!   of a tile are done, each consumer warp releases its stage to the producer.
+//!   operands, `v` as a transposed (MN-major) shared operand. Each consumer warp
+//!   releases a stage's `k` when its `q·kᵀ` is done and its `v` when its `p·v` is.
 
 use super::super::hopper::{tma_load_fn, wgmma_fn, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
@@ -80,7 +80,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let kv_bytes = g.bn * g.hd * 2;
     let panels = g.hd / 64;
     let tiles = q_bytes + 2 * stages * kv_bytes;
-    let bars = 8 * (1 + 3 * stages);
+    let bars = 8 * (1 + 4 * stages);
     let shared = tiles + bars + ATOM;
 
     let mut helpers = String::from(HELPERS);
@@ -111,17 +111,19 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         e.out,
         "  const int warp = tid >> 5;\n\
          \x20 // Tiles from a 1024-byte boundary: q ({panels} panels of 64 columns), then the\n\
-         \x20 // rings of k and v ({stages} stages), then the barriers: q's, each stage's\n\
-         \x20 // k and v arrivals, each stage's release by the consumer warps.\n\
+         \x20 // rings of k and v ({stages} stages), then the barriers: q's, each stage's k and\n\
+         \x20 // v arrivals, and its k and v releases by the consumer warps (apart: a\n\
+         \x20 // tile's k is done with before its v).\n\
          \x20 const tf_u32 tf_sq = (tf_smem_u32(tf_smem) + {atom_m1}u) & ~{atom_m1}u;\n\
          \x20 const tf_u32 tf_sk = tf_sq + {q_bytes}u, tf_sv = tf_sk + {ring}u, tf_bq = tf_sv + {ring}u;\n\
-         \x20 const tf_u32 tf_bk = tf_bq + 8u, tf_bv = tf_bk + {sb}u, tf_be = tf_bv + {sb}u;\n\
+         \x20 const tf_u32 tf_bk = tf_bq + 8u, tf_bv = tf_bk + {sb}u, tf_ek = tf_bv + {sb}u, tf_ev = tf_ek + {sb}u;\n\
          \x20 if (tid == 0) {{\n\
          \x20   tf_mbar_init(tf_bq, 1);\n\
          \x20   for (int s = 0; s < {stages}; ++s) {{\n\
          \x20     tf_mbar_init(tf_bk + s * 8, 1);\n\
          \x20     tf_mbar_init(tf_bv + s * 8, 1);\n\
-         \x20     tf_mbar_init(tf_be + s * 8, {cw});\n\
+         \x20     tf_mbar_init(tf_ek + s * 8, {cw});\n\
+         \x20     tf_mbar_init(tf_ev + s * 8, {cw});\n\
          \x20   }}\n\
          \x20   asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n\
          \x20 }}\n\
@@ -181,10 +183,12 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          {q_load}\
          \x20     for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{\n\
          \x20       const int s = tf_it % {stages};\n\
-         \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_be + s * 8, ((tf_it / {stages}) & 1) ^ 1);\n\
+         \x20       const tf_u32 tf_free = ((tf_it / {stages}) & 1) ^ 1;  // the stage's last tile released it\n\
          \x20       const int tf_row = tf_it * B{n};\n\
+         \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_ek + s * 8, tf_free);\n\
          \x20       tf_mbar_expect_tx(tf_bk + s * 8, {kv_bytes}u);\n\
          {k_load}\
+         \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_ev + s * 8, tf_free);\n\
          \x20       tf_mbar_expect_tx(tf_bv + s * 8, {kv_bytes}u);\n\
          {v_load}\
          \x20     }}\n\
@@ -284,7 +288,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         );
     } else {
         e.out.push_str(
-            "      }\n      if (lane == 0) tf_mbar_arrive(tf_be + tf_st * 8);  // both products read the stage\n    }\n",
+            "      }\n      if (lane == 0) {  // both products read the stage\n        tf_mbar_arrive(tf_ek + tf_st * 8);\n        tf_mbar_arrive(tf_ev + tf_st * 8);\n      }\n    }\n",
         );
     }
     frags.ind = "    ".into();
@@ -373,8 +377,10 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
 
 /// `q·kᵀ` into the warpgroup's scores `tf_s` (initialized): one `wgmma` per 16
 /// columns of the head dimension, then wait for them. With [`Geo::defer_pv`]
-/// the previous tile's `p·v` goes first in the same group, and its stage is
-/// released when the group completes; with two consumer warpgroups each issues
+/// the previous tile's `p·v` goes first in the same group; when the group
+/// completes, this tile's `k` and the previous tile's `v` are released (apart,
+/// so the producer refills `k` a tile before `v`: with a shared release, two
+/// stages left every tile waiting for its loads); with two consumer warpgroups each issues
 /// its group in turn (named barriers 2 and 3), so one warpgroup's softmax runs
 /// while the other's products keep the tensor cores busy.
 pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
@@ -435,7 +441,10 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
     if g.defer_pv {
         let _ = writeln!(
             out,
-            "{ind}if (tf_it > 0 && lane == 0) tf_mbar_arrive(tf_be + tf_pst * 8);  // its products are done"
+            "{ind}if (lane == 0) {{\n\
+             {ind}  tf_mbar_arrive(tf_ek + tf_st * 8);  // this tile's k is done with\n\
+             {ind}  if (tf_it > 0) tf_mbar_arrive(tf_ev + tf_pst * 8);  // and the last tile's v\n\
+             {ind}}}"
         );
     }
     out
