@@ -342,20 +342,6 @@ impl ConfigSpace {
             (64, 128, 3),
             (64, 64, 4),
         ];
-        let mut out = Vec::new();
-        if self.wgmma {
-            for &(bm, bn, stages) in &HOPPER {
-                let mut c = Config {
-                    wgmma: true,
-                    ..self.default.clone()
-                }
-                .num_warps(bm / 16)
-                .num_stages(stages);
-                c.block_sizes[a.m] = bm;
-                c.block_sizes[a.n] = bn;
-                out.push(c);
-            }
-        }
         const PROVEN: [(usize, usize, usize); 7] = [
             (128, 64, 4),
             (128, 32, 4),
@@ -365,17 +351,22 @@ impl ConfigSpace {
             (256, 64, 8),
             (64, 128, 4),
         ];
-        out.extend(PROVEN.iter().map(|&(bm, bn, w)| {
+        let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
             let mut c = Config {
-                wgmma: false,
+                wgmma,
                 ..self.default.clone()
             }
-            .num_warps(w);
+            .num_warps(warps);
             c.block_sizes[a.m] = bm;
             c.block_sizes[a.n] = bn;
             c
-        }));
-        out
+        };
+        let hopper = HOPPER
+            .iter()
+            .filter(|_| self.wgmma)
+            .map(|&(bm, bn, stages)| seed(bm, bn, bm / 16, true).num_stages(stages));
+        let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
+        hopper.chain(portable).collect()
     }
 
     /// Pointwise: the contiguous dimension's block a quarter to four times the

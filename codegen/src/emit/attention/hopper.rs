@@ -476,11 +476,9 @@ pub(super) fn update_product(g: &Geo, ind: &str, acc: &str) -> String {
         out,
         "{ind}#pragma unroll\n\
          {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk) {{\n\
-         {ind}  tf_pa[tf_kk][0] = tf_pack(tf_p[0][2 * tf_kk][0], tf_p[0][2 * tf_kk][1]);\n\
-         {ind}  tf_pa[tf_kk][1] = tf_pack(tf_p[0][2 * tf_kk][2], tf_p[0][2 * tf_kk][3]);\n\
-         {ind}  tf_pa[tf_kk][2] = tf_pack(tf_p[0][2 * tf_kk + 1][0], tf_p[0][2 * tf_kk + 1][1]);\n\
-         {ind}  tf_pa[tf_kk][3] = tf_pack(tf_p[0][2 * tf_kk + 1][2], tf_p[0][2 * tf_kk + 1][3]);\n\
-         {ind}}}\n"
+         {pack}\
+         {ind}}}\n",
+        pack = super::pack_p(&format!("{ind}  "), "tf_pa[tf_kk]", "tf_p[0]"),
     );
     if !g.defer_pv {
         let _ = write!(

@@ -616,15 +616,13 @@ fn update(
              {ind}  tf_u32 tf_pa[{mi}][4];\n\
              {ind}  #pragma unroll\n\
              {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi) {{\n\
-             {ind}    tf_pa[tf_mi][0] = tf_pack(tf_p[tf_mi][2 * tf_kk][0], tf_p[tf_mi][2 * tf_kk][1]);\n\
-             {ind}    tf_pa[tf_mi][1] = tf_pack(tf_p[tf_mi][2 * tf_kk][2], tf_p[tf_mi][2 * tf_kk][3]);\n\
-             {ind}    tf_pa[tf_mi][2] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][0], tf_p[tf_mi][2 * tf_kk + 1][1]);\n\
-             {ind}    tf_pa[tf_mi][3] = tf_pack(tf_p[tf_mi][2 * tf_kk + 1][2], tf_p[tf_mi][2 * tf_kk + 1][3]);\n\
+{pack}\
              {ind}  }}\n\
 {mmas}\
              {ind}}}\n",
             mi = g.mi,
             nkk = g.ni / 2,
+            pack = pack_p(&format!("{ind}    "), "tf_pa[tf_mi]", "tf_p[tf_mi]"),
             mmas = mma_pairs(
                 &format!("{ind}  "),
                 &g,
@@ -643,6 +641,24 @@ fn update(
         at_line = super::one_line(at),
     );
     Ok(())
+}
+
+/// `dst[0..4]` = the A fragment of `p`'s 16 keys `tf_kk` from `src` (its
+/// `[NI][4]` scores-layout floats): an accumulator fragment of the first product
+/// is an operand fragment of the second.
+fn pack_p(ind: &str, dst: &str, src: &str) -> String {
+    (0..4)
+        .map(|r| {
+            let (j, e) = (
+                if r < 2 { "2 * tf_kk" } else { "2 * tf_kk + 1" },
+                2 * (r % 2),
+            );
+            format!(
+                "{ind}{dst}[{r}] = tf_pack({src}[{j}][{e}], {src}[{j}][{e1}]);\n",
+                e1 = e + 1
+            )
+        })
+        .collect()
 }
 
 /// For each pair of 8-column blocks (`tf_jp < pairs`): their B fragments by
