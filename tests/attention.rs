@@ -178,3 +178,34 @@ fn the_hopper_default_fits_large_head_dimensions() {
     let l = lower(ir, &spec, &f).unwrap();
     assert!(l.shared_bytes as usize <= 227 * 1024, "{}", l.shared_bytes);
 }
+
+/// A key loop that reads the output accumulator between the two products of
+/// successive tiles keeps each tile's `p·v` in its own tile (no deferral, no
+/// turn-taking), and releases the stage after both.
+#[test]
+fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator() {
+    let def = attention::attention::kernel();
+    let mut ir = def.ir().unwrap().clone();
+    let Ok(Shape::Attention(a)) = classify(&ir) else {
+        panic!("attention-shaped");
+    };
+    let Some(Stmt::Loop { body, .. }) = ir.body.get_mut(a.kv_loop) else {
+        panic!("the key loop");
+    };
+    body.push(Stmt::Assign {
+        var: a.acc,
+        value: Expr::Var(a.acc),
+        at: "acc = acc".into(),
+    });
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    let l = lower(&ir, &spec, &default_wgmma_attention(&ir).unwrap()).unwrap();
+    assert!(l.source.contains("both products read the stage"));
+    assert!(!l.source.contains("bar.sync 2, 256") && !l.source.contains("if (tf_it > 0) {"));
+    // It compiles for sm_90a, without spills (where NVRTC is present).
+    if common::nvrtc_or_skip() {
+        let log = tilefuse::jit::resource_report(def.name(), &l.source, "sm_90a")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(log.contains(" 0 bytes spill stores"), "{log}");
+    }
+}
