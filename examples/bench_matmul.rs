@@ -4,10 +4,15 @@
 //! cargo run --release --example bench_matmul [-- --sweep] [--tune]
 //! cargo run --release --example bench_matmul -- --tune-only [--shapes MxNxK,...]
 //! cargo run --release --example bench_matmul -- --epilogue [--shapes MxNxK,...]
+//! cargo run --release --example bench_matmul -- --pingpong [--shapes MxNxK,...]
 //! ```
 //!
 //! `--epilogue` times the Hopper default with and without the TMA-store
 //! epilogue (`Config::tma_store`) at the same shapes.
+//!
+//! `--pingpong` times the Hopper default (two consumer warpgroups sharing each
+//! tile) against ping-pong configs (`Config::pingpong`: each warpgroup its own
+//! tiles, taken in turn) at the same shapes.
 //!
 //! `--tune-only` compares the autotuner's pick with the config an untuned launch
 //! uses on this GPU (the Hopper path's default on an H100/H200), at the large
@@ -320,6 +325,78 @@ fn epilogue_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
     Ok(ok)
 }
 
+/// `--pingpong` (sm_90): the Hopper default against ping-pong configs, in
+/// interleaved rounds with cuBLAS, each checked against cuBLAS first; a config
+/// the shape cannot take (the TMA store of an unaligned output) is skipped.
+fn pingpong_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
+    let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
+    let pp = |bm: usize, bn: usize, stages: usize, cl: usize, tma: bool| {
+        Config::new(&[bm, bn, 64])
+            .num_warps(8)
+            .num_stages(stages)
+            .wgmma(true)
+            .persistent(true)
+            .cluster_m(cl)
+            .tma_store(tma)
+            .pingpong(true)
+    };
+    let candidates = [
+        pp(128, 128, 5, 2, true),
+        pp(128, 128, 5, 1, true),
+        pp(64, 256, 4, 2, true),
+        pp(128, 128, 6, 2, false),
+    ];
+    let mut ok = true;
+    print!("\n| M×N×K | default ms |");
+    for c in &candidates {
+        print!(" {c} ms (default/it) |");
+    }
+    println!(" cuBLAS ms | best / cuBLAS |");
+    println!("|---|---|{}---|---|", "---|".repeat(candidates.len()));
+    for [m, n, k] in shapes {
+        let spec = spec_at(n, k)?;
+        let default = matmul::kernel().default_for(dev, &spec)?;
+        if !default.wgmma {
+            println!("| {m}×{n}×{k} | {default} is not the Hopper path: skipped |");
+            continue;
+        }
+        let a = random_tensor::<bf16>([m, k], 1.0)?;
+        let b = random_tensor::<bf16>([k, n], 1.0)?;
+        let mut reference = Tensor::<bf16>::empty([m, n])?;
+        tilefuse::cublas::matmul_into(&mut reference, &a, &b)?;
+        let mut variants = vec![Some(default.clone())];
+        for c in &candidates {
+            let c = c.clone().stage(default.stage);
+            variants.push(matmul::kernel().lower(&spec, &c).is_ok().then_some(c));
+        }
+        for c in variants.iter().flatten() {
+            let got = matmul::kernel().with_config(c.clone(), || matmul(&a, &b))?;
+            let err = rel_error_tensors(&got, &reference)?;
+            if err > 1e-2 {
+                println!("  {m}x{n}x{k} {c}: rel err {err:.2e} FAILED");
+                ok = false;
+            }
+        }
+        let reps = if m * n * k > 1 << 32 { 20 } else { 50 };
+        let med = interleaved(dev, reps, &variants, &a, &b)?;
+        let d = med[0].unwrap_or(f64::NAN);
+        let cublas = med[variants.len()].unwrap_or(f64::NAN);
+        print!("| {m}×{n}×{k} | {d:.4} |");
+        let mut best = d;
+        for t in &med[1..variants.len()] {
+            match t {
+                Some(t) => {
+                    best = best.min(*t);
+                    print!(" {t:.4} ({:.3}) |", d / t)
+                }
+                None => print!(" - |"),
+            }
+        }
+        println!(" {cublas:.4} | {:.0}% |", 100.0 * cublas / best);
+    }
+    Ok(ok)
+}
+
 /// Each config of `variants` (`None`: skipped) and then cuBLAS timed once per
 /// round (sustained) for `ROUNDS` rounds, so drifting clocks weigh on all
 /// alike: the median of each's rounds, cuBLAS's last.
@@ -374,6 +451,9 @@ fn run() -> tilefuse::Result<bool> {
     }
     if std::env::args().any(|a| a == "--epilogue") {
         return epilogue_ab(&dev);
+    }
+    if std::env::args().any(|a| a == "--pingpong") {
+        return pingpong_ab(&dev);
     }
     let mut rows = Vec::new();
     let mut all_ok = true;

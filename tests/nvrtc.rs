@@ -125,6 +125,7 @@ fn wgmma_matmul_compiles_for_sm_90a() {
     std::env::set_var("TILEFUSE_SKIP_CACHE", "1");
     let mut configs = common::wgmma_configs();
     configs.extend(common::tma_store_configs());
+    configs.extend(common::pingpong_configs());
     for def in [
         matmul::matmul::kernel(),
         bias_gelu::matmul_bias_gelu::kernel(),
@@ -236,6 +237,7 @@ fn op_kernels_compile() {
         .into_iter()
         .step_by(3)
         .chain(common::tma_store_configs().into_iter().take(2))
+        .chain(common::pingpong_configs().into_iter().skip(2).take(1))
         .collect();
     for spec in &gemm_specs[..5] {
         for cfg in &hopper {

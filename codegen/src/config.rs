@@ -60,6 +60,14 @@ pub struct Config {
     /// the default's four stages still fit on an H100/H200.
     #[serde(default)]
     pub tma_store: bool,
+    /// Hopper matmuls, with a persistent grid and two consumer warpgroups: each
+    /// warpgroup computes whole tiles of its own (the M block is 64 or 128 rows,
+    /// one or two `wgmma` rows of 64), and the two take the block's tiles in
+    /// turn, so one warpgroup's epilogue runs while the other's K loop keeps the
+    /// tensor cores busy ("ping-pong"). Without it both warpgroups share each
+    /// tile (64 rows each) and the tensor cores wait out every epilogue.
+    #[serde(default)]
+    pub pingpong: bool,
     /// Row kernels (reductions): the resident threads per SM the launch bounds ask
     /// for, which caps each thread's registers at `65536 / occupancy`. More
     /// threads keep more loads in flight; fewer leave registers for wide rows.
@@ -85,6 +93,7 @@ impl Config {
             stage: false,
             stream_k: false,
             tma_store: false,
+            pingpong: false,
             occupancy: 0,
         }
     }
@@ -140,6 +149,13 @@ impl Config {
         self
     }
 
+    /// Tiles taken in turn by the consumer warpgroups of a Hopper matmul; see
+    /// [`Config::pingpong`].
+    pub fn pingpong(mut self, on: bool) -> Config {
+        self.pingpong = on;
+        self
+    }
+
     /// Resident threads per SM for a row kernel; see [`Config::occupancy`].
     pub fn occupancy(mut self, threads: usize) -> Config {
         self.occupancy = threads;
@@ -175,6 +191,9 @@ impl std::fmt::Display for Config {
         }
         if self.tma_store {
             write!(f, ", tma_store")?;
+        }
+        if self.pingpong {
+            write!(f, ", pingpong")?;
         }
         if self.occupancy != 0 {
             write!(f, ", occupancy={}", self.occupancy)?;

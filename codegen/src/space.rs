@@ -35,6 +35,9 @@ pub enum Axis {
     /// Hopper matmuls: the epilogue stores fragments (0) or stages boxes for
     /// the TMA unit to store (1); see [`Config::tma_store`].
     TmaStore,
+    /// Hopper matmuls: the consumer warpgroups share each tile (0) or take
+    /// whole tiles in turn (1); see [`Config::pingpong`].
+    PingPong,
     /// Row kernels: resident threads per SM (0: derived); see [`Config::occupancy`].
     Occupancy(Vec<usize>),
 }
@@ -44,7 +47,9 @@ impl Axis {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
             Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) | Axis::Occupancy(v) => v,
-            Axis::Persistent | Axis::Stage | Axis::StreamK | Axis::TmaStore => &[0, 1],
+            Axis::Persistent | Axis::Stage | Axis::StreamK | Axis::TmaStore | Axis::PingPong => {
+                &[0, 1]
+            }
         }
     }
 
@@ -59,6 +64,7 @@ impl Axis {
             Axis::Stage => usize::from(c.stage),
             Axis::StreamK => usize::from(c.stream_k),
             Axis::TmaStore => usize::from(c.tma_store),
+            Axis::PingPong => usize::from(c.pingpong),
             Axis::Occupancy(_) => c.occupancy,
         }
     }
@@ -74,6 +80,7 @@ impl Axis {
             Axis::Stage => c.stage = v != 0,
             Axis::StreamK => c.stream_k = v != 0,
             Axis::TmaStore => c.tma_store = v != 0,
+            Axis::PingPong => c.pingpong = v != 0,
             Axis::Occupancy(_) => c.occupancy = v,
         }
     }
@@ -90,6 +97,7 @@ impl Axis {
             Axis::Stage => "stage".into(),
             Axis::StreamK => "stream_k".into(),
             Axis::TmaStore => "tma_store".into(),
+            Axis::PingPong => "pingpong".into(),
             Axis::Occupancy(_) => "occupancy".into(),
         }
     }
@@ -169,6 +177,7 @@ impl ConfigSpace {
             axes.push(Axis::ClusterM(vec![1, 2]));
             axes.push(Axis::StreamK);
             axes.push(Axis::TmaStore);
+            axes.push(Axis::PingPong);
         }
         let stageable = !crate::staging::unaligned_operands(kernel, spec).is_empty();
         if stageable {
@@ -421,23 +430,29 @@ fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
 }
 
 /// Hopper configs (M block, N block, consumer warps, stages, persistent, blocks
-/// per cluster), fastest first on an H200: BK is 64 and the M block 16 x warps.
+/// per cluster, ping-pong), fastest first on an H200: BK is 64 and the M block
+/// 16 x warps, or with ping-pong each warpgroup's (64 or 128 rows). Ping-pong
+/// comes last: it measured 3–18% slower than the default at nine of ten shapes
+/// (docs/PERFORMANCE.md, session 18), so only the full level tries it.
 fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
-    const PROVEN: [(usize, usize, usize, usize, bool, usize); 9] = [
-        (128, 256, 8, 4, true, 2),
-        (128, 256, 8, 4, false, 1),
-        (128, 192, 8, 4, true, 1),
-        (128, 256, 8, 4, false, 2),
-        (128, 128, 8, 6, true, 2),
-        (128, 256, 8, 3, false, 1),
-        (128, 128, 8, 5, false, 1),
-        (64, 256, 4, 4, false, 1),
-        (128, 192, 8, 4, false, 1),
+    const PROVEN: [(usize, usize, usize, usize, bool, usize, bool); 12] = [
+        (128, 256, 8, 4, true, 2, false),
+        (128, 256, 8, 4, false, 1, false),
+        (128, 192, 8, 4, true, 1, false),
+        (128, 256, 8, 4, false, 2, false),
+        (128, 128, 8, 6, true, 2, false),
+        (128, 256, 8, 3, false, 1, false),
+        (128, 128, 8, 5, false, 1, false),
+        (64, 256, 4, 4, false, 1, false),
+        (128, 192, 8, 4, false, 1, false),
+        (128, 128, 8, 5, true, 1, true),
+        (128, 128, 8, 5, true, 2, true),
+        (64, 256, 8, 4, true, 2, true),
     ];
     let take = if quick { 4 } else { PROVEN.len() };
     PROVEN[..take]
         .iter()
-        .map(|&(bm, bn, w, s, p, cl)| {
+        .map(|&(bm, bn, w, s, p, cl, pp)| {
             let mut bs = vec![64; dims];
             bs[g.m] = bm;
             bs[g.n] = bn;
@@ -448,6 +463,7 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
                 .wgmma(true)
                 .persistent(p)
                 .cluster_m(cl)
+                .pingpong(pp)
         })
         .collect()
 }

@@ -1516,6 +1516,75 @@ fn lower_wgmma_stream_k() {
     expect_config_err(lower(&k, &spec, &portable), "stream-K");
 }
 
+/// Ping-pong: each consumer warpgroup walks every segment, counts the other's
+/// K steps and computes its own tiles (two `wgmma` rows of 64 at 128×128), a
+/// stage is released by one warpgroup's warps, each warpgroup synchronizes
+/// alone; the runtime learns that a block holds two tiles at once. Configs it
+/// cannot run say why.
+#[test]
+fn lower_wgmma_pingpong() {
+    let k = matmul();
+    let spec = declared_spec(&k);
+    let cfg = Config::new(&[128, 128, 64])
+        .num_warps(8)
+        .num_stages(5)
+        .wgmma(true)
+        .persistent(true);
+    let coop = lowered(&k, &spec, &cfg);
+    let l = lowered(&k, &spec, &cfg.clone().pingpong(true));
+    assert_eq!((coop.tiles_in_flight, l.tiles_in_flight), (1, 2));
+    assert_eq!(l.threads, coop.threads);
+    assert!(l.source.contains("if ((tf_seg++ & 1) != wg) {"));
+    assert!(l.source.contains("float acc[2][16][4];"));
+    assert!(coop.source.contains("float acc[1][16][4];"));
+    // Two 64-row wgmmas per 16 of K, the second on A's rows 64..127.
+    assert_eq!(l.source.matches("tf_wgmma(&acc[1][0][0]").count(), 4);
+    assert!(l.source.contains("tf_wgmma_desc(a_s + 8192u, 16u, 1024u)"));
+    // A stage is released by the 4 warps of the warpgroup that read it.
+    assert!(l.source.contains("tf_mbar_init(tf_empty + s * 8, 4);"));
+    assert!(coop.source.contains("tf_mbar_init(tf_empty + s * 8, 8);"));
+    assert!(!l.source.contains("bar.sync 1, 256;"));
+    // Turns: a K loop waits for the other warpgroup's, and gives the next.
+    assert!(l
+        .source
+        .contains("if (tf_seg > 1) asm volatile(\"bar.sync %0, 256;\" :: \"r\"(4 + wg)"));
+    assert!(l.source.contains("bar.arrive %0, 256;\" :: \"r\"(5 - wg)"));
+    assert!(!coop.source.contains("bar.arrive"));
+    assert!(cfg
+        .clone()
+        .pingpong(true)
+        .to_string()
+        .ends_with(", pingpong"));
+    // 64×256: one wgmma row; with a cluster pair and the TMA-store epilogue.
+    let wide = Config::new(&[64, 256, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true)
+        .persistent(true)
+        .pingpong(true);
+    let l = lowered(&k, &spec, &wide.clone().cluster_m(2).tma_store(true));
+    assert!(l.source.contains("float acc[1][32][4];"));
+    assert!(l.source.contains("tf_mbar_init(tf_empty + s * 8, 8);"));
+    assert!(l.source.contains(" + mi * 64));"));
+
+    expect_config_err(
+        lower(&k, &spec, &cfg.clone().persistent(false).pingpong(true)),
+        "set num_warps 8 and persistent",
+    );
+    expect_config_err(
+        lower(&k, &spec, &wide.clone().num_warps(4)),
+        "set num_warps 8 and persistent",
+    );
+    let big = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .wgmma(true)
+        .persistent(true)
+        .pingpong(true);
+    expect_config_err(lower(&k, &spec, &big), "64x256 or 128x128");
+    let portable = Config::new(&[128, 128, 64]).num_warps(8).pingpong(true);
+    expect_config_err(lower(&k, &spec, &portable), "set `wgmma` and `persistent`");
+}
+
 /// The TMA-store epilogue: the output's descriptor among the parameters,
 /// staging boxes after the ring, the fragments written to shared memory and one
 /// thread per warpgroup storing boxes; kernels it cannot serve are config errors.

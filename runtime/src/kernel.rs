@@ -611,6 +611,8 @@ pub(crate) fn launch_variant(
     // path) until the launch below.
     let cluster = u64::from(v.lowered.cluster.max(1));
     let resident_programs = (v.resident_blocks / cluster).max(1);
+    // Tiles in one wave: a ping-pong block holds two at once.
+    let wave = resident_programs * u64::from(v.lowered.tiles_in_flight.max(1));
     // GEMMs: split the last, partial wave of tiles along K.
     let (mut split, mut scratch) = (SplitPlan::none(blocks), (0, 0));
     if let Some(st) = &v.lowered.split_tail {
@@ -620,9 +622,9 @@ pub(crate) fn launch_variant(
         };
         let k_tiles = ext(st.k).div_ceil(st.bk as u64);
         split = if st.stream_k {
-            split_tail::stream_k_plan(blocks, k_tiles, resident_programs)
+            split_tail::stream_k_plan(blocks, k_tiles, wave)
         } else {
-            split_tail::plan(blocks, k_tiles, resident_programs)
+            split_tail::plan(blocks, k_tiles, wave)
         };
         if split.ways > 1 {
             // Scratch per program: its blocks' tiles (`st.bm` spans the cluster).

@@ -176,6 +176,29 @@ pub fn wgmma_configs() -> Vec<tilefuse::Config> {
     ]
 }
 
+/// Hopper configs whose two consumer warpgroups take tiles in turn
+/// (`Config::pingpong`): 128×128 (two `wgmma` rows a thread) and 64×256 tiles,
+/// a cluster pair, stream-K, and the TMA-store epilogue (each warpgroup
+/// staging its own tile's boxes).
+pub fn pingpong_configs() -> Vec<tilefuse::Config> {
+    use tilefuse::Config;
+    let pp = |bs: &[usize], stages: usize| {
+        Config::new(bs)
+            .num_warps(8)
+            .num_stages(stages)
+            .wgmma(true)
+            .persistent(true)
+            .pingpong(true)
+    };
+    vec![
+        pp(&[128, 128, 64], 5),
+        pp(&[64, 256, 64], 4),
+        pp(&[128, 128, 64], 4).cluster_m(2).tma_store(true),
+        pp(&[64, 256, 64], 4).tma_store(true),
+        pp(&[128, 128, 64], 4).stream_k(true).tma_store(true),
+    ]
+}
+
 /// Hopper configs with the TMA-store epilogue (`Config::tma_store`; outputs
 /// must be bf16/f16 with 16-byte aligned rows): a persistent pair, three boxes
 /// per tile row (the ring's buffers alternate across tiles), one warpgroup per

@@ -195,7 +195,12 @@ fn tma_store_epilogues_match() {
             .collect();
         let ref1: Vec<f64> = c.iter().map(|&x| sigmoid(x)).collect();
         let ref2: Vec<f64> = (0..n * m).map(|i| c[(i % m) * n + i / m] - 1.0).collect();
-        for cfg in crate::common::tma_store_configs() {
+        // With ping-pong too: each warpgroup stages and stores its own tiles.
+        let pingpong = crate::common::pingpong_configs().into_iter().skip(2);
+        for cfg in crate::common::tma_store_configs()
+            .into_iter()
+            .chain(pingpong)
+        {
             let out = poisoned::<bf16>([m, n]).unwrap();
             scaled_residual_relu::kernel()
                 .with_config(cfg.clone(), || {

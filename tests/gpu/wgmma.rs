@@ -4,7 +4,7 @@
 
 use crate::common::examples::bias_gelu::matmul_bias_gelu;
 use crate::common::{err_vs, gpu, host};
-use crate::common::{tma_store_configs, wgmma_configs as configs};
+use crate::common::{pingpong_configs, tma_store_configs, wgmma_configs as configs};
 use crate::matmul::{mm_bf16, mm_f16};
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
@@ -41,7 +41,11 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
     let Some(_dev) = hopper() else { return };
     for (m, n, k) in SHAPES {
         let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
-        for cfg in configs().into_iter().chain(tma_store_configs()) {
+        for cfg in configs()
+            .into_iter()
+            .chain(tma_store_configs())
+            .chain(pingpong_configs())
+        {
             let out = poisoned::<bf16>([m, n]).unwrap();
             mm_bf16::kernel()
                 .with_config(cfg.clone(), || mm_bf16(&a, &b, &out))
@@ -52,7 +56,11 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
     }
     let (m, n, k) = (333, 392, 264);
     let (a, b, reference) = crate::common::gemm_operands::<f16>(m, n, k);
-    for cfg in configs().into_iter().chain(tma_store_configs()) {
+    for cfg in configs()
+        .into_iter()
+        .chain(tma_store_configs())
+        .chain(pingpong_configs())
+    {
         let out = poisoned::<f16>([m, n]).unwrap();
         mm_f16::kernel()
             .with_config(cfg.clone(), || mm_f16(&a, &b, &out))
@@ -75,7 +83,11 @@ fn wgmma_gemm_runs_the_fused_epilogue() {
         })
         .unwrap();
     let reference = host(&base);
-    for cfg in configs().into_iter().chain(tma_store_configs()) {
+    for cfg in configs()
+        .into_iter()
+        .chain(tma_store_configs())
+        .chain(pingpong_configs())
+    {
         let out = matmul_bias_gelu::kernel()
             .with_config(cfg.clone(), || matmul_bias_gelu(&a, &b, &bias))
             .unwrap();

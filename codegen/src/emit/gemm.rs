@@ -26,6 +26,9 @@ pub(super) struct Geometry {
     pub wn: usize,
     pub mi: usize,
     pub ni: usize,
+    /// Rows from one fragment row block (`acc[i]`) to the next: 16 for a warp's
+    /// `mma.sync` tiles, 64 for a warpgroup's `wgmma` instructions.
+    pub mi_rows: usize,
     pub threads: usize,
     pub stages: usize,
 }
@@ -87,6 +90,7 @@ fn geometry(e: &Emitter, g: &GemmShape) -> Result<Geometry, CodegenError> {
         wn,
         mi,
         ni,
+        mi_rows: 16,
         threads: w * 32,
         stages: c.num_stages,
     })
@@ -136,6 +140,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         wn,
         mi,
         ni,
+        mi_rows: _,
         threads: nt,
         stages,
     } = geo;
@@ -234,6 +239,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             tid: "tid",
             sync: "__syncthreads();",
             leave: "return;",
+            groups: (1, "0"),
         },
     );
 
@@ -365,6 +371,9 @@ pub(super) struct FixupSite<'a> {
     pub sync: &'a str,
     /// Leaves when another part will finish the tile.
     pub leave: &'a str,
+    /// Groups of threads that may fix up tiles at once (ping-pong's warpgroups),
+    /// and this thread's group: each needs its own "last part" flag.
+    pub groups: (usize, &'a str),
 }
 
 /// The parts of a split tile meet here: each writes its partial accumulators to
@@ -379,6 +388,7 @@ pub(super) fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize, site:
         tid,
         sync,
         leave,
+        groups: (groups, group),
     } = site;
     let _ = write!(
         o,
@@ -393,7 +403,8 @@ pub(super) fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize, site:
       tf_st_cg(tf_p + ((long long)tf_part * {count} + (i * {ni} + j) * 4 + r) * {nt} + {tid}, acc[i][j][r]);
     __threadfence();
     {sync}
-    __shared__ int tf_last;
+    __shared__ int tf_last_of[{groups}];
+    int& tf_last = tf_last_of[{group}];
     if ({tid} == 0) tf_last = atomicAdd(tf_counters + slot, 1u) == (unsigned)(tf_w - 1);
     {sync}
     if (!tf_last) {leave}
@@ -494,7 +505,7 @@ fn init_accumulator(
     geo: &Geometry,
     g: &GemmShape,
 ) -> Result<(), CodegenError> {
-    let (mi, ni, dm, dn) = (geo.mi, geo.ni, g.m, g.n);
+    let (mi, ni, dm, dn, step) = (geo.mi, geo.ni, g.m, g.n, geo.mi_rows);
     if let Expr::Full { value, .. } | Expr::Float(value) = init {
         let v = float_lit(*value);
         let _ = writeln!(
@@ -505,7 +516,7 @@ fn init_accumulator(
     }
     let _ = writeln!(
         e.out,
-        "  #pragma unroll\n  for (int mi = 0; mi < {mi}; ++mi)\n  #pragma unroll\n  for (int ni = 0; ni < {ni}; ++ni)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) {{\n    const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + (r >> 1) * 8;\n    const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2 + (r & 1);"
+        "  #pragma unroll\n  for (int mi = 0; mi < {mi}; ++mi)\n  #pragma unroll\n  for (int ni = 0; ni < {ni}; ++ni)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) {{\n    const long long row = tb{dm} + wm0 + mi * {step} + (lane >> 2) + (r >> 1) * 8;\n    const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2 + (r & 1);"
     );
     let (c, ty) = e
         .ctx(&[(dm, "row".to_string()), (dn, "col".to_string())])
@@ -539,7 +550,7 @@ fn fragment_stores(
     geo: &Geometry,
     g: &GemmShape,
 ) -> Result<(), CodegenError> {
-    let (mi, ni) = (geo.mi, geo.ni);
+    let (mi, ni, step) = (geo.mi, geo.ni, geo.mi_rows);
     let (dm, dn) = (g.m, g.n);
     let mut body = String::new();
     let mut tma_staged = false;
@@ -611,15 +622,27 @@ fn fragment_stores(
         e.out.push_str(&code);
         return Ok(());
     }
+    // A warpgroup's 64-row blocks go innermost: a column's operands (a bias)
+    // are loaded once for all of them, not held for the whole row block.
+    let (outer, inner) = match step {
+        64 => (
+            format!("ni = 0; ni < {ni}; ++ni"),
+            format!("mi = 0; mi < {mi}; ++mi"),
+        ),
+        _ => (
+            format!("mi = 0; mi < {mi}; ++mi"),
+            format!("ni = 0; ni < {ni}; ++ni"),
+        ),
+    };
     let _ = write!(
         e.out,
         r#"  #pragma unroll
-  for (int mi = 0; mi < {mi}; ++mi)
+  for (int {outer})
   #pragma unroll
-  for (int ni = 0; ni < {ni}; ++ni)
+  for (int {inner})
   #pragma unroll
   for (int h = 0; h < 2; ++h) {{
-      const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + h * 8;
+      const long long row = tb{dm} + wm0 + mi * {step} + (lane >> 2) + h * 8;
       const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2;
 {body}  }}
 "#

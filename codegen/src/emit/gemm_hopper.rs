@@ -20,6 +20,16 @@
 //! Epilogue: fragments stored from registers, or (`Config::tma_store`) staged
 //! box by box in shared memory and stored by the TMA unit (`tma_store`).
 //!
+//! Ping-pong (`Config::pingpong`, persistent grids): each consumer warpgroup
+//! computes whole tiles (64 or 128 rows: one or two `wgmma` rows of 64) and
+//! the two take the block's segments in turn, one's epilogue under the other's
+//! K loop. Both walk every segment (counting the other's K steps keeps stage
+//! and phase in step), a stage is released by one warpgroup, and the K loops
+//! take turns (named barriers 4 and 5, see `PP_MY_TURN`). Measured slower than
+//! the shared tiles at large shapes: a warpgroup's own 128×128 tile moves a
+//! quarter more shared memory per flop (TMA writes and `wgmma` reads) than two
+//! warpgroups sharing a 128×256 tile's B.
+//!
 //! Config: `wgmma = true`; `num_warps` counts the consumer warps (4 or 8: BM = 64
 //! or 128), the producer warpgroup comes on top; BK = 64 (one 128-byte swizzle row
 //! of 16-bit elements); BN a multiple of 64 up to 256.
@@ -47,7 +57,22 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let (bm, bn, bk) = (c.block_sizes[g.m], c.block_sizes[g.n], c.block_sizes[g.k]);
     let err = |m: String| config_err(e.k, &c, m);
     let consumers = c.num_warps / 4;
-    if !matches!(c.num_warps, 4 | 8) || bm != 64 * consumers {
+    let pp = c.pingpong;
+    if pp {
+        if c.num_warps != 8 || !c.persistent {
+            return Err(err(format!(
+                "pingpong takes tiles in turn between two consumer warpgroups of a persistent grid: set num_warps 8 and persistent (got {} warps{})",
+                c.num_warps,
+                if c.persistent { "" } else { ", not persistent" }
+            )));
+        }
+        if !matches!(bm, 64 | 128) || bm * bn / 128 > 128 {
+            return Err(err(format!(
+                "pingpong gives each consumer warpgroup a whole {bm}x{bn} tile: the M block must be 64 or 128 and the tile at most 128 accumulators a thread (64x256 or 128x128), got {} a thread",
+                bm * bn / 128
+            )));
+        }
+    } else if !matches!(c.num_warps, 4 | 8) || bm != 64 * consumers {
         return Err(err(format!(
             "the wgmma path takes num_warps 4 or 8 consumer warps with an M block of 16 x num_warps (64 or 128); got {} warps and M block {bm}",
             c.num_warps
@@ -110,6 +135,10 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         false => None,
     };
 
+    // Fragment row blocks (64-row `wgmma`s) a consumer thread holds.
+    let mi = if pp { bm / 64 } else { 1 };
+    // Warpgroups that consume each stage.
+    let sharers = if pp { 1 } else { consumers };
     let stages = c.num_stages;
     let a_stage = bm * bk * 2;
     let b_stage = bk * bn * 2;
@@ -184,6 +213,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bn,
         offset: ring_bytes,
         signal_after,
+        mi,
+        box_row: if pp { "mi * 64" } else { "wg * 64" },
     });
     // A cluster computes `cl` vertically adjacent tiles: the tile order walks the
     // clusters' tiles (bm * cl rows), each block takes its rows of one.
@@ -252,7 +283,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         atom_m1 = ATOM - 1,
         a_ring = stages * a_stage,
         bar_bytes = stages * 8,
-        consumer_warps = 4 * consumers * cl,
+        consumer_warps = 4 * sharers * cl,
     );
     // The producer runs the block-level statements before the K loop (scalar lets,
     // `wait`s) per tile, before it issues the tile's loads; consumers are gated by
@@ -351,46 +382,57 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     }}
   }} else {{
     asm volatile("setmaxnreg.inc.sync.aligned.u32 {maxreg};");
-    // Consumer warp w (0..{cw}) owns rows 16w..16w+15 of the block's tile.
-    const int wm0 = (warp - 4) * 16, wn0 = 0;
-    const int wg = (warp - 4) >> 2;
-    int it = 0;
-{consumer_units}{tile}    float acc[1][{ni}][4];
+{owner}    const int wg = (warp - 4) >> 2;
+    int it = 0{seg};
+{consumer_units}{take}{tile}    float acc[{mi}][{ni}][4];
 "#,
         producer_units = indent(&units, 6),
         consumer_units = indent(&units, 4),
         stage_bytes = a_stage + b_stage,
         minreg = 56,
         maxreg = if consumers == 2 { 224 } else { 240 },
-        cw = 4 * consumers - 1,
+        owner = if pp {
+            "    // Ping-pong: warpgroup wg computes the block's segments wg, wg + 2, ...\n    // (its stages are the ones the producer fills for them); warp w of it owns\n    // rows 16w..16w+15 of each 64-row block of the tile.\n    const int wm0 = ((warp - 4) & 3) * 16, wn0 = 0;\n".to_string()
+        } else {
+            format!("    // Consumer warp w (0..{}) owns rows 16w..16w+15 of the block's tile.\n    const int wm0 = (warp - 4) * 16, wn0 = 0;\n", 4 * consumers - 1)
+        },
+        seg = if pp { ", tf_seg = 0" } else { "" },
+        take = if pp {
+            "    // The other warpgroup's segment: count its K steps (stage and phase) and go on.\n    if ((tf_seg++ & 1) != wg) {\n      it += kt_hi - kt_lo;\n      continue;\n    }\n"
+        } else {
+            ""
+        },
         ni = bn / 8,
     );
     let geo = Geometry {
         bm,
         bn,
         bk,
-        wm: 4 * consumers,
+        wm: 4 * sharers,
         wn: 1,
-        mi: 1,
+        mi,
         ni: bn / 8,
+        mi_rows: 64,
         threads,
         stages,
     };
     before_loop(e, g, &geo, None)?;
     // Only the first part of a split tile starts from the accumulator's init.
-    e.out.push_str(
-        "    if (tf_part > 0) {\n    #pragma unroll\n    for (int j = 0; j < NI; ++j)\n    #pragma unroll\n    for (int r = 0; r < 4; ++r) acc[0][j][r] = 0.f;\n    }\n"
-            .replace("NI", &(bn / 8).to_string())
-            .as_str(),
+    let _ = writeln!(
+        e.out,
+        "    if (tf_part > 0) {{\n    #pragma unroll\n    for (int i = 0; i < {mi}; ++i)\n    #pragma unroll\n    for (int j = 0; j < {}; ++j)\n    #pragma unroll\n    for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;\n    }}",
+        bn / 8
     );
     let mut kk = String::new();
     for k16 in 0..bk / 16 {
-        let _ = writeln!(
-            kk,
-            "        tf_wgmma(&acc[0][0][0], tf_wgmma_desc(a_s + {}u, 16u, {ATOM}u), tf_wgmma_desc(b_s + {}u, {slab}u, {ATOM}u));",
-            k16 * 32,
-            k16 * 16 * 128
-        );
+        for i in 0..mi {
+            let _ = writeln!(
+                kk,
+                "        tf_wgmma(&acc[{i}][0][0], tf_wgmma_desc(a_s + {}u, 16u, {ATOM}u), tf_wgmma_desc(b_s + {}u, {slab}u, {ATOM}u));",
+                i * 64 * 128 + k16 * 32,
+                k16 * 16 * 128
+            );
+        }
     }
     // One wgmma group stays in flight: a stage is released when the group after it
     // has been issued and its own has completed; in a cluster, in every block (the
@@ -404,53 +446,73 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     };
     let _ = write!(
         e.out,
-        r#"    int prev = -1;
+        r#"{my_turn}    int prev = -1;
     for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
       const int s = it % {stages};
       tf_mbar_wait(tf_full + s * 8, (it / {stages}) & 1);
-      const tf_u32 a_s = sA + s * {a_stage}u + wg * {wg_rows}u, b_s = sB + s * {b_stage}u;
+      const tf_u32 a_s = sA + s * {a_stage}u{wg_rows}, b_s = sB + s * {b_stage}u;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 {kk}      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
       {release}
       prev = s;
     }}
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+{their_turn}    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     {release}
     if (tf_failed) continue;
 "#,
-        wg_rows = 64 * 128,
+        // Cooperative warpgroups read their own 64 rows of the A stage.
+        wg_rows = if pp {
+            String::new()
+        } else {
+            format!(" + wg * {}u", 64 * 128)
+        },
+        my_turn = if pp { PP_MY_TURN } else { "" },
+        their_turn = if pp { PP_THEIR_TURN } else { "" },
     );
     let head = format!(
         "    if (tf_w > 1) {{\n      const long long slot = (pid - tf_whole) * {cl}{rank};",
         rank = if cl > 1 { " + tf_cluster_rank()" } else { "" }
     );
-    split_fixup(
-        &mut e.out,
-        1,
-        bn / 8,
-        128 * consumers,
-        &FixupSite {
-            head: &head,
-            tid: "(tid - 128)",
-            // Named barrier 1 over the consumer warps (the producer is elsewhere).
-            sync: &format!(
+    // The threads holding the tile: every consumer warp (named barrier 1), or
+    // with ping-pong the tile's warpgroup (barrier 2 + wg, a register id as in
+    // the TMA-store epilogue).
+    let (holders, holders_n, holders_sync) = if pp {
+        (
+            "(tid & 127)",
+            128,
+            "asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + wg) : \"memory\");".to_string(),
+        )
+    } else {
+        (
+            "(tid - 128)",
+            128 * consumers,
+            format!(
                 "asm volatile(\"bar.sync 1, {};\" ::: \"memory\");",
                 128 * consumers
             ),
+        )
+    };
+    split_fixup(
+        &mut e.out,
+        mi,
+        bn / 8,
+        holders_n,
+        &FixupSite {
+            head: &head,
+            tid: holders,
+            sync: &holders_sync,
             leave: "continue;",
+            groups: if pp { (2, "wg") } else { (1, "0") },
         },
     );
     // Only the consumer warps store the tile.
-    e.storers = (
-        "(tid - 128)".into(),
-        format!(
-            "asm volatile(\"bar.sync 1, {};\" ::: \"memory\");",
-            128 * consumers
-        ),
-    );
+    e.storers = (holders.into(), holders_sync);
     after_loop(e, g, &geo, "    ")?;
     e.out.push_str("    } while (tf_it < tf_end);\n    }\n");
+    if pp {
+        e.out.push_str(PP_LAST_TURN);
+    }
     if e.tma_store.is_some() {
         // Shared memory must outlive the TMA unit's last reads of it.
         e.out.push_str(
@@ -466,6 +528,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let mut l = e.finish(params, threads, shared, "gemm/wgmma");
     l.persistent = c.persistent;
     l.cluster = cl as u32;
+    l.tiles_in_flight = if pp { 2 } else { 1 };
     // A program (a cluster's tile) holds `cl` blocks' accumulators in scratch.
     l.split_tail = Some(SplitTail {
         m: ext_m,
@@ -484,6 +547,21 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     }
     Ok(l)
 }
+
+/// Ping-pong's turns: a warpgroup's K loop starts once the other's last K loop
+/// has waited on all of its stages. The stages' `full` barriers are waited on
+/// by phase parity, which tells a phase from the next but one only if no
+/// waiter runs a phase ahead; without turns the warpgroup holding a later tile
+/// would wait on the producer's earlier phases (and release stages it never
+/// read). Named barrier 4 + wg: this warpgroup's turn, given by the other's
+/// `bar.arrive` after its K loop; segment 0 (warpgroup 0's first) needs none.
+const PP_MY_TURN: &str =
+    "    if (tf_seg > 1) asm volatile(\"bar.sync %0, 256;\" :: \"r\"(4 + wg) : \"memory\");\n";
+const PP_THEIR_TURN: &str =
+    "    asm volatile(\"bar.arrive %0, 256;\" :: \"r\"(5 - wg) : \"memory\");  // the other's turn\n";
+/// The turn given after the last segment is taken, so no barrier is left half
+/// arrived when the block exits.
+const PP_LAST_TURN: &str = "    if (tf_seg > 0 && (tf_seg & 1) == wg) asm volatile(\"bar.sync %0, 256;\" :: \"r\"(4 + wg) : \"memory\");\n";
 
 /// `text` with every line indented `n` more spaces.
 fn indent(text: &str, n: usize) -> String {

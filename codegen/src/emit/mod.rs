@@ -111,6 +111,10 @@ pub struct Lowered {
     /// Blocks per cluster (compiled in with `__cluster_dims__`): the grid holds
     /// this many blocks per program of [`Lowered::grid`].
     pub cluster: u32,
+    /// Output tiles a block works on at once (2 with [`Config::pingpong`], one
+    /// per consumer warpgroup): a wave holds this many tiles per resident block,
+    /// which is what the split tail balances.
+    pub tiles_in_flight: u32,
     /// Operands the launch copies into 16-byte aligned scratch first (row pitch a
     /// multiple of 16 bytes): the code reads those copies ([`Config::stage`]).
     pub staged: Vec<TensorId>,
@@ -170,6 +174,13 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "the TMA-store epilogue is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `tma_store`",
         ));
     }
+    if config.pingpong && !config.wgmma {
+        return Err(config_err(
+            kernel,
+            config,
+            "ping-pong is an option of the Hopper (wgmma) matmul path; set `wgmma` and `persistent` too, or drop `pingpong`",
+        ));
+    }
     if config.persistent && !config.wgmma {
         return Err(config_err(
             kernel,
@@ -185,15 +196,17 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             || config.persistent
             || config.cluster_m != 1
             || config.stage
-            || config.tma_store)
+            || config.tma_store
+            || config.stream_k
+            || config.pingpong)
     {
         return Err(config_err(
             kernel,
             config,
             if attention {
-                "`persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel"
+                "`persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel"
             } else {
-                "`wgmma`, `persistent`, `cluster_m`, `stage` and `tma_store` are options of a matmul (one tile loop with `addmm`); leave them unset for this kernel"
+                "`wgmma`, `persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for this kernel"
             },
         ));
     }
@@ -345,6 +358,11 @@ pub(crate) struct TmaStore {
     pub offset: usize,
     /// A `signal` follows the store: wait for the TMA unit's writes first.
     pub signal_after: bool,
+    /// Fragment row blocks of 64 rows a thread holds (`acc[mi]`).
+    pub mi: usize,
+    /// The row of box row block `mi` within the tile: `wg * 64` when the
+    /// warpgroups share a tile, `mi * 64` when each has its own.
+    pub box_row: &'static str,
 }
 
 impl<'a> Emitter<'a> {
@@ -613,6 +631,7 @@ impl<'a> Emitter<'a> {
             split_tail: None,
             persistent: false,
             cluster: 1,
+            tiles_in_flight: 1,
             staged: Vec::new(),
         }
     }

@@ -88,10 +88,11 @@ pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<(TensorId, bool), Str
 /// The fragment loop of a store group holding the staged store: `body` (the
 /// group's stores for the pair at `row`, `col`, `acc[mi][ni][h * 2 ..]`; the
 /// staged one writes to `tf_stage_at`) run box by box, each box staged and
-/// handed to the TMA unit. The Hopper consumers hold one fragment row block
-/// (`mi = 0`) of `BN / 8` column blocks of 8.
+/// handed to the TMA unit. A Hopper consumer thread holds `t.mi` fragment row
+/// blocks of 64 rows (one per `wgmma` row) of `BN / 8` column blocks of 8.
 pub(super) fn fragment_loop(t: &TmaStore, dm: DimId, dn: DimId, body: &str) -> String {
     let boxes = t.bn / 64;
+    let (mi, total, box_row) = (t.mi, t.mi * boxes, t.box_row);
     let stage = format!("(sA + {}u)", t.offset);
     // A register barrier id makes ptxas reserve all sixteen (harmless at one
     // block per SM); immediate ids in a branch cost the gelu epilogue a spill.
@@ -111,27 +112,29 @@ pub(super) fn fragment_loop(t: &TmaStore, dm: DimId, dn: DimId, body: &str) -> S
   // chunk (ni & 7) ^ (r & 7), 4 bytes per lane & 3.
   const tf_u32 tf_sb = {stage} + wg * {WG_BYTES}u + ((wm0 & 63) + (lane >> 2)) * 128u + ((lane & 3) << 2);
   #pragma unroll
-  for (int tf_box = 0; tf_box < {boxes}; ++tf_box) {{
+  for (int mi = 0; mi < {mi}; ++mi)
   #pragma unroll
-  for (int mi = 0; mi < 1; ++mi)
+  for (int tf_box = 0; tf_box < {boxes}; ++tf_box) {{
+  // The box's place in this warpgroup's sequence picks its staging buffer.
+  const int tf_seq = mi * {boxes} + tf_box;
   #pragma unroll
   for (int ni = tf_box * 8; ni < tf_box * 8 + 8; ++ni)
   #pragma unroll
   for (int h = 0; h < 2; ++h) {{
-      const long long row = tb{dm} + wm0 + mi * 16 + (lane >> 2) + h * 8;
+      const long long row = tb{dm} + wm0 + mi * 64 + (lane >> 2) + h * 8;
       const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2;
-      const tf_u32 tf_stage_at = tf_sb + h * 1024u + (tf_box & 1) * {BOX_BYTES}u + (((ni & 7) << 4) ^ ((lane & 28) << 2));
+      const tf_u32 tf_stage_at = tf_sb + h * 1024u + (tf_seq & 1) * {BOX_BYTES}u + (((ni & 7) << 4) ^ ((lane & 28) << 2));
 {body}  }}
   // The box's writes visible to the TMA unit (the async proxy), then stored.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   {sync}
   if ({issuer}) {{
-    tf_tma_store_2d(&tf_map_out, {stage} + wg * {WG_BYTES}u + (tf_box & 1) * {BOX_BYTES}u, (int)(tb{dn} + tf_box * 64), (int)(tb{dm} + wg * 64));
+    tf_tma_store_2d(&tf_map_out, {stage} + wg * {WG_BYTES}u + (tf_seq & 1) * {BOX_BYTES}u, (int)(tb{dn} + tf_box * 64), (int)(tb{dm} + {box_row}));
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     // The next box's buffer: the one before this box was read.
-    if (tf_box + 1 < {boxes}) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+    if (tf_seq + 1 < {total}) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
   }}
-  if (tf_box + 1 < {boxes}) {sync}
+  if (tf_seq + 1 < {total}) {sync}
   }}
 {written}"#
     )
