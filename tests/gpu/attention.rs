@@ -12,16 +12,75 @@ fn host(t: &Tensor<bf16>) -> Vec<f64> {
     t.to_vec().unwrap().iter().map(|v| v.to_f64()).collect()
 }
 
+/// The example's kernel with a statement after `p·v` that reads the
+/// accumulator (`acc * 1.0`, exact): the Hopper program then waits for each
+/// tile's `p·v` in its own tile instead of issuing it with the next `q·kᵀ`.
+#[fused_kernel]
+fn attention_reading_acc(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    out: &Tensor<bf16>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, _, sk, _] = k.shape();
+    for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
+        let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);
+        let mut denom = zeros::<f32>([tb, th, tm]);
+        let mut acc = zeros::<f32>([tb, th, tm, td]);
+        for tn in tile(sk).until(if causal { tm.end() } else { sk }) {
+            let x = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                q[(tb, th, tm, td)],
+                k[(tb, th, tn, td)],
+            ) * scale;
+            let x = if causal {
+                select(tm.index() >= tn.index(), x, f32::NEG_INFINITY)
+            } else {
+                x
+            };
+            let new_max = max(row_max, x.max(tn));
+            let p = exp(x - new_max);
+            let alpha = exp(row_max - new_max);
+            denom = denom * alpha + p.sum(tn);
+            acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th, tn, td)]);
+            acc = acc * 1.0;
+            row_max = new_max;
+        }
+        out[(tb, th, tm, td)] = (acc / denom).cast();
+    }
+}
+
 /// Runs the kernel on `[b, h, s, d]` queries and `sk` keys, checks every row.
 fn check(b: usize, h: usize, s: usize, sk: usize, d: usize, causal: bool, cfg: Option<Config>) {
+    check_kernel(false, (b, h, s, sk, d), causal, cfg)
+}
+
+/// [`check`] of the example's kernel, or with `reads_acc` of
+/// [`attention_reading_acc`]; `dims` = (b, h, s, sk, d).
+fn check_kernel(
+    reads_acc: bool,
+    (b, h, s, sk, d): (usize, usize, usize, usize, usize),
+    causal: bool,
+    cfg: Option<Config>,
+) {
     let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
     let k = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
     let v = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
     let out = poisoned::<bf16>([b, h, s, d]).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
-    let run = || attention(&q, &k, &v, &out, scale, causal).unwrap();
+    let run = || match reads_acc {
+        false => attention(&q, &k, &v, &out, scale, causal).unwrap(),
+        true => attention_reading_acc(&q, &k, &v, &out, scale, causal).unwrap(),
+    };
+    let def = match reads_acc {
+        false => attention::kernel(),
+        true => attention_reading_acc::kernel(),
+    };
     match &cfg {
-        Some(c) => attention::kernel().with_config(c.clone(), run),
+        Some(c) => def.with_config(c.clone(), run),
         None => run(),
     }
     let (qh, kh, vh, oh) = (host(&q), host(&k), host(&v), host(&out));
@@ -107,6 +166,32 @@ fn attention_matches_f64_on_the_wgmma_path() {
         .wgmma(true);
     check(1, 1, 200, 200, 200, true, Some(cfg.clone()));
     check(1, 1, 65, 65, 16, false, Some(cfg));
+}
+
+/// The Hopper program's other schedule: a key loop that reads the accumulator
+/// after `p·v` waits for each tile's `p·v` and releases its stage's `k` and `v`
+/// after both products (one and two consumer warpgroups, 2 and 3 stages).
+#[test]
+fn attention_matches_f64_on_the_wgmma_path_when_the_loop_reads_the_accumulator() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    for (bm, bn, stages) in [(128, 128, 3), (64, 128, 2), (128, 176, 2)] {
+        let cfg = Config::new(&[1, 1, bm, 64, bn])
+            .num_warps(bm / 16)
+            .num_stages(stages)
+            .wgmma(true);
+        let mut spec = attention_reading_acc::kernel().declared_spec().unwrap();
+        spec.constexprs = vec![1];
+        let source = attention_reading_acc::kernel()
+            .lower(&spec, &cfg)
+            .unwrap()
+            .source;
+        assert!(source.contains("both products read the stage"), "{cfg}");
+        check_kernel(true, (1, 2, 300, 300, 64), true, Some(cfg.clone()));
+        check_kernel(true, (2, 1, 250, 250, 48), false, Some(cfg.clone()));
+        check_kernel(true, (1, 1, 333, 333, 80), true, Some(cfg));
+    }
 }
 
 #[test]
