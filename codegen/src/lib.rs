@@ -2,7 +2,7 @@
 //! CUDA C. Pure Rust: nothing here touches a GPU, a driver or NVRTC.
 //!
 //! The pipeline is [`Kernel`] (built by the `#[fused_kernel]` macro) →
-//! [`check`] for a [`Spec`] (the argument facts known at launch) → [`lower`] for a
+//! [`check()`] for a [`Spec`] (the argument facts known at launch) → [`lower`] for a
 //! [`Config`] → [`Lowered`] (CUDA C source, parameter ABI, launch geometry).
 
 pub mod check;

@@ -97,7 +97,7 @@ impl From<CodegenError> for Error {
     }
 }
 
-/// `Result` with the tilefuse [`Error`].
+/// `Result` with the tilefuse [`Error`](enum@Error).
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Wraps a cudarc driver error with what the caller was doing, for `map_err`.

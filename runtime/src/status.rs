@@ -1,7 +1,7 @@
 //! Where kernels report a `wait` that gave up, and how the host reads it back.
 //!
 //! Each compiled variant registers its `wait` sites and gets a base id; the kernel
-//! records `base + site` in the device's status block. [`check`] runs after a
+//! records `base + site` in the device's status block. `check` runs after a
 //! synchronize and turns a record into an [`Error`], then clears the block.
 
 use crate::device::Device;

@@ -2,7 +2,7 @@
 //! into every other rank's address space through CUDA IPC, plus a small signal
 //! pad per rank for barriers done on the GPU with stream memory operations.
 //! In interpret mode the buffers are shared memory between the CPU ranks
-//! ([`super::shm`]), and the barriers run on a host thread.
+//! (`super::shm`), and the barriers run on a host thread.
 
 use super::group::ProcessGroup;
 use super::shm;
