@@ -714,6 +714,53 @@ fn lower_matmul_with_wait() {
     }
 }
 
+/// The Hopper GEMM never hangs on its barriers: the producer's waits are
+/// bounded (`tf_mbar_wait` traps after 9-13 s), and the consumers' spins in the
+/// K loop are watched: every consumer warp arrives on `tf_done` when it leaves,
+/// and the producer waits for that, bounded, before it leaves.
+#[test]
+fn lower_wgmma_barrier_waits_are_bounded() {
+    let cfg = Config::new(&[128, 256, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true)
+        .persistent(true);
+    let k = matmul();
+    let mut pp = cfg.clone().pingpong(true);
+    pp.block_sizes[TN] = 128;
+    for cfg in [cfg, pp] {
+        let l = lowered(&k, &declared_spec(&k), &cfg);
+        let src = &l.source;
+        let helper = &src[src.find("void tf_mbar_wait(").unwrap()..];
+        let helper = &helper[..helper.find("\n}").unwrap()];
+        assert!(
+            helper.contains("%%globaltimer_hi") && helper.contains("trap;"),
+            "{helper}"
+        );
+        let split = src.find("setmaxnreg.inc").unwrap();
+        let producer = &src[src.find("if (warp < 4) {").unwrap()..split];
+        assert!(producer.contains("tf_mbar_wait(tf_empty + s * 8,"), "{cfg}");
+        assert!(!producer.contains("tf_mbar_spin("), "{cfg}");
+        let done = producer
+            .find("tf_mbar_wait(tf_done(), 0);")
+            .expect("the watch");
+        assert!(
+            done > producer.rfind("tf_tma_2d").unwrap(),
+            "{cfg}: after the loads"
+        );
+        assert!(
+            src.contains("tf_mbar_init(tf_done(), 8);"),
+            "{cfg}: every consumer warp"
+        );
+        assert!(src.contains("tf_mbar_spin(tf_full + s * 8, (it / 4) & 1);"));
+        let consumers = &src[split..];
+        assert!(
+            consumers.ends_with("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n}\n"),
+            "{cfg}: {consumers}"
+        );
+    }
+}
+
 #[test]
 fn lower_wait_on_a_range_loops_over_its_flags() {
     // wait(flags, tm.begin() / 32..tm.end() / 32, 1) in the GEMM.

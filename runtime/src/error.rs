@@ -104,10 +104,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub fn driver(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     let context = context.into();
     // Formatting a DriverError asks libcuda for its text; we only get one when libcuda is loaded.
-    move |e| Error::Driver {
-        context,
-        message: e.to_string(),
+    move |e| {
+        let mut message = e.to_string();
+        if trapped(e.0) {
+            message.push_str(TRAP_HINT);
+        }
+        Error::Driver { context, message }
     }
+}
+
+/// What a trap means in a tilefuse kernel: its only `trap` ends a pipeline
+/// barrier wait that ran past its bound (`tf_mbar_wait`, Hopper kernels).
+const TRAP_HINT: &str = " (a kernel stopped; tilefuse's Hopper kernels stop this way when \
+     a pipeline barrier stays incomplete for about 10 s, which only a tilefuse lowering bug \
+     causes: set TILEFUSE_DUMP_DIR=dir to keep the kernel source, and report it with the config)";
+
+/// Whether a driver result is what a device-side `trap` leaves.
+fn trapped(code: cudarc::driver::sys::CUresult) -> bool {
+    use cudarc::driver::sys::CUresult;
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_LAUNCH_FAILED | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+    )
 }
 
 pub(crate) fn argument(

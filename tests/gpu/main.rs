@@ -8,6 +8,7 @@ mod common;
 mod attention;
 mod autotune;
 mod bad_input;
+mod barrier;
 mod epilogue;
 mod interpret;
 mod matmul;

@@ -60,6 +60,45 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
     }
 }
 
+/// The Hopper GEMM's barrier waits are bounded (9-13 s, `tf_mbar_wait`), but a
+/// user `wait` may take longer: a chunk that arrives after 13.5 s, within a
+/// 30 s wait timeout, still gives the right product, with no trap on the way.
+#[test]
+fn a_wait_longer_than_the_barrier_bound_completes() {
+    let Some(dev) = gpu_alone() else { return };
+    if dev.compute_capability().0 != 9 {
+        eprintln!("skipped: the bounded barrier wait is Hopper's (sm_90a)");
+        return;
+    }
+    let (m, n, k, chunk) = (512, 256, 256, 256);
+    let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
+    // Flags for stream writes come from Tensor::flags, zeroed; chunk 0 is there.
+    let flags = Tensor::flags(2).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let side = SideStream::new(&dev, true).unwrap();
+    side.write_flag(&flags, 0, 1).unwrap();
+    dev.synchronize().unwrap();
+    let cfg = Config::new(&[128, 128, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true)
+        .persistent(true);
+    set_wait_timeout_ms(Some(30_000));
+    gated_matmul::kernel().with_config(cfg, || {
+        gated_matmul(&a, &b, &flags, chunk, &out).unwrap();
+    });
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(13_500));
+    side.write_flag(&flags, 1, 1).unwrap();
+    let done = dev.synchronize();
+    set_wait_timeout_ms(None);
+    done.expect("the producer's wait outlasted the barrier bound and then succeeded");
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(13_400), "{waited:?}");
+    let err = err_vs(&out, &reference);
+    assert!(err <= 1e-2, "rel err {err}");
+}
+
 fn released_timeout_recovery(dev: &std::sync::Arc<Device>) {
     let (m, n, k, chunk) = (1024, 512, 256, 256);
     let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);

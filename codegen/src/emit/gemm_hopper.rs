@@ -271,6 +271,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   __shared__ volatile int tf_failed;
   if (tid == 0) {{
     tf_failed = 0;
+    tf_mbar_init(tf_done(), {consumer_warps_here});
     for (int s = 0; s < {stages}; ++s) {{
       tf_mbar_init(tf_full + s * 8, 1);
       tf_mbar_init(tf_empty + s * 8, {consumer_warps});
@@ -284,6 +285,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         a_ring = stages * a_stage,
         bar_bytes = stages * 8,
         consumer_warps = 4 * sharers * cl,
+        consumer_warps_here = 4 * consumers,
     );
     // The producer runs the block-level statements before the K loop (scalar lets,
     // `wait`s) per tile, before it issues the tile's loads; consumers are gated by
@@ -379,6 +381,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
 {b_loads}      }}
       }} while (tf_it < tf_end);
       }}
+      tf_mbar_wait(tf_done(), 0);  // the consumers finished: bounded, see tf_mbar_spin
     }}
   }} else {{
     asm volatile("setmaxnreg.inc.sync.aligned.u32 {maxreg};");
@@ -449,7 +452,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         r#"{my_turn}    int prev = -1;
     for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
       const int s = it % {stages};
-      tf_mbar_wait(tf_full + s * 8, (it / {stages}) & 1);
+      tf_mbar_spin(tf_full + s * 8, (it / {stages}) & 1);
       const tf_u32 a_s = sA + s * {a_stage}u{wg_rows}, b_s = sB + s * {b_stage}u;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 {kk}      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -519,7 +522,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             "    if ((tid & 127) == 0) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n",
         );
     }
-    e.out.push_str("  }\n");
+    e.out
+        .push_str("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n");
     if cl > 1 {
         // No block leaves while its peer may still arrive on its barriers.
         e.out.push_str("  tf_cluster_sync();\n");

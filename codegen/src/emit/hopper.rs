@@ -4,7 +4,7 @@
 
 use crate::dtype::DType;
 
-pub(super) const HELPERS: &str = r#"
+pub const HELPERS: &str = r#"
 struct __align__(64) tf_tmap { tf_u64 v[16]; };
 __device__ __forceinline__ void tf_mbar_init(tf_u32 bar, tf_u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
@@ -21,7 +21,47 @@ __device__ __forceinline__ bool tf_mbar_test(tf_u32 bar, tf_u32 parity) {
                : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
   return ok != 0;
 }
-__device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) { while (!tf_mbar_test(bar, parity)) {} }
+// Waits that end: a barrier still short of its phase after 9-13 s means a
+// lowering bug (a count or phase mismatch), and the kernel traps (the host sees
+// a failed launch). The producers wait this way; the consumers spin in their hot
+// loops with `tf_mbar_spin`, and each block's producer finally waits for every
+// consumer warp's arrival on a `done` barrier, so a consumer stuck anywhere
+// still ends in a trap. (Bounded in the consumers, the waits cost attention
+// 2-3%: ptxas laid the retry out inline; docs/PERFORMANCE.md, session 20.) The
+// clock is %globaltimer's high word (a tick is 2^32 ns, 4.3 s), read once every
+// 4096 failed tries, so a wait that ends soon never reads it. One asm block:
+// written in C++, the loop's state made ping-pong consumers spill. No call
+// either: a call anywhere in a kernel makes ptxas serialize its `wgmma`s, so no
+// printf or assert.
+__device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) {
+  asm volatile("{ .reg .pred p; .reg .b32 n, t0, t1, d;\n"
+               "mov.u32 n, 0;\n"
+               "mov.u32 t0, 0;\n"
+               "TF_LOOP%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@p bra.uni TF_DONE%=;\n"
+               "add.u32 n, n, 1;\n"
+               "and.b32 d, n, 4095;\n"
+               "setp.ne.u32 p, d, 0;\n"
+               "@p bra.uni TF_LOOP%=;\n"
+               "mov.u32 t1, %%globaltimer_hi;\n"
+               "setp.eq.u32 p, n, 4096;\n"
+               "@p mov.u32 t0, t1;\n"
+               "sub.u32 d, t1, t0;\n"
+               "setp.lt.u32 p, d, 3;\n"
+               "@p bra.uni TF_LOOP%=;\n"
+               "trap;\n"
+               "TF_DONE%=:\n"
+               "}" :: "r"(bar), "r"(parity) : "memory");
+}
+// The `done` barrier: every consumer warp arrives on it when it leaves, and
+// the producer waits for that (bounded). Its address is taken at each use:
+// kept in a variable, it stayed live through the consumers and made a fused op
+// kernel spill.
+__shared__ __align__(8) tf_u64 tf_done_bar;
+__device__ __forceinline__ tf_u32 tf_done() { return tf_smem_u32(&tf_done_bar); }
+// A consumer's wait: only safe where the block's producer watches (above).
+__device__ __forceinline__ void tf_mbar_spin(tf_u32 bar, tf_u32 parity) { while (!tf_mbar_test(bar, parity)) {} }
 __device__ __forceinline__ void tf_tma_2d(tf_u32 dst, const tf_tmap* map, int c0, int c1, tf_u32 bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"((tf_u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");

@@ -13,6 +13,9 @@ mod rows;
 mod tma_store;
 
 pub use expr::CTy;
+/// The device helpers of the Hopper lowerings (after [`prelude::PRELUDE`]):
+/// `mbarrier`s, among them the bounded `tf_mbar_wait`, TMA and `wgmma` descriptors.
+pub use hopper::HELPERS as HOPPER_HELPERS;
 
 use crate::check::{check, Checked};
 use crate::config::Config;

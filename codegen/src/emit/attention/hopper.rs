@@ -119,6 +119,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20 const tf_u32 tf_bk = tf_bq + 8u, tf_bv = tf_bk + {sb}u, tf_ek = tf_bv + {sb}u, tf_ev = tf_ek + {sb}u;\n\
          \x20 if (tid == 0) {{\n\
          \x20   tf_mbar_init(tf_bq, 1);\n\
+         \x20   tf_mbar_init(tf_done(), {cw});\n\
          \x20   for (int s = 0; s < {stages}; ++s) {{\n\
          \x20     tf_mbar_init(tf_bk + s * 8, 1);\n\
          \x20     tf_mbar_init(tf_bv + s * 8, 1);\n\
@@ -192,6 +193,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20       tf_mbar_expect_tx(tf_bv + s * 8, {kv_bytes}u);\n\
          {v_load}\
          \x20     }}\n\
+         \x20     tf_mbar_wait(tf_done(), 0);  // the consumers finished: bounded, see tf_mbar_spin\n\
          \x20   }}\n\
          \x20 }} else {{\n\
          \x20   asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};\");\n\
@@ -253,13 +255,13 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let fast_body: Vec<Stmt> = kv_body.iter().map(|s| without(s, &compares)).collect();
     let _ = write!(
         e.out,
-        "    tf_mbar_wait(tf_bq, 0);\n\
+        "    tf_mbar_spin(tf_bq, 0);\n\
          \x20   for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
          \x20     const long long tb{n} = (long long)tf_it * B{n};\n\
          \x20     const int tf_st = tf_it % {stages};\n\
          \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
          \x20     const tf_u32 tf_kb = tf_sk + tf_st * {kv_bytes}u{vb};\n\
-         \x20     tf_mbar_wait(tf_bk + tf_st * 8, tf_ph);\n\
+         \x20     tf_mbar_spin(tf_bk + tf_st * 8, tf_ph);\n\
          \x20     if ({fast}) {{\n",
         name = e.k.dims[n].name,
         vb = if g.defer_pv {
@@ -278,7 +280,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             "      }}\n    }}\n    if (tf_nt > 0) {{\n\
              \x20     const int tf_st = (tf_nt - 1) % {stages};\n\
              \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
-             \x20     tf_mbar_wait(tf_bv + tf_st * 8, ((tf_nt - 1) / {stages}) & 1);\n\
+             \x20     tf_mbar_spin(tf_bv + tf_st * 8, ((tf_nt - 1) / {stages}) & 1);\n\
              \x20     asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
              {pv}\
              \x20     asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
@@ -295,7 +297,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     for s in &body[a.kv_loop + 1..] {
         outside(e, &mut frags, s)?;
     }
-    e.out.push_str("  }\n}\n");
+    e.out
+        .push_str("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n}\n");
     Ok(e.finish(params, threads, shared, "attention (wgmma)"))
 }
 
@@ -404,7 +407,7 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
             "{ind}const int tf_pst = (tf_it + {s1}) % {stages};  // the last tile's stage\n\
              {ind}if (tf_it > 0) {{\n\
              {ind}  const tf_u32 tf_vb = tf_sv + tf_pst * {kv}u;\n\
-             {ind}  tf_mbar_wait(tf_bv + tf_pst * 8, ((tf_it - 1) / {stages}) & 1);\n\
+             {ind}  tf_mbar_spin(tf_bv + tf_pst * 8, ((tf_it - 1) / {stages}) & 1);\n\
              {pv}\
              {ind}}}\n",
             s1 = g.stages - 1,
@@ -483,7 +486,7 @@ pub(super) fn update_product(g: &Geo, ind: &str, acc: &str) -> String {
     if !g.defer_pv {
         let _ = write!(
             out,
-            "{ind}tf_mbar_wait(tf_bv + tf_st * 8, tf_ph);  // this tile's `v`\n\
+            "{ind}tf_mbar_spin(tf_bv + tf_st * 8, tf_ph);  // this tile's `v`\n\
              {ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
              {pv}\
              {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
