@@ -20,15 +20,17 @@
 //! timed sustained in interleaved rounds (median of 5), with cuBLAS for scale.
 //!
 //! For each shape it times, sustained (each after 300 ms of running it), cuBLAS,
-//! tilefuse's portable (`mma.sync`) default config, the default with its last wave not split along K
+//! the config an untuned launch uses there (`KernelDef::default_for`: on an
+//! sm_90 GPU the Hopper path, TMA + wgmma; elsewhere the portable `mma.sync`
+//! path), that default with its last wave not split along K
 //! (`tilefuse::runtime::split_tail`) and cuBLAS again (the faster cuBLAS counts);
 //! then cuBLAS and the default in a burst from an idle GPU; with `--sweep`, also
-//! a fixed list of configs (each checked against cuBLAS before it is timed),
-//! keeping the best; with `--tune`, the autotuner's pick for each shape
+//! a fixed list of portable configs (each checked against cuBLAS before it is
+//! timed), keeping the best; with `--tune`, the autotuner's pick for each shape
 //! (`TILEFUSE_AUTOTUNE`'s level, quick when unset or off), timed the same way;
-//! on an sm_90 GPU, the Hopper path (TMA + wgmma, the default there for
-//! specializations it takes) at the configs of `hopper_configs` (one block per
-//! tile or persistent, clusters of one or two blocks), sustained and burst.
+//! on an sm_90 GPU, the configs of `other_configs` (the portable default, and
+//! Hopper configs with one block per tile or persistent, clusters of one or two
+//! blocks), sustained and burst.
 //! CUDA events, L2 flushed before each timed run, median of repeats. Ends with a
 //! markdown table of times, ratios and TFLOP/s.
 
@@ -95,10 +97,12 @@ fn sweep_configs() -> Vec<Config> {
     ]
 }
 
-/// The Hopper configs timed on sm_90 (M block, N block, stages, persistent,
-/// blocks per cluster, last wave split along K).
-fn hopper_configs() -> Vec<(Config, bool)> {
-    [
+/// The configs timed beside the default on sm_90, each with whether its last
+/// wave is split along K: the portable path's default (`portable`), then Hopper
+/// configs (M block, N block, stages, persistent, blocks per cluster, split);
+/// the default itself is left out.
+fn other_configs(default: &Config, portable: Config) -> Vec<(Config, bool)> {
+    let hopper = [
         (128, 256, 4, true, 2, true),
         (128, 256, 4, true, 2, false),
         (128, 256, 4, false, 2, true),
@@ -115,14 +119,19 @@ fn hopper_configs() -> Vec<(Config, bool)> {
             .persistent(p)
             .cluster_m(cl);
         (c, split)
-    })
-    .collect()
+    });
+    std::iter::once((portable, true))
+        .chain(hopper)
+        .filter(|(c, split)| !(*split && c == default))
+        .collect()
 }
 
 struct Row {
     shape: [usize; 3],
     /// (default, cuBLAS) from an idle GPU.
     burst: (f64, f64),
+    /// The config an untuned launch uses, and its time.
+    default_cfg: String,
     default_ms: f64,
     /// The default config with the last wave not split along K.
     unsplit_ms: f64,
@@ -131,8 +140,8 @@ struct Row {
     cublas_ms: f64,
     /// With `--tune`: the tuned config, its time and the seconds tuning took.
     tuned: Option<(String, f64, f64)>,
-    /// On sm_90: the Hopper path's configs and their times (sustained, burst).
-    hopper: Vec<(String, f64, f64)>,
+    /// On sm_90: the other configs and their times (sustained, burst).
+    others: Vec<(String, f64, f64)>,
 }
 
 /// `--shapes MxNxK,...`, if given.
@@ -465,10 +474,11 @@ fn run() -> tilefuse::Result<bool> {
         let reps = if m * n * k > 1 << 32 { 20 } else { 50 };
 
         // The headline numbers, one after another, each at its own steady state:
-        // cuBLAS, the default config, the default with its last wave not split,
-        // and cuBLAS again; the faster cuBLAS time is the one compared against.
-        // Each runs for a while before it is timed (see `settled`).
-        let default = matmul::kernel().config_on(&dev)?;
+        // cuBLAS, the default config (what an untuned launch of this shape uses),
+        // the default with its last wave not split, and cuBLAS again; the faster
+        // cuBLAS time is the one compared against. Each runs for a while before
+        // it is timed (see `settled`).
+        let default = matmul::kernel().default_for(&dev, &spec_at(n, k)?)?;
         let pinned = |f: &mut dyn FnMut() -> tilefuse::Result<()>| {
             matmul::kernel().with_config(default.clone(), f)
         };
@@ -556,11 +566,12 @@ fn run() -> tilefuse::Result<bool> {
         } else {
             None
         };
-        // The Hopper path: persistent or one block per tile, clusters of two blocks
-        // or one, the last wave split along K or not, and a narrower N block.
-        let mut hopper = Vec::new();
+        // Beside the default on sm_90: the portable path, and Hopper configs
+        // (persistent or one block per tile, clusters of two blocks or one, the
+        // last wave split along K or not, a narrower N block).
+        let mut others = Vec::new();
         if dev.compute_capability().0 == 9 {
-            for (cfg, split) in hopper_configs() {
+            for (cfg, split) in other_configs(&default, matmul::kernel().config_on(&dev)?) {
                 split_tail::set_enabled(split);
                 let r = matmul::kernel().with_config(cfg.clone(), || -> tilefuse::Result<_> {
                     let c = matmul(&a, &b)?;
@@ -580,22 +591,23 @@ fn run() -> tilefuse::Result<bool> {
                     Ok((err, t, b_ms)) => {
                         all_ok &= err <= 1e-2;
                         println!(
-                            "  {m}x{n}x{k} wgmma {cfg}: {t:.3} ms ({:.0} TFLOP/s, {:.0}% of cuBLAS; burst {b_ms:.3} ms, {:.0}% of cuBLAS's burst), rel err {err:.1e}",
+                            "  {m}x{n}x{k} {cfg}: {t:.3} ms ({:.0} TFLOP/s, {:.0}% of cuBLAS; burst {b_ms:.3} ms, {:.0}% of cuBLAS's burst), rel err {err:.1e}",
                             tf(t),
                             100.0 * cublas_ms / t,
                             100.0 * burst_cublas / b_ms
                         );
-                        hopper.push((cfg, t, b_ms));
+                        others.push((cfg, t, b_ms));
                     }
                     Err(e) => {
-                        println!("  {m}x{n}x{k} wgmma {cfg}: FAILED ({e})");
+                        println!("  {m}x{n}x{k} {cfg}: FAILED ({e})");
                         all_ok = false;
                     }
                 }
             }
         }
         rows.push(Row {
-            hopper,
+            others,
+            default_cfg: default.to_string(),
             tuned,
             shape,
             burst: (burst_default, burst_cublas),
@@ -608,11 +620,11 @@ fn run() -> tilefuse::Result<bool> {
     }
     let tflops = |s: [usize; 3], ms: f64| 2.0 * (s[0] * s[1] * s[2]) as f64 / ms / 1e9;
     println!("\nSustained (each timed after 300 ms of running):");
-    println!("\n| M×N×K | portable default ms | cuBLAS ms | portable/cuBLAS | TFLOP/s (tilefuse / cuBLAS) | default, no split ms | best swept ms | best/cuBLAS | best config |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("\n| M×N×K | default ms | cuBLAS ms | default/cuBLAS | TFLOP/s (tilefuse / cuBLAS) | default, no split ms | best swept ms | best/cuBLAS | best config | default config |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {}×{}×{} | {:.3} | {:.3} | {:.0}% | {:.0} / {:.0} | {:.3} | {:.3} | {:.0}% | {} |",
+            "| {}×{}×{} | {:.3} | {:.3} | {:.0}% | {:.0} / {:.0} | {:.3} | {:.3} | {:.0}% | {} | {} |",
             r.shape[0],
             r.shape[1],
             r.shape[2],
@@ -624,7 +636,8 @@ fn run() -> tilefuse::Result<bool> {
             r.unsplit_ms,
             r.best_ms,
             100.0 * r.cublas_ms / r.best_ms,
-            r.best_cfg
+            r.best_cfg,
+            r.default_cfg
         );
     }
     if rows.iter().any(|r| r.tuned.is_some()) {
@@ -632,7 +645,7 @@ fn run() -> tilefuse::Result<bool> {
             "\nTuned ({}; both timed sustained, same method):",
             level.name()
         );
-        println!("\n| M×N×K | portable default ms | tuned ms | portable/tuned | tuned/cuBLAS | tuning s | tuned config |");
+        println!("\n| M×N×K | default ms | tuned ms | default/tuned | tuned/cuBLAS | tuning s | tuned config |");
         println!("|---|---|---|---|---|---|---|");
         for r in &rows {
             if let Some((cfg, ms, secs)) = &r.tuned {
@@ -648,12 +661,12 @@ fn run() -> tilefuse::Result<bool> {
             }
         }
     }
-    if rows.iter().any(|r| !r.hopper.is_empty()) {
-        println!("\nHopper path (TMA + wgmma), same run:");
-        println!("\n| M×N×K | wgmma ms | cuBLAS ms | wgmma/cuBLAS | burst: wgmma ms | cuBLAS ms | wgmma/cuBLAS | config |");
+    if rows.iter().any(|r| !r.others.is_empty()) {
+        println!("\nOther configs (the portable path's default, Hopper configs), same run:");
+        println!("\n| M×N×K | config ms | cuBLAS ms | config/cuBLAS | burst: config ms | cuBLAS ms | config/cuBLAS | config |");
         println!("|---|---|---|---|---|---|---|---|");
         for r in &rows {
-            for (cfg, t, b) in &r.hopper {
+            for (cfg, t, b) in &r.others {
                 println!(
                     "| {}×{}×{} | {t:.3} | {:.3} | {:.0}% | {b:.3} | {:.3} | {:.0}% | {cfg} |",
                     r.shape[0],
@@ -668,7 +681,7 @@ fn run() -> tilefuse::Result<bool> {
         }
     }
     println!("\nBurst (each timed from an idle GPU):");
-    println!("\n| M×N×K | portable default ms | cuBLAS ms | portable/cuBLAS | TFLOP/s (tilefuse / cuBLAS) |");
+    println!("\n| M×N×K | default ms | cuBLAS ms | default/cuBLAS | TFLOP/s (tilefuse / cuBLAS) |");
     println!("|---|---|---|---|---|");
     for r in &rows {
         let (d, c) = r.burst;

@@ -26,8 +26,9 @@ fn compile_all(def: &KernelDef, specs: &[Spec], configs: &[Config]) {
         for cfg in configs {
             for arch in ARCHS {
                 let started = std::time::Instant::now();
-                if let Err(e) = def.compile(spec, cfg, arch) {
-                    panic!("{} with {cfg} for {arch} failed:\n{e}", def.name());
+                match def.compile(spec, cfg, arch) {
+                    Ok(c) => no_warnings(&format!("{} {cfg} {arch}", def.name()), &c.log),
+                    Err(e) => panic!("{} with {cfg} for {arch} failed:\n{e}", def.name()),
                 }
                 eprintln!(
                     "{} {cfg} {arch}: {:.0} ms",
@@ -94,6 +95,7 @@ fn default_gemm_config_does_not_spill() {
     for arch in ARCHS {
         let log = tilefuse::jit::resource_report(def.name(), &lowered.source, arch)
             .unwrap_or_else(|e| panic!("{cfg} for {arch}: {e}"));
+        no_warnings(&format!("{cfg} for {arch}"), &log);
         assert!(
             kernel_does_not_spill(&log),
             "{cfg} for {arch} spills:\n{log}"
@@ -152,6 +154,7 @@ fn wgmma_matmul_compiles_for_sm_90a() {
             let t = std::time::Instant::now();
             let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
                 .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+            no_warnings(&format!("{} {cfg}", def.name()), &log);
             eprintln!(
                 "{} {cfg}: {:.0} ms\n{log}",
                 def.name(),
@@ -160,6 +163,14 @@ fn wgmma_matmul_compiles_for_sm_90a() {
             assert!(kernel_does_not_spill(&log), "{cfg} spills:\n{log}");
         }
     }
+}
+
+/// Fails on any warning in a compile log: NVRTC's (`warning #550-D: variable
+/// ... set but never used` points at generated code that does work for nothing)
+/// and ptxas's (C7510: `wgmma`s serialized, a large slowdown).
+fn no_warnings(what: &str, log: &str) {
+    let found: Vec<&str> = log.lines().filter(|l| l.contains("warning")).collect();
+    assert!(found.is_empty(), "{what}: compile warnings:\n{log}");
 }
 
 /// Whether ptxas's report says the kernel (`tf_…`, not a helper function) has
@@ -250,6 +261,7 @@ fn op_kernels_compile() {
             assert_eq!(lowered.path, "gemm/wgmma", "{:?} {cfg}", spec.constexprs);
             let log = tilefuse::jit::resource_report(gemm.name(), &lowered.source, "sm_90a")
                 .unwrap_or_else(|e| panic!("{:?} {cfg}: {e}", spec.constexprs));
+            no_warnings(&format!("{:?} {cfg}", spec.constexprs), &log);
             assert!(
                 kernel_does_not_spill(&log),
                 "{:?} {cfg} spills:\n{log}",
@@ -330,6 +342,7 @@ fn row_kernels_do_not_spill_at_their_seeds() {
                     .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
                 let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
                     .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
+                no_warnings(&format!("{} {cfg}", def.name()), &log);
                 let spilled = spill_stores(&log)
                     .unwrap_or_else(|| panic!("{} {cfg}: no report in\n{log}", def.name()));
                 assert!(
@@ -408,6 +421,7 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
                 .unwrap_or_else(|e| panic!("attention {cfg}: {e}"));
             let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
                 .unwrap_or_else(|e| panic!("attention {cfg} causal={causal}: {e}"));
+            no_warnings(&format!("attention {cfg} causal={causal}"), &log);
             let spilled = spill_stores(&log)
                 .unwrap_or_else(|| panic!("attention {cfg}: no report in\n{log}"));
             eprintln!("attention {cfg} causal={causal}: {spilled} bytes spilled");

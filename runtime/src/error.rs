@@ -106,21 +106,23 @@ pub fn driver(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverE
     // Formatting a DriverError asks libcuda for its text; we only get one when libcuda is loaded.
     move |e| {
         let mut message = e.to_string();
-        if trapped(e.0) {
-            message.push_str(TRAP_HINT);
+        if stopped(e.0) {
+            message.push_str(STOP_HINT);
         }
         Error::Driver { context, message }
     }
 }
 
-/// What a trap means in a tilefuse kernel: its only `trap` ends a pipeline
-/// barrier wait that ran past its bound (`tf_mbar_wait`, Hopper kernels).
-const TRAP_HINT: &str = " (a kernel stopped; tilefuse's Hopper kernels stop this way when \
+/// What these errors mean in a tilefuse kernel: a pipeline barrier wait that
+/// ran past its bound (`tf_mbar_wait`, Hopper kernels) stops the kernel with a
+/// store outside shared memory, which the driver reports as an illegal
+/// instruction (an H200 with driver 580); a `trap` would be a failed launch.
+const STOP_HINT: &str = " (a kernel stopped; tilefuse's Hopper kernels stop this way when \
      a pipeline barrier stays incomplete for about 10 s, which only a tilefuse lowering bug \
      causes: set TILEFUSE_DUMP_DIR=dir to keep the kernel source, and report it with the config)";
 
-/// Whether a driver result is what a device-side `trap` leaves.
-fn trapped(code: cudarc::driver::sys::CUresult) -> bool {
+/// Whether a driver result is what a kernel stopped on the device leaves.
+fn stopped(code: cudarc::driver::sys::CUresult) -> bool {
     use cudarc::driver::sys::CUresult;
     matches!(
         code,

@@ -624,7 +624,7 @@ pub(crate) fn launch_variant(
         split = if st.stream_k {
             split_tail::stream_k_plan(blocks, k_tiles, wave)
         } else {
-            split_tail::plan(blocks, k_tiles, wave)
+            split_tail::plan(blocks, k_tiles, wave, st.min_part_k_tiles as u64)
         };
         if split.ways > 1 {
             // Scratch per program: its blocks' tiles (`st.bm` spans the cluster).

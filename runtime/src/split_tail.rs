@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// At most this many programs share a tile: more adds scratch traffic and a
 /// longer serial fix-up for little gain.
 const MAX_WAYS: u64 = 4;
-/// Each part keeps at least this many K tiles, so the pipeline still fills.
+/// Each stream-K program keeps at least this many K tiles, so the pipeline
+/// still fills. (The split tail takes its minimum from the lowering, which
+/// knows its pipeline: `SplitTail::min_part_k_tiles`.)
 const MIN_K_TILES_PER_PART: u64 = 4;
 
 /// How a launch splits its tiles.
@@ -108,22 +110,24 @@ pub struct Segment {
 }
 
 /// The split for `tiles` output tiles of `k_tiles` K tiles each on `slots`
-/// concurrently resident programs.
+/// concurrently resident programs, each part keeping at least `min_part`
+/// K tiles.
 ///
 /// ```
 /// use tilefuse_runtime::split_tail::plan;
 /// // 832 tiles on 132 SMs: 6 whole waves, the 40 left over split 3 ways.
-/// let p = plan(832, 256, 132);
+/// let p = plan(832, 256, 132, 4);
 /// assert_eq!((p.whole, p.ways, p.split, p.parts), (792, 3, 40, 120));
+/// // 16 tiles of 16 K tiles: four parts of 4, or none where parts keep 16.
+/// assert_eq!(plan(16, 16, 66, 4).ways, 4);
+/// assert_eq!(plan(16, 16, 66, 16).ways, 1);
 /// ```
-pub fn plan(tiles: u64, k_tiles: u64, slots: u64) -> SplitPlan {
+pub fn plan(tiles: u64, k_tiles: u64, slots: u64, min_part: u64) -> SplitPlan {
     let tail = if slots == 0 { 0 } else { tiles % slots };
     if tail == 0 || !enabled() {
         return SplitPlan::none(tiles);
     }
-    let ways = (slots / tail)
-        .min(MAX_WAYS)
-        .min(k_tiles / MIN_K_TILES_PER_PART);
+    let ways = (slots / tail).min(MAX_WAYS).min(k_tiles / min_part.max(1));
     if ways < 2 {
         return SplitPlan::none(tiles);
     }
@@ -273,29 +277,31 @@ mod tests {
     #[test]
     fn whole_waves_are_not_split() {
         set_enabled(true);
-        assert_eq!(plan(264, 128, 132).ways, 1);
-        assert_eq!(plan(0, 128, 132).ways, 1);
+        assert_eq!(plan(264, 128, 132, 4).ways, 1);
+        assert_eq!(plan(0, 128, 132, 4).ways, 1);
     }
 
     #[test]
     fn a_large_last_wave_is_left_alone() {
         set_enabled(true);
         // 2048 tiles: 15 waves + 68, and 132 / 68 = 1 way.
-        let p = plan(2048, 128, 132);
+        let p = plan(2048, 128, 132, 4);
         assert_eq!((p.whole, p.ways, p.split), (2048, 1, 0));
     }
 
     #[test]
     fn the_last_wave_is_split_within_limits() {
         set_enabled(true);
-        let p = plan(832, 256, 132);
+        let p = plan(832, 256, 132, 4);
         assert_eq!((p.whole, p.ways, p.split, p.programs()), (792, 3, 40, 912));
         // A single small wave: split-K, at most MAX_WAYS ways.
-        let p = plan(8, 256, 132);
+        let p = plan(8, 256, 132, 4);
         assert_eq!((p.whole, p.ways, p.split), (0, 4, 8));
-        // Short K keeps MIN_K_TILES_PER_PART tiles per part.
-        assert_eq!(plan(8, 8, 132).ways, 2);
-        assert_eq!(plan(8, 7, 132).ways, 1);
+        // Short K keeps `min_part` tiles per part.
+        assert_eq!(plan(8, 8, 132, 4).ways, 2);
+        assert_eq!(plan(8, 7, 132, 4).ways, 1);
+        assert_eq!(plan(8, 32, 132, 16).ways, 2);
+        assert_eq!(plan(8, 31, 132, 16).ways, 1);
     }
 
     /// Every K tile of every split tile is computed by exactly one program, a
@@ -328,7 +334,7 @@ mod tests {
     fn the_split_tail_covers_each_k_tile_once() {
         set_enabled(true);
         for (tiles, k_tiles) in [(832, 256), (8, 256), (8, 8), (133, 17), (50, 9)] {
-            let p = plan(tiles, k_tiles, 132);
+            let p = plan(tiles, k_tiles, 132, 4);
             if p.ways > 1 {
                 assert_covers(&p, tiles, k_tiles);
             }

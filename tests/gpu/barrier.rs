@@ -40,7 +40,7 @@ fn a_barrier_that_never_completes_stops_the_kernel() {
         eprintln!("skipped: the bounded barrier wait is Hopper's (sm_90a)");
         return;
     }
-    // The trap ends the process's CUDA context, so the kernel runs in a child.
+    // The stopped kernel ends the process's CUDA context, so it runs in a child.
     let me = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(me)
         .args([

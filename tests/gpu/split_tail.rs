@@ -31,7 +31,12 @@ fn split_runs(dev: &tilefuse::Device, cfg: &Config) {
         // Only claim a split where the plan makes one (an SM count off by
         // occupancy only changes how many ways).
         split_tail::set_enabled(true);
-        let planned = split_tail::plan(tiles, k.div_ceil(bk) as u64, dev.sm_count() as u64);
+        let planned = split_tail::plan(
+            tiles,
+            k.div_ceil(bk) as u64,
+            dev.sm_count() as u64,
+            tilefuse::codegen::emit::PORTABLE_MIN_PART_K_TILES as u64,
+        );
         let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
 
         let split1 = poisoned::<bf16>([m, n]).unwrap();

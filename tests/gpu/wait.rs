@@ -62,7 +62,7 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
 
 /// The Hopper GEMM's barrier waits are bounded (9-13 s, `tf_mbar_wait`), but a
 /// user `wait` may take longer: a chunk that arrives after 13.5 s, within a
-/// 30 s wait timeout, still gives the right product, with no trap on the way.
+/// 30 s wait timeout, still gives the right product, with no stop on the way.
 #[test]
 fn a_wait_longer_than_the_barrier_bound_completes() {
     let Some(dev) = gpu_alone() else { return };

@@ -30,9 +30,10 @@ pub(crate) const SHAPES: [(usize, usize, usize); 7] = [
     // More tiles than SMs at small blocks: persistent blocks loop, the ring's
     // phases carry from tile to tile.
     (2000, 1544, 200),
-    // Fewer tiles than SMs and 16 K tiles: the last (only) wave is split along
-    // K, the parts meet in scratch.
-    (1000, 1544, 1000),
+    // Fewer tiles than SMs and 32 K tiles, the last one partial: the last
+    // (only) wave is split along K (parts keep at least 16), the parts meet in
+    // scratch.
+    (1000, 1544, 2000),
     (4096, 6656, 16384),
 ];
 

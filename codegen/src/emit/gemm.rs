@@ -254,6 +254,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bn,
         bk,
         stream_k: false,
+        min_part_k_tiles: super::PORTABLE_MIN_PART_K_TILES,
     });
     Ok(lowered)
 }

@@ -350,7 +350,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   }}
   do {{
   long long pid = unit;
-  int tf_part = 0, tf_w = 1, kt_lo = 0, kt_hi = KT;
+  [[maybe_unused]] int tf_part = 0, tf_w = 1;  // the producer reads neither
+  int kt_lo = 0, kt_hi = KT;
   if (unit >= tf_whole) {{
     const long long t = tf_it / KT;
     kt_lo = (int)(tf_it - t * KT);
@@ -542,6 +543,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bn,
         bk,
         stream_k: c.stream_k,
+        min_part_k_tiles: super::HOPPER_MIN_PART_K_TILES,
     });
     // One program per cluster tile; the launch multiplies by the cluster size.
     for (&d, (_, b)) in e.k.grid.iter().zip(&mut l.grid) {

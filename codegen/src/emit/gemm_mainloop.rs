@@ -268,7 +268,7 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
     );
     let _ = write!(
         o,
-        "  auto load_any = [&](int stage, int kt) {{\n{head}    if (k0 + {bk} <= K) {{\n      const int part = 0;\n{}    }} else {{\n{ragged}    }}\n{sync}  }};\n",
+        "  auto load_any = [&](int stage, int kt) {{\n{head}    if (k0 + {bk} <= K) {{\n      [[maybe_unused]] const int part = 0;\n{}    }} else {{\n{ragged}    }}\n{sync}  }};\n",
         fast(1)
     );
     // Tiles wholly inside K; the loop loads tile kt + S - 1 with `load_full` while

@@ -22,37 +22,36 @@ __device__ __forceinline__ bool tf_mbar_test(tf_u32 bar, tf_u32 parity) {
   return ok != 0;
 }
 // Waits that end: a barrier still short of its phase after 9-13 s means a
-// lowering bug (a count or phase mismatch), and the kernel traps (the host sees
-// a failed launch). The producers wait this way; the consumers spin in their hot
-// loops with `tf_mbar_spin`, and each block's producer finally waits for every
-// consumer warp's arrival on a `done` barrier, so a consumer stuck anywhere
-// still ends in a trap. (Bounded in the consumers, the waits cost attention
-// 2-3%: ptxas laid the retry out inline; docs/PERFORMANCE.md, session 20.) The
-// clock is %globaltimer's high word (a tick is 2^32 ns, 4.3 s), read once every
-// 4096 failed tries, so a wait that ends soon never reads it. One asm block:
-// written in C++, the loop's state made ping-pong consumers spill. No call
-// either: a call anywhere in a kernel makes ptxas serialize its `wgmma`s, so no
-// printf or assert.
+// lowering bug (a count or phase mismatch), and the kernel stops with an error
+// (the host sees an illegal instruction). The producers wait this way; the
+// consumers spin in their hot loops with `tf_mbar_spin`, and each block's
+// producer finally waits for every consumer warp's arrival on a `done` barrier,
+// so a consumer stuck anywhere still stops the kernel. (Bounded in the
+// consumers, the waits cost attention 2-3%: ptxas laid the retry out inline;
+// docs/PERFORMANCE.md, session 20.) The clock is %globaltimer's high word (a
+// tick is 2^32 ns, 4.3 s), read on every 4096th failed try. The stop is a
+// store to a shared address outside every block's window, not `trap`: a loop
+// holding a trap (or one left early to trap after it) makes ptxas put a
+// `YIELD` at the head of the enclosing load loop, which cost a ping-pong GEMM
+// 10% (session 21). No call either: a call anywhere in a kernel makes ptxas
+// serialize its `wgmma`s, so no printf or assert.
 __device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) {
-  asm volatile("{ .reg .pred p; .reg .b32 n, t0, t1, d;\n"
-               "mov.u32 n, 0;\n"
-               "mov.u32 t0, 0;\n"
-               "TF_LOOP%=:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-               "@p bra.uni TF_DONE%=;\n"
-               "add.u32 n, n, 1;\n"
-               "and.b32 d, n, 4095;\n"
-               "setp.ne.u32 p, d, 0;\n"
-               "@p bra.uni TF_LOOP%=;\n"
-               "mov.u32 t1, %%globaltimer_hi;\n"
-               "setp.eq.u32 p, n, 4096;\n"
-               "@p mov.u32 t0, t1;\n"
-               "sub.u32 d, t1, t0;\n"
-               "setp.lt.u32 p, d, 3;\n"
-               "@p bra.uni TF_LOOP%=;\n"
-               "trap;\n"
-               "TF_DONE%=:\n"
-               "}" :: "r"(bar), "r"(parity) : "memory");
+  tf_u32 n = 0, t0 = 0;
+  while (!tf_mbar_test(bar, parity)) {
+    asm volatile("{ .reg .pred p, q; .reg .b32 t, d;\n"
+                 "add.u32 %0, %0, 1;\n"
+                 "and.b32 d, %0, 4095;\n"
+                 "setp.eq.u32 p, d, 0;\n"
+                 "mov.u32 t, %1;\n"
+                 "@p mov.u32 t, %%globaltimer_hi;\n"
+                 "setp.eq.u32 q, %0, 4096;\n"
+                 "@q mov.u32 %1, t;\n"
+                 "sub.u32 d, t, %1;\n"
+                 "setp.ge.and.u32 q, d, 3, p;\n"
+                 "mov.u32 d, 0xfffffff0;\n"
+                 "@q st.volatile.shared.u32 [d], d;\n"
+                 "}" : "+r"(n), "+r"(t0) :: "memory");
+  }
 }
 // The `done` barrier: every consumer warp arrives on it when it leaves, and
 // the producer waits for that (bounded). Its address is taken at each use:

@@ -88,7 +88,21 @@ pub struct SplitTail {
     /// program crossing tile boundaries ([`Config::stream_k`]), rather than
     /// split evenly within each tile.
     pub stream_k: bool,
+    /// The fewest K tiles a part of a split tile keeps (the split tail's, not
+    /// stream-K's): below it the part's fixed costs, filling the pipeline and
+    /// the fix-up through scratch, outweigh the idle SMs it saves.
+    pub min_part_k_tiles: usize,
 }
+
+/// The fewest K tiles per part of the portable path's split tail: there four
+/// parts of 4 K tiles beat one whole tile at 1000³ (0.026 against 0.028 ms on an
+/// H200, docs/PERFORMANCE.md session 2).
+pub const PORTABLE_MIN_PART_K_TILES: usize = 4;
+/// The Hopper path's: its pipeline takes longer to fill and each part's fix-up
+/// moves a whole 128×256 tile, so short parts lose; at 1000³ the default took
+/// 0.0236 ms in four parts of 4 K tiles, 0.0224 in two of 8, 0.0188 unsplit
+/// (docs/PERFORMANCE.md session 21).
+pub const HOPPER_MIN_PART_K_TILES: usize = 16;
 
 /// The generated code and how to launch it.
 #[derive(Clone, Debug)]

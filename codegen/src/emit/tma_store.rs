@@ -121,8 +121,9 @@ pub(super) fn fragment_loop(t: &TmaStore, dm: DimId, dn: DimId, body: &str) -> S
   for (int ni = tf_box * 8; ni < tf_box * 8 + 8; ++ni)
   #pragma unroll
   for (int h = 0; h < 2; ++h) {{
-      const long long row = tb{dm} + wm0 + mi * 64 + (lane >> 2) + h * 8;
-      const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2;
+      // The TMA unit clips the box, so only an epilogue that reads them needs these.
+      [[maybe_unused]] const long long row = tb{dm} + wm0 + mi * 64 + (lane >> 2) + h * 8;
+      [[maybe_unused]] const long long col = tb{dn} + wn0 + ni * 8 + (lane & 3) * 2;
       const tf_u32 tf_stage_at = tf_sb + h * 1024u + (tf_seq & 1) * {BOX_BYTES}u + (((ni & 7) << 4) ^ ((lane & 28) << 2));
 {body}  }}
   // The box's writes visible to the TMA unit (the async proxy), then stored.

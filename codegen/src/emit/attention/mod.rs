@@ -108,7 +108,8 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
             e.k.dims[b].name
         );
     }
-    let _ = writeln!(e.out, "  const long long tb{d} = 0;");
+    // The head dim is one whole tile; the body may not name its offset.
+    let _ = writeln!(e.out, "  [[maybe_unused]] const long long tb{d} = 0;");
 }
 
 /// `tf_nt`: how many key tiles the loop over `dim` walks (up to its `until` bound).
