@@ -19,11 +19,11 @@
 //! shapes above and at LLM layer shapes (prefill-sized M, ragged sizes), each
 //! timed sustained in interleaved rounds (median of 5), with cuBLAS for scale.
 //!
-//! For each shape it times, sustained (each after 300 ms of running it), cuBLAS,
-//! the config an untuned launch uses there (`KernelDef::default_for`: on an
-//! sm_90 GPU the Hopper path, TMA + wgmma; elsewhere the portable `mma.sync`
-//! path), that default with its last wave not split along K
-//! (`tilefuse::runtime::split_tail`) and cuBLAS again (the faster cuBLAS counts);
+//! For each shape it times, sustained (each after 300 ms of running it) in
+//! interleaved rounds (median of 5), cuBLAS, the config an untuned launch uses
+//! there (`KernelDef::default_for`: on an sm_90 GPU the Hopper path, TMA +
+//! wgmma; elsewhere the portable `mma.sync` path) and that default with its
+//! last wave not split along K (`tilefuse::runtime::split_tail`);
 //! then cuBLAS and the default in a burst from an idle GPU; with `--sweep`, also
 //! a fixed list of portable configs (each checked against cuBLAS before it is
 //! timed), keeping the best; with `--tune`, the autotuner's pick for each shape
@@ -416,22 +416,40 @@ fn interleaved(
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
 ) -> tilefuse::Result<Vec<Option<f64>>> {
-    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 1];
     let ([m, _], [_, n]) = (a.shape::<2>(), b.shape::<2>());
     let mut out = Tensor::<bf16>::empty([m, n])?;
+    let mut runs: Vec<Option<Run>> = variants
+        .iter()
+        .map(|v| {
+            v.clone().map(|c| {
+                Box::new(move || matmul::kernel().with_config(c.clone(), || matmul(a, b).map(drop)))
+                    as Run
+            })
+        })
+        .collect();
+    runs.push(Some(Box::new(|| {
+        tilefuse::cublas::matmul_into(&mut out, a, b)
+    })));
+    interleaved_runs(dev, reps, &mut runs)
+}
+
+/// A run to time.
+type Run<'a> = Box<dyn FnMut() -> tilefuse::Result<()> + 'a>;
+
+/// Each of `runs` (`None`: skipped) timed sustained once per round for `ROUNDS`
+/// rounds, so drifting clocks weigh on all alike: the median of each's rounds.
+fn interleaved_runs(
+    dev: &Device,
+    reps: usize,
+    runs: &mut [Option<Run>],
+) -> tilefuse::Result<Vec<Option<f64>>> {
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
     for _ in 0..ROUNDS {
-        for (v, times) in variants.iter().zip(&mut rounds) {
-            if let Some(c) = v {
-                let t = matmul::kernel().with_config(c.clone(), || {
-                    settled(dev, reps, &mut || matmul(a, b).map(drop))
-                })?;
-                times.push(t.median_ms);
+        for (run, times) in runs.iter_mut().zip(&mut rounds) {
+            if let Some(f) = run {
+                times.push(settled(dev, reps, f.as_mut())?.median_ms);
             }
         }
-        let t = settled(dev, reps, &mut || {
-            tilefuse::cublas::matmul_into(&mut out, a, b)
-        })?;
-        rounds[variants.len()].push(t.median_ms);
     }
     Ok(rounds.iter().map(|r| median(r)).collect())
 }
@@ -473,11 +491,11 @@ fn run() -> tilefuse::Result<bool> {
         tilefuse::cublas::matmul_into(&mut reference, &a, &b)?;
         let reps = if m * n * k > 1 << 32 { 20 } else { 50 };
 
-        // The headline numbers, one after another, each at its own steady state:
-        // cuBLAS, the default config (what an untuned launch of this shape uses),
-        // the default with its last wave not split, and cuBLAS again; the faster
-        // cuBLAS time is the one compared against. Each runs for a while before
-        // it is timed (see `settled`).
+        // The headline numbers: cuBLAS, the default config (what an untuned launch
+        // of this shape uses) and the default with its last wave not split, in
+        // interleaved rounds, each run for a while before it is timed (see
+        // `settled`). (Timed one after another, the third read 5-20% slow where
+        // it ran the same kernel as the second.)
         let default = matmul::kernel().default_for(&dev, &spec_at(n, k)?)?;
         let pinned = |f: &mut dyn FnMut() -> tilefuse::Result<()>| {
             matmul::kernel().with_config(default.clone(), f)
@@ -494,11 +512,19 @@ fn run() -> tilefuse::Result<bool> {
             split_tail::set_enabled(true);
             r
         };
-        let t0 = settled(&dev, reps, &mut cublas_run)?;
-        let t1 = settled(&dev, reps, &mut default_run)?;
-        let t2 = settled(&dev, reps, &mut unsplit_run)?;
-        let t3 = settled(&dev, reps, &mut cublas_run)?;
-        let t = [t0.median_ms.min(t3.median_ms), t1.median_ms, t2.median_ms];
+        let timed = interleaved_runs(
+            &dev,
+            reps,
+            &mut [
+                Some(Box::new(&mut cublas_run) as Run),
+                Some(Box::new(&mut default_run)),
+                Some(Box::new(&mut unsplit_run)),
+            ],
+        )?;
+        let [Some(c), Some(d), Some(u)] = timed[..] else {
+            unreachable!("every run is timed");
+        };
+        let t = [c, d, u];
         // Burst: each from an idle GPU at full boost, a short run.
         let burst_cublas = burst(&dev, reps, &mut cublas_run)?.median_ms;
         let burst_default = burst(&dev, reps, &mut default_run)?.median_ms;
