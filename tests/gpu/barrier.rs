@@ -2,7 +2,6 @@
 //! completes (only a lowering bug leaves one so) stops the kernel with an error
 //! after about 10 s instead of hanging the process.
 
-use crate::common::gpu_alone;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -35,11 +34,9 @@ extern "C" __global__ void tf_stuck(tf_u32* done) {
 
 #[test]
 fn a_barrier_that_never_completes_stops_the_kernel() {
-    let Some(dev) = gpu_alone() else { return };
-    if dev.compute_capability().0 != 9 {
-        eprintln!("skipped: the bounded barrier wait is Hopper's (sm_90a)");
+    let Some(_dev) = crate::wgmma::hopper_alone() else {
         return;
-    }
+    };
     // The stopped kernel ends the process's CUDA context, so it runs in a child.
     let me = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(me)

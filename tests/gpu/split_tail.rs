@@ -73,11 +73,9 @@ fn split_runs(dev: &tilefuse::Device, cfg: &Config) {
 /// cuBLAS, the same bits on a second run, and close to the unsplit kernel.
 #[test]
 fn stream_k_matches_cublas_and_is_deterministic() {
-    let Some(dev) = gpu_alone() else { return };
-    if dev.compute_capability().0 != 9 {
-        eprintln!("SKIPPED: stream-K is on the wgmma path, which needs an sm_90 GPU");
+    let Some(dev) = crate::wgmma::hopper_alone() else {
         return;
-    }
+    };
     let base = Config::new(&[128, 256, 64])
         .num_warps(8)
         .num_stages(4)

@@ -65,11 +65,9 @@ fn wait_released_by_stream_write_then_timeout_then_recovery() {
 /// 30 s wait timeout, still gives the right product, with no stop on the way.
 #[test]
 fn a_wait_longer_than_the_barrier_bound_completes() {
-    let Some(dev) = gpu_alone() else { return };
-    if dev.compute_capability().0 != 9 {
-        eprintln!("skipped: the bounded barrier wait is Hopper's (sm_90a)");
+    let Some(dev) = crate::wgmma::hopper_alone() else {
         return;
-    }
+    };
     let (m, n, k, chunk) = (512, 256, 256, 256);
     let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
     // Flags for stream writes come from Tensor::flags, zeroed; chunk 0 is there.

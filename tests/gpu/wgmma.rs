@@ -3,14 +3,24 @@
 //! a fused epilogue, and a clear error for rows TMA cannot load.
 
 use crate::common::examples::bias_gelu::matmul_bias_gelu;
-use crate::common::{err_vs, gpu, host};
+use crate::common::{err_vs, gpu, gpu_alone, host, Gpu};
 use crate::common::{pingpong_configs, tma_store_configs, wgmma_configs as configs};
 use crate::matmul::{mm_bf16, mm_f16};
 use tilefuse::prelude::*;
 use tilefuse::verify::{poisoned, random_tensor};
 
-pub(crate) fn hopper() -> Option<crate::common::Gpu> {
-    let dev = gpu()?;
+/// The GPU, shared with other tests, when it is an sm_90 one; else the test
+/// says it skipped.
+pub(crate) fn hopper() -> Option<Gpu> {
+    on_hopper(gpu()?)
+}
+
+/// Like [`hopper`], with no other test on the GPU meanwhile.
+pub(crate) fn hopper_alone() -> Option<Gpu> {
+    on_hopper(gpu_alone()?)
+}
+
+fn on_hopper(dev: Gpu) -> Option<Gpu> {
     if dev.compute_capability().0 != 9 {
         eprintln!(
             "SKIPPED: the wgmma path needs an sm_90 GPU, this is {} ({})",
