@@ -5,6 +5,7 @@
 //! cargo run --release --example bench_matmul -- --tune-only [--shapes MxNxK,...]
 //! cargo run --release --example bench_matmul -- --epilogue [--shapes MxNxK,...]
 //! cargo run --release --example bench_matmul -- --pingpong [--shapes MxNxK,...]
+//! cargo run --release --example bench_matmul -- --fill [--shapes MxNxK,...]
 //! ```
 //!
 //! `--epilogue` times the Hopper default with and without the TMA-store
@@ -14,14 +15,17 @@
 //! tile) against ping-pong configs (`Config::pingpong`: each warpgroup its own
 //! tiles, taken in turn) at the same shapes.
 //!
+//! `--fill` times the Hopper default against configs of smaller tiles, for
+//! shapes whose default tiles do not fill the GPU.
+//!
 //! `--tune-only` compares the autotuner's pick with the config an untuned launch
 //! uses on this GPU (the Hopper path's default on an H100/H200), at the large
 //! shapes above and at LLM layer shapes (prefill-sized M, ragged sizes), each
-//! timed sustained in interleaved rounds (median of 5), with cuBLAS for scale.
+//! timed sustained in interleaved rounds (median of 6), with cuBLAS for scale.
 //!
 //! For each shape it times, sustained (each after 300 ms of running it) in
-//! interleaved rounds (median of 5), cuBLAS, the config an untuned launch uses
-//! there (`KernelDef::default_for`: on an sm_90 GPU the Hopper path, TMA +
+//! interleaved rounds (median of 6), cuBLAS, the config an untuned launch uses
+//! there (`KernelDef::default_at`: on an sm_90 GPU the Hopper path, TMA +
 //! wgmma; elsewhere the portable `mma.sync` path) and that default with its
 //! last wave not split along K (`tilefuse::runtime::split_tail`);
 //! then cuBLAS and the default in a burst from an idle GPU; with `--sweep`, also
@@ -182,13 +186,26 @@ fn spec_at(n: usize, k: usize) -> tilefuse::Result<tilefuse::codegen::Spec> {
     Ok(spec)
 }
 
+/// The config an untuned launch of `matmul` at `m`×`n`×`k` uses
+/// ([`KernelDef::default_at`]: on an sm_90 GPU the Hopper path, its tiles
+/// fitted to the SMs).
+fn default_at(dev: &Device, m: usize, n: usize, k: usize) -> tilefuse::Result<Config> {
+    use tilefuse::codegen::plan::{classify, Shape};
+    let def = matmul::kernel();
+    let mut extents = vec![None; def.ir()?.dims.len()];
+    if let Ok(Shape::Gemm(g)) = classify(def.ir()?) {
+        (extents[g.m], extents[g.n], extents[g.k]) = (Some(m), Some(n), Some(k));
+    }
+    def.default_at(dev, &spec_at(n, k)?, &extents)
+}
+
 fn tune_only(dev: &std::sync::Arc<Device>, level: Effort) -> tilefuse::Result<bool> {
     let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
     let mut ok = true;
     let mut rows = Vec::new();
     let mut unstaged = Vec::new();
     for [m, n, k] in shapes {
-        let default = matmul::kernel().default_for(dev, &spec_at(n, k)?)?;
+        let default = default_at(dev, m, n, k)?;
         let a = random_tensor::<bf16>([m, k], 1.0)?;
         let b = random_tensor::<bf16>([k, n], 1.0)?;
         let mut reference = Tensor::<bf16>::empty([m, n])?;
@@ -296,9 +313,7 @@ fn epilogue_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
     println!("\n| M×N×K | fragment stores ms | TMA store ms | fragments / TMA store | TMA store / cuBLAS |");
     println!("|---|---|---|---|---|");
     for [m, n, k] in shapes {
-        let default = matmul::kernel()
-            .default_for(dev, &spec_at(n, k)?)?
-            .tma_store(false);
+        let default = default_at(dev, m, n, k)?.tma_store(false);
         let tma = default.clone().tma_store(true);
         if !default.wgmma || matmul::kernel().lower(&spec_at(n, k)?, &tma).is_err() {
             println!("| {m}×{n}×{k} | {default} cannot take the TMA store: skipped | | | |");
@@ -334,11 +349,8 @@ fn epilogue_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
     Ok(ok)
 }
 
-/// `--pingpong` (sm_90): the Hopper default against ping-pong configs, in
-/// interleaved rounds with cuBLAS, each checked against cuBLAS first; a config
-/// the shape cannot take (the TMA store of an unaligned output) is skipped.
+/// `--pingpong` (sm_90): the Hopper default against ping-pong configs.
 fn pingpong_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
-    let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
     let pp = |bm: usize, bn: usize, stages: usize, cl: usize, tma: bool| {
         Config::new(&[bm, bn, 64])
             .num_warps(8)
@@ -349,22 +361,60 @@ fn pingpong_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
             .tma_store(tma)
             .pingpong(true)
     };
-    let candidates = [
-        pp(128, 128, 5, 2, true),
-        pp(128, 128, 5, 1, true),
-        pp(64, 256, 4, 2, true),
-        pp(128, 128, 6, 2, false),
-    ];
+    candidates_ab(
+        dev,
+        &[
+            pp(128, 128, 5, 2, true),
+            pp(128, 128, 5, 1, true),
+            pp(64, 256, 4, 2, true),
+            pp(128, 128, 6, 2, false),
+        ],
+    )
+}
+
+/// `--fill` (sm_90): the Hopper default against configs of smaller tiles, for
+/// launches whose default tiles leave SMs idle (M block, N block, consumer
+/// warps, stages, persistent, blocks per cluster; all with the TMA store).
+fn fill_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
+    let candidates: Vec<Config> = [
+        (128, 128, 8, 6, true, 1),
+        (128, 128, 8, 5, false, 1),
+        (128, 128, 8, 6, true, 2),
+        (128, 256, 8, 4, false, 1),
+        (128, 256, 8, 4, true, 1),
+        (64, 256, 4, 4, false, 1),
+        (128, 192, 8, 4, true, 1),
+    ]
+    .iter()
+    .map(|&(bm, bn, w, s, p, cl)| {
+        Config::new(&[bm, bn, 64])
+            .num_warps(w)
+            .num_stages(s)
+            .wgmma(true)
+            .persistent(p)
+            .cluster_m(cl)
+            .tma_store(true)
+    })
+    .collect();
+    candidates_ab(dev, &candidates)
+}
+
+/// The Hopper default against `candidates` at `--shapes` (else the tuner's),
+/// in interleaved rounds with cuBLAS, each checked against cuBLAS first; a
+/// config the shape cannot take (the TMA store of an unaligned output) is
+/// skipped.
+fn candidates_ab(dev: &std::sync::Arc<Device>, candidates: &[Config]) -> tilefuse::Result<bool> {
+    let shapes = shapes_arg()?.unwrap_or(TUNE_SHAPES.to_vec());
     let mut ok = true;
     print!("\n| M×N×K | default ms |");
-    for c in &candidates {
+    for c in candidates {
         print!(" {c} ms (default/it) |");
     }
     println!(" cuBLAS ms | best / cuBLAS |");
     println!("|---|---|{}---|---|", "---|".repeat(candidates.len()));
     for [m, n, k] in shapes {
         let spec = spec_at(n, k)?;
-        let default = matmul::kernel().default_for(dev, &spec)?;
+        let default = default_at(dev, m, n, k)?;
         if !default.wgmma {
             println!("| {m}×{n}×{k} | {default} is not the Hopper path: skipped |");
             continue;
@@ -374,7 +424,7 @@ fn pingpong_ab(dev: &std::sync::Arc<Device>) -> tilefuse::Result<bool> {
         let mut reference = Tensor::<bf16>::empty([m, n])?;
         tilefuse::cublas::matmul_into(&mut reference, &a, &b)?;
         let mut variants = vec![Some(default.clone())];
-        for c in &candidates {
+        for c in candidates {
             let c = c.clone().stage(default.stage);
             variants.push(matmul::kernel().lower(&spec, &c).is_ok().then_some(c));
         }
@@ -437,17 +487,20 @@ fn interleaved(
 type Run<'a> = Box<dyn FnMut() -> tilefuse::Result<()> + 'a>;
 
 /// Each of `runs` (`None`: skipped) timed sustained once per round for `ROUNDS`
-/// rounds, so drifting clocks weigh on all alike: the median of each's rounds.
+/// rounds, so drifting clocks weigh on all alike, every other round in reverse
+/// (`turn_order`: a variant timed later in a row reads slower): the median of
+/// each's rounds.
 fn interleaved_runs(
     dev: &Device,
     reps: usize,
     runs: &mut [Option<Run>],
 ) -> tilefuse::Result<Vec<Option<f64>>> {
-    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
-    for _ in 0..ROUNDS {
-        for (run, times) in runs.iter_mut().zip(&mut rounds) {
-            if let Some(f) = run {
-                times.push(settled(dev, reps, f.as_mut())?.median_ms);
+    let n = runs.len();
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); n];
+    for round in 0..ROUNDS {
+        for i in tilefuse::runtime::timing::turn_order(n, round) {
+            if let Some(f) = &mut runs[i] {
+                rounds[i].push(settled(dev, reps, f.as_mut())?.median_ms);
             }
         }
     }
@@ -482,6 +535,9 @@ fn run() -> tilefuse::Result<bool> {
     if std::env::args().any(|a| a == "--pingpong") {
         return pingpong_ab(&dev);
     }
+    if std::env::args().any(|a| a == "--fill") {
+        return fill_ab(&dev);
+    }
     let mut rows = Vec::new();
     let mut all_ok = true;
     for shape @ [m, n, k] in SHAPES {
@@ -496,7 +552,7 @@ fn run() -> tilefuse::Result<bool> {
         // interleaved rounds, each run for a while before it is timed (see
         // `settled`). (Timed one after another, the third read 5-20% slow where
         // it ran the same kernel as the second.)
-        let default = matmul::kernel().default_for(&dev, &spec_at(n, k)?)?;
+        let default = default_at(&dev, m, n, k)?;
         let pinned = |f: &mut dyn FnMut() -> tilefuse::Result<()>| {
             matmul::kernel().with_config(default.clone(), f)
         };
@@ -770,7 +826,7 @@ fn median(v: &[f64]) -> Option<f64> {
 }
 
 /// `--tune-only` times its variants in this many interleaved rounds.
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 6;
 
 /// Times `f` (median of `reps`, L2 flushed) after running it for 300 ms: the
 /// GPU's clocks follow the power draw of the kernel before, and a kernel timed

@@ -106,6 +106,7 @@ fn the_hopper_program_lowers() {
     let h200 = Target {
         shared_limit: 227 * 1024,
         wgmma: true,
+        sms: 132,
     };
     let c = default_config_for(ir, &spec, h200);
     assert_eq!(Some(&c), default_wgmma_attention(ir).as_ref());
@@ -138,6 +139,7 @@ fn the_hopper_program_lowers() {
     let plain = Target {
         shared_limit: 227 * 1024,
         wgmma: false,
+        sms: 132,
     };
     assert!(!default_config_for(ir, &spec, plain).wgmma);
 }

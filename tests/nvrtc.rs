@@ -324,6 +324,7 @@ fn row_kernels_do_not_spill_at_their_seeds() {
     let h200 = tilefuse::codegen::Target {
         shared_limit: 227 * 1024,
         wgmma: true,
+        sms: 132,
     };
     for def in [
         softmax::softmax::kernel(),

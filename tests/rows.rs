@@ -9,6 +9,7 @@ use tilefuse::codegen::{Axis, Config, ConfigSpace, Target};
 const H200: Target = Target {
     shared_limit: 227 * 1024,
     wgmma: true,
+    sms: 132,
 };
 
 #[test]

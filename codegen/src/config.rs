@@ -1,5 +1,6 @@
 //! Launch and lowering parameters: block sizes, warps, pipeline stages, tile order.
 
+use crate::fit::HopperTiles;
 use serde::{Deserialize, Serialize};
 
 /// How a kernel is lowered: one block size per tile dimension (in order of
@@ -225,24 +226,41 @@ pub struct Target {
     pub shared_limit: usize,
     /// The Hopper instructions (TMA, `wgmma`, `setmaxnreg`: sm_90a).
     pub wgmma: bool,
+    /// Streaming multiprocessors: the blocks of one wave, a block per SM, for
+    /// the Hopper matmul default's tiles ([`crate::fit::hopper_tiles`]); 0 when
+    /// not known.
+    pub sms: usize,
 }
 
-/// The Hopper path's default matmul config: 128x256x64 blocks, two consumer
-/// warpgroups, 4 stages (3 where shared memory is short), a persistent grid of
-/// block pairs that share B tiles through multicast, the fastest of the Hopper
-/// configs measured on an H200 at large bf16 shapes; with the TMA-store
-/// epilogue ([`default_config_for`] adds it where the output allows) 103-108% of
-/// cuBLAS there (docs/PERFORMANCE.md).
-pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> Option<Config> {
+/// The Hopper path's default matmul config for `tiles` (see [`HopperTiles`]),
+/// two consumer warpgroups, 64 K a step, a persistent grid:
+/// - [`HopperTiles::Pairs`]: 128x256 blocks, 4 stages (3 where shared memory is
+///   short), in pairs that share B tiles through multicast, the fastest of the
+///   Hopper configs measured on an H200 at large bf16 shapes; with the
+///   TMA-store epilogue ([`default_config_for`] adds it where the output
+///   allows) 100-108% of cuBLAS there (docs/PERFORMANCE.md);
+/// - [`HopperTiles::Wide`]: the same blocks without the pairs;
+/// - [`HopperTiles::Narrow`]: 128x128 blocks, 6 stages (fewer where shared
+///   memory is short).
+pub fn default_wgmma_config(
+    kernel: &crate::ir::Kernel,
+    shared_limit: usize,
+    tiles: HopperTiles,
+) -> Option<Config> {
     let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel).ok()? else {
         return None;
     };
+    let (bn, max_stages, cluster) = match tiles {
+        HopperTiles::Pairs => (256, 4, 2),
+        HopperTiles::Wide => (256, 4, 1),
+        HopperTiles::Narrow => (128, 6, 1),
+    };
     let mut bs = vec![64; kernel.dims.len()];
     bs[g.m] = 128;
-    bs[g.n] = 256;
+    bs[g.n] = bn;
     bs[g.k] = 64;
-    let per_stage = (128 + 256) * 64 * 2;
-    let stages = (2..=4)
+    let per_stage = (128 + bn) * 64 * 2;
+    let stages = (2..=max_stages)
         .rev()
         .find(|s| s * per_stage + 2048 <= shared_limit)?;
     Some(
@@ -251,7 +269,7 @@ pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> 
             .num_stages(stages)
             .wgmma(true)
             .persistent(true)
-            .cluster_m(2),
+            .cluster_m(cluster),
     )
 }
 
@@ -260,7 +278,7 @@ pub fn default_wgmma_config(kernel: &crate::ir::Kernel, shared_limit: usize) -> 
 /// step, three stages of `k` and `v` (a stage is released one tile late, when
 /// its `p·v` completes with the next tile's `q·kᵀ`: with two, every tile waited
 /// for its loads, 430 TFLOP/s against 544 at batch 8 × 16 heads × 4096 × 128 on
-/// an H200). [`fit_whole_dims`] takes 64 keys a step and two stages for head
+/// an H200). [`crate::fit::fit_whole_dims`] takes 64 keys a step and two stages for head
 /// dimensions past 128 (the output accumulators and the tiles grow).
 pub fn default_wgmma_attention(kernel: &crate::ir::Kernel) -> Option<Config> {
     let crate::plan::Shape::Attention(a) = crate::plan::classify(kernel).ok()? else {
@@ -273,15 +291,29 @@ pub fn default_wgmma_attention(kernel: &crate::ir::Kernel) -> Option<Config> {
     Some(Config::new(&bs).num_warps(8).num_stages(3).wgmma(true))
 }
 
-/// The config a launch uses without tuning: on a [`Target`] with `wgmma`, the
-/// Hopper path when this specialization can take it (16-bit operands with rows
-/// TMA can load, or that can be staged into such rows: [`Config::stage`]),
-/// with the TMA-store epilogue where the output takes it ([`Config::tma_store`]),
-/// else [`default_config_within`].
+/// The config a launch uses without tuning when its extents are not known:
+/// [`default_config_at`] with none.
 pub fn default_config_for(
     kernel: &crate::ir::Kernel,
     spec: &crate::spec::Spec,
     target: Target,
+) -> Config {
+    default_config_at(kernel, spec, target, &[])
+}
+
+/// The config a launch of these extents (`extents[d]`: dimension `d`'s, where
+/// known) uses without tuning: on a [`Target`] with `wgmma`, the Hopper path
+/// when this specialization can take it (16-bit operands with rows TMA can
+/// load, or that can be staged into such rows: [`Config::stage`]), with tiles
+/// that keep the SMs busy ([`crate::fit::hopper_tiles`]) and the TMA-store
+/// epilogue where the output takes it ([`Config::tma_store`]), else
+/// [`default_config_within`]. Row kernels and `whole(…)` tiles are fitted to
+/// the extents afterwards ([`crate::fit_rows_default`], [`crate::fit_whole_dims`]).
+pub fn default_config_at(
+    kernel: &crate::ir::Kernel,
+    spec: &crate::spec::Spec,
+    target: Target,
+    extents: &[Option<usize>],
 ) -> Config {
     let specialized = kernel.specialize(&spec.constexprs);
     let kernel = specialized.as_deref().unwrap_or(kernel);
@@ -291,125 +323,34 @@ pub fn default_config_for(
                 return c;
             }
         }
-        if let Some(c) = default_wgmma_config(kernel, target.shared_limit) {
-            // The TMA-store epilogue where the output allows it and it fits:
-            // faster at every shape measured, 1.006-1.41x on an H200
-            // (docs/PERFORMANCE.md, session 14).
-            let with_tma = |c: Config| {
-                let t = c.clone().tma_store(true);
-                match crate::emit::lower(kernel, spec, &t) {
-                    Ok(l) if l.shared_bytes as usize <= target.shared_limit => t,
-                    _ => c,
-                }
-            };
+        // The TMA-store epilogue where the output allows it and it fits:
+        // faster at every shape measured, 1.006-1.41x on an H200
+        // (docs/PERFORMANCE.md, session 14).
+        let with_tma = |c: Config| {
+            let t = c.clone().tma_store(true);
+            match crate::emit::lower(kernel, spec, &t) {
+                Ok(l) if l.shared_bytes as usize <= target.shared_limit => t,
+                _ => c,
+            }
+        };
+        let hopper = |tiles| {
+            let c = default_wgmma_config(kernel, target.shared_limit, tiles)?;
             if crate::emit::lower(kernel, spec, &c).is_ok() {
-                return with_tma(c);
+                return Some(with_tma(c));
             }
             // Operands TMA cannot load as they are: copied into aligned scratch,
             // the Hopper path still beats the portable one's narrow loads by far.
             let staged = c.stage(true);
-            if !crate::staging::unaligned_operands(kernel, spec).is_empty()
-                && crate::emit::lower(kernel, spec, &staged).is_ok()
-            {
-                return with_tma(staged);
-            }
+            (!crate::staging::unaligned_operands(kernel, spec).is_empty()
+                && crate::emit::lower(kernel, spec, &staged).is_ok())
+            .then(|| with_tma(staged))
+        };
+        let tiles = crate::fit::hopper_tiles(kernel, extents, target.sms);
+        if let Some(c) = hopper(tiles).or_else(|| hopper(HopperTiles::Pairs)) {
+            return c;
         }
     }
     default_config_within(kernel, target.shared_limit)
-}
-
-/// The untuned config of a row kernel for its row length: `default` (what
-/// [`default_config_for`] gave) unless `kernel` walks its rows more than once
-/// (softmax, norms: a reduction, then a pass that uses it) and `default` is the
-/// shape-blind [`default_config`]. Then the row's block fits the row up to 8192
-/// columns, 32 values a thread, so the second walk reads registers instead of
-/// memory: 2 rows × 2048 columns with 4 warps up to 2048 columns, 1 × 4096 with
-/// 4 warps up to 4096, 1 × 8192 with 8 warps beyond. Measured on an H200 at
-/// 16384 rows (docs/PERFORMANCE.md, session 15): softmax and RMSNorm go from
-/// 65-78% of the copy bandwidth to 93-98% at 4096 and 8192 columns, LayerNorm
-/// from 83% to 86% at 4096 and stays at 63% at 8192. A single online walk
-/// (cross-entropy's log-sum-exp) reads each element once whatever the block,
-/// and runs best with several rows a block: it keeps the default.
-/// `extents[d]`: dimension `d`'s extent at this launch, where known.
-pub fn fit_rows_default(
-    kernel: &crate::ir::Kernel,
-    default: Config,
-    extents: &[Option<usize>],
-) -> Config {
-    use crate::plan::{classify, Shape};
-    if !matches!(classify(kernel), Ok(Shape::Rows)) || default != default_config(kernel) {
-        return default;
-    }
-    let mut walks = 0;
-    kernel.walk_stmts(&mut |s| walks += usize::from(matches!(s, crate::ir::Stmt::Loop { .. })));
-    let cols = (0..kernel.dims.len())
-        .filter(|d| !kernel.grid.contains(d))
-        .filter_map(|d| extents.get(d).copied().flatten())
-        .max()
-        .unwrap_or(0);
-    // Up to 1024 columns the default's warp per row covers the row in one pass.
-    if walks < 2 || cols <= 1024 {
-        return default;
-    }
-    let (rows, block, warps) = match cols {
-        1025..=2048 => (2, 2048, 4),
-        2049..=4096 => (1, 4096, 4),
-        _ => (1, 8192, 8),
-    };
-    let bs: Vec<usize> = (0..kernel.dims.len())
-        .map(|d| {
-            if kernel.grid.contains(&d) {
-                rows
-            } else {
-                block
-            }
-        })
-        .collect();
-    Config {
-        block_sizes: bs,
-        ..default
-    }
-    .num_warps(warps)
-}
-
-/// `config` with the block of each `whole(…)` tile fitted to its extent at this
-/// launch (`extents[d]`, where known): the extent rounded up to a power of two,
-/// 16 at least. A `whole` tile's block is not a choice, so this applies to
-/// pinned and tuned configs too. For head dimensions past 128, where the
-/// output accumulators grow, an attention kernel's shape-blind default takes 8
-/// warps (16 rows each) instead of 4 (32 rows each), and the Hopper default
-/// ([`default_wgmma_attention`]) 64 keys a step instead of 128, in two stages.
-pub fn fit_whole_dims(
-    kernel: &crate::ir::Kernel,
-    config: Config,
-    extents: &[Option<usize>],
-) -> Config {
-    let is_default = config == default_config(kernel);
-    let is_hopper_default = Some(&config) == default_wgmma_attention(kernel).as_ref();
-    let mut c = config;
-    for (d, dim) in kernel.dims.iter().enumerate() {
-        if let (true, Some(Some(x)), Some(b)) =
-            (dim.whole, extents.get(d), c.block_sizes.get_mut(d))
-        {
-            *b = (*x).max(16).next_power_of_two();
-        }
-    }
-    if let (true, Ok(crate::plan::Shape::Attention(a))) =
-        (is_default, crate::plan::classify(kernel))
-    {
-        if c.block_sizes[a.d] > 128 {
-            c = c.num_warps(8);
-        }
-    }
-    if let (true, Ok(crate::plan::Shape::Attention(a))) =
-        (is_hopper_default, crate::plan::classify(kernel))
-    {
-        if c.block_sizes[a.d] > 128 {
-            c.block_sizes[a.n] = 64;
-            c = c.num_stages(2);
-        }
-    }
-    c
 }
 
 /// A config that works for `kernel` without tuning.

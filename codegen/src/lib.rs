@@ -10,6 +10,7 @@ pub mod config;
 pub mod dtype;
 pub mod emit;
 pub mod error;
+pub mod fit;
 pub mod hash;
 pub mod ir;
 pub mod plan;
@@ -20,12 +21,13 @@ pub mod staging;
 
 pub use check::check;
 pub use config::{
-    default_config, default_config_for, default_config_within, default_wgmma_attention,
-    default_wgmma_config, fit_rows_default, fit_whole_dims, Config, Target,
+    default_config, default_config_at, default_config_for, default_config_within,
+    default_wgmma_attention, default_wgmma_config, Config, Target,
 };
 pub use dtype::DType;
 pub use emit::{lower, Lowered, Param, SplitTail};
 pub use error::CodegenError;
+pub use fit::{fit_rows_default, fit_whole_dims, hopper_tiles, HopperTiles};
 pub use ir::Kernel;
 pub use space::{Axis, ConfigSpace};
 pub use spec::{ScalarKind, Spec, TensorSpec};

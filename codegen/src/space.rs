@@ -4,7 +4,7 @@
 //! proven starting points, and the neighbours of a config for a local search.
 //! No GPU here: the runtime's tuner measures what this proposes.
 
-use crate::config::{default_config_for, Config, Target};
+use crate::config::{default_config_at, default_config_for, Config, Target};
 use crate::emit::lower;
 use crate::ir::{Kernel, Stmt};
 use crate::plan::{classify, AttentionShape, GemmShape, Shape};
@@ -108,7 +108,7 @@ impl Axis {
 /// ```
 /// # use tilefuse_codegen::ir::Kernel;
 /// # fn demo(kernel: &Kernel, spec: &tilefuse_codegen::Spec) {
-/// let target = tilefuse_codegen::Target { shared_limit: 227 * 1024, wgmma: true };
+/// let target = tilefuse_codegen::Target { shared_limit: 227 * 1024, wgmma: true, sms: 132 };
 /// let space = tilefuse_codegen::ConfigSpace::new(kernel, spec, target);
 /// let seeds = space.seeds(spec, true); // proven configs that fit, the default first
 /// # }
@@ -116,11 +116,12 @@ impl Axis {
 #[derive(Clone, Debug)]
 pub struct ConfigSpace {
     kernel: Kernel,
-    shared_limit: usize,
+    /// The specialization and GPU the space was made for (the default's inputs).
+    spec: Spec,
+    target: Target,
     axes: Vec<Axis>,
     default: Config,
     gemm: Option<GemmShape>,
-    wgmma: bool,
     /// Some matmul operand is unaligned and can be staged (the `stage` axis).
     stageable: bool,
 }
@@ -132,7 +133,6 @@ impl ConfigSpace {
     /// The space of `kernel` for `spec` on `target`: with `wgmma`, matmuls also get
     /// the Hopper path's configs.
     pub fn new(kernel: &Kernel, spec: &Spec, target: Target) -> ConfigSpace {
-        let shared_limit = target.shared_limit;
         let default = default_config_for(kernel, spec, target);
         let gemm = match classify(kernel) {
             Ok(Shape::Gemm(g)) => Some(g),
@@ -185,21 +185,23 @@ impl ConfigSpace {
         }
         ConfigSpace {
             kernel: kernel.clone(),
-            shared_limit,
+            spec: spec.clone(),
+            target,
             axes,
             default,
             gemm,
-            wgmma: target.wgmma,
             stageable,
         }
     }
 
     /// The space with its default fitted to a launch's extents (`extents[d]`:
     /// dimension `d`'s, where known), as an untuned launch of them would run it
-    /// ([`crate::fit_rows_default`]).
+    /// ([`crate::default_config_at`], [`crate::fit_rows_default`],
+    /// [`crate::fit_whole_dims`]).
     pub fn with_extents(mut self, extents: &[Option<usize>]) -> ConfigSpace {
-        self.default = crate::config::fit_rows_default(&self.kernel, self.default, extents);
-        self.default = crate::config::fit_whole_dims(&self.kernel, self.default, extents);
+        let default = default_config_at(&self.kernel, &self.spec, self.target, extents);
+        let default = crate::fit::fit_rows_default(&self.kernel, default, extents);
+        self.default = crate::fit::fit_whole_dims(&self.kernel, default, extents);
         self
     }
 
@@ -222,10 +224,10 @@ impl ConfigSpace {
     /// shared memory limit. Costs one lowering (no compile).
     pub fn fits(&self, c: &Config, spec: &Spec) -> Result<(), String> {
         let l = lower(&self.kernel, spec, c).map_err(|e| e.to_string())?;
-        if l.shared_bytes as usize > self.shared_limit {
+        if l.shared_bytes as usize > self.target.shared_limit {
             return Err(format!(
                 "needs {} bytes of shared memory per block; the GPU allows {}",
-                l.shared_bytes, self.shared_limit
+                l.shared_bytes, self.target.shared_limit
             ));
         }
         Ok(())
@@ -238,7 +240,7 @@ impl ConfigSpace {
         let proposals = match &self.gemm {
             Some(g) => {
                 let mut p = Vec::new();
-                if self.wgmma {
+                if self.target.wgmma {
                     // Unaligned operands: every Hopper seed staged (TMA needs it).
                     let hopper = wgmma_seeds(self.kernel.dims.len(), g, quick)
                         .into_iter()
@@ -372,7 +374,7 @@ impl ConfigSpace {
         };
         let hopper = HOPPER
             .iter()
-            .filter(|_| self.wgmma)
+            .filter(|_| self.target.wgmma)
             .map(|&(bm, bn, stages)| seed(bm, bn, bm / 16, true).num_stages(stages));
         let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
         hopper.chain(portable).collect()

@@ -12,6 +12,7 @@ fn portable(shared: usize) -> Target {
     Target {
         shared_limit: shared,
         wgmma: false,
+        sms: 132,
     }
 }
 
@@ -138,6 +139,7 @@ fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
     let h200 = Target {
         shared_limit: H200_SHARED,
         wgmma: true,
+        sms: 132,
     };
     let space = ConfigSpace::new(&k, &spec, h200);
     assert!(space.default_config().wgmma, "{}", space.default_config());

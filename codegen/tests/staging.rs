@@ -92,6 +92,7 @@ fn a_kernel_that_waits_for_its_operands_is_never_staged() {
     let h200 = Target {
         shared_limit: 227 * 1024,
         wgmma: true,
+        sms: 132,
     };
     let d = default_config_for(&k, &spec, h200);
     assert!(!d.wgmma && !d.stage, "{d}");

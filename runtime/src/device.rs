@@ -222,6 +222,7 @@ impl Device {
         tilefuse_codegen::Target {
             shared_limit: self.max_shared_per_block(),
             wgmma: self.cc == (9, 0),
+            sms: self.sm_count,
         }
     }
 

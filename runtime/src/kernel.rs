@@ -16,8 +16,8 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 use tilefuse_codegen::ir::{Expr, Kernel, Stmt};
 use tilefuse_codegen::{
-    default_config, default_config_for, default_config_within, lower, Config, Lowered, Param, Spec,
-    TensorSpec,
+    default_config, default_config_at, default_config_within, hopper_tiles, lower, Config,
+    HopperTiles, Lowered, Param, Spec, TensorSpec,
 };
 
 /// A compiled kernel for one specialization, config and device.
@@ -37,6 +37,9 @@ struct VariantKey {
     device: usize,
 }
 
+/// An untuned default's key: the specialization, the GPU's ordinal, the Hopper tiles.
+type DefaultKey = (Spec, usize, HopperTiles);
+
 /// A kernel defined with `#[fused_kernel]`. The macro creates one `static` per
 /// kernel; users reach it as `my_kernel::kernel()`.
 pub struct KernelDef {
@@ -51,7 +54,7 @@ pub struct KernelDef {
     branches: OnceLock<bool>,
     variants: OnceLock<Mutex<HashMap<VariantKey, Arc<Variant>>>>,
     /// The untuned default per specialization and GPU ordinal.
-    defaults: OnceLock<Mutex<HashMap<(Spec, usize), Config>>>,
+    defaults: OnceLock<Mutex<HashMap<DefaultKey, Config>>>,
 }
 
 thread_local! {
@@ -214,19 +217,39 @@ impl KernelDef {
         })
     }
 
-    /// The config an untuned launch on `dev` with `spec` uses: an override or the
-    /// pinned config, else [`default_config_for`] (the Hopper path where the GPU and
-    /// the specialization allow it), decided once per specialization and GPU.
+    /// The config an untuned launch on `dev` with `spec` uses where its extents
+    /// are not known: [`KernelDef::default_at`] with none.
     pub fn default_for(&self, dev: &Device, spec: &Spec) -> Result<Config> {
+        self.default_at(dev, spec, &[])
+    }
+
+    /// The config an untuned launch on `dev` with `spec` and these extents
+    /// (`extents[d]`: dimension `d`'s, where known) uses: an override or the
+    /// pinned config, else [`default_config_at`] (the Hopper path where the GPU
+    /// and the specialization allow it, with tiles that keep the SMs busy),
+    /// decided once per specialization, GPU and choice of tiles. Row kernels
+    /// and `whole(…)` tiles are then fitted to the extents at the launch.
+    pub fn default_at(
+        &self,
+        dev: &Device,
+        spec: &Spec,
+        extents: &[Option<usize>],
+    ) -> Result<Config> {
         if let Some(c) = self.chosen_config()? {
             return Ok(c);
         }
-        let key = (spec.clone(), dev.ordinal());
+        let target = dev.target();
+        let tiles = match target.wgmma {
+            // The IR of this specialization: its branches taken.
+            true => hopper_tiles(&*self.ir_for(&spec.constexprs)?, extents, target.sms),
+            false => HopperTiles::Pairs,
+        };
+        let key = (spec.clone(), dev.ordinal(), tiles);
         let map = self.defaults.get_or_init(Default::default);
         if let Some(c) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(c.clone());
         }
-        let c = default_config_for(self.ir()?, spec, dev.target());
+        let c = default_config_at(self.ir()?, spec, target, extents);
         map.lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, c.clone());
@@ -497,11 +520,9 @@ impl KernelDef {
         self.check_sizes(k, tensors, scalars)?;
         if dev.is_host() {
             // Interpret mode: the pinned or default config's block sizes, no tuning.
-            let default = tilefuse_codegen::fit_rows_default(
-                k,
-                self.default_for(&dev, &spec)?,
-                &crate::autotune::extents(k, scalars),
-            );
+            let ext = crate::autotune::extents(k, scalars);
+            let default =
+                tilefuse_codegen::fit_rows_default(k, self.default_at(&dev, &spec, &ext)?, &ext);
             let config = self.group_rows_capped(k, default);
             let config =
                 tilefuse_codegen::fit_whole_dims(k, config, &crate::autotune::extents(k, scalars));

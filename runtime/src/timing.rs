@@ -99,6 +99,25 @@ fn samples(
         .collect()
 }
 
+/// The order in which round `round` of an interleaved comparison times its `n`
+/// variants: first to last in even rounds, last to first in odd ones. Under
+/// load the clocks drift within a round (a variant timed later in a row of
+/// sustained runs reads slower, by 5-20% on an H200); reversing every other
+/// round gives each variant the same mean position, so a steady drift weighs
+/// on all alike. Use an even number of rounds.
+///
+/// ```
+/// use tilefuse_runtime::timing::turn_order;
+/// assert_eq!(turn_order(3, 0), [0, 1, 2]);
+/// assert_eq!(turn_order(3, 1), [2, 1, 0]);
+/// ```
+pub fn turn_order(n: usize, round: usize) -> Vec<usize> {
+    match round % 2 {
+        0 => (0..n).collect(),
+        _ => (0..n).rev().collect(),
+    }
+}
+
 /// The device-to-device copy bandwidth of `dev` in GB/s, counting each byte read
 /// and each byte written (a copy of `bytes` moves `2 * bytes`): what a
 /// memory-bound kernel that reads its inputs once and writes its outputs once is

@@ -81,6 +81,49 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
     }
 }
 
+/// The untuned default fits its tiles to the SMs (`tilefuse::codegen::hopper_tiles`):
+/// 128×128 tiles where they fit one wave, single 128×256 blocks where those
+/// do, pairs of them beyond; each through the launch path, against cuBLAS.
+#[test]
+fn the_untuned_default_fits_its_tiles_to_the_sms() {
+    use tilefuse::codegen::plan::{classify, Shape};
+    use tilefuse::codegen::HopperTiles;
+    let Some(dev) = hopper() else { return };
+    let sms = dev.sm_count();
+    let ir = mm_bf16::kernel().ir().unwrap();
+    let Ok(Shape::Gemm(g)) = classify(ir) else {
+        panic!("mm_bf16 is a matmul")
+    };
+    // Ragged: 8 × sms/8 tiles of 128×256 (more than a wave of 128×128 ones).
+    let wide_n = 256 * (sms / 8) - 40;
+    let cases = [
+        ((1000, 1000, 1000), HopperTiles::Narrow, (128, 128, 1)),
+        ((1000, wide_n, 520), HopperTiles::Wide, (128, 256, 1)),
+        ((3000, 4100, 300), HopperTiles::Pairs, (128, 256, 2)),
+    ];
+    for ((m, n, k), tiles, (bm, bn, cl)) in cases {
+        let mut ext = vec![None; ir.dims.len()];
+        (ext[g.m], ext[g.n], ext[g.k]) = (Some(m), Some(n), Some(k));
+        assert_eq!(
+            tilefuse::codegen::hopper_tiles(ir, &ext, sms),
+            tiles,
+            "{m}x{n}"
+        );
+        let spec = mm_bf16::kernel().declared_spec().unwrap();
+        let d = mm_bf16::kernel().default_at(&dev, &spec, &ext).unwrap();
+        assert_eq!(
+            (d.block_sizes[g.m], d.block_sizes[g.n], d.cluster_m),
+            (bm, bn, cl),
+            "{m}x{n}x{k}: {d}"
+        );
+        let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
+        let out = poisoned::<bf16>([m, n]).unwrap();
+        mm_bf16(&a, &b, &out).unwrap_or_else(|e| panic!("{m}x{n}x{k} default {d}: {e}"));
+        let err = err_vs(&out, &reference);
+        assert!(err <= 1e-2, "{m}x{n}x{k} default {d}: rel err {err}");
+    }
+}
+
 #[test]
 fn wgmma_gemm_runs_the_fused_epilogue() {
     let Some(_dev) = hopper() else { return };

@@ -306,7 +306,7 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     let ext = extents(launch.kernel, launch.scalars);
     let default = tilefuse_codegen::fit_rows_default(
         launch.kernel,
-        def.default_for(launch.dev, launch.spec)?,
+        def.default_at(launch.dev, launch.spec, &ext)?,
         &ext,
     );
     let default = tilefuse_codegen::fit_whole_dims(launch.kernel, default, &ext);
