@@ -6,6 +6,7 @@
 
 use crate::config::{default_config_at, default_config_for, Config, Target};
 use crate::emit::lower;
+use crate::fit::HopperTiles;
 use crate::ir::{Kernel, Stmt};
 use crate::plan::{classify, AttentionShape, GemmShape, Shape};
 use crate::spec::Spec;
@@ -119,6 +120,8 @@ pub struct ConfigSpace {
     /// The specialization and GPU the space was made for (the default's inputs).
     spec: Spec,
     target: Target,
+    /// The Hopper tiles of the launch's extents ([`ConfigSpace::with_extents`]).
+    tiles: HopperTiles,
     axes: Vec<Axis>,
     default: Config,
     gemm: Option<GemmShape>,
@@ -187,6 +190,7 @@ impl ConfigSpace {
             kernel: kernel.clone(),
             spec: spec.clone(),
             target,
+            tiles: HopperTiles::Pairs,
             axes,
             default,
             gemm,
@@ -199,6 +203,7 @@ impl ConfigSpace {
     /// ([`crate::default_config_at`], [`crate::fit_rows_default`],
     /// [`crate::fit_whole_dims`]).
     pub fn with_extents(mut self, extents: &[Option<usize>]) -> ConfigSpace {
+        self.tiles = crate::fit::hopper_tiles(&self.kernel, extents, self.target.sms);
         let default = default_config_at(&self.kernel, &self.spec, self.target, extents);
         let default = crate::fit::fit_rows_default(&self.kernel, default, extents);
         self.default = crate::fit::fit_whole_dims(&self.kernel, default, extents);
@@ -242,7 +247,7 @@ impl ConfigSpace {
                 let mut p = Vec::new();
                 if self.target.wgmma {
                     // Unaligned operands: every Hopper seed staged (TMA needs it).
-                    let hopper = wgmma_seeds(self.kernel.dims.len(), g, quick)
+                    let hopper = wgmma_seeds(self.kernel.dims.len(), g, quick, self.tiles)
                         .into_iter()
                         .map(|c| c.stage(self.stageable));
                     // The TMA-store epilogue where the output takes it (faster
@@ -436,8 +441,9 @@ fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
 /// 16 x warps, or with ping-pong each warpgroup's (64 or 128 rows). Ping-pong
 /// comes last: it measured 3–18% slower than the default at nine of ten shapes
 /// (docs/PERFORMANCE.md, session 18), so only the full level tries it.
-fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
-    const PROVEN: [(usize, usize, usize, usize, bool, usize, bool); 12] = [
+fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool, tiles: HopperTiles) -> Vec<Config> {
+    type Seed = (usize, usize, usize, usize, bool, usize, bool);
+    const PROVEN: [Seed; 12] = [
         (128, 256, 8, 4, true, 2, false),
         (128, 256, 8, 4, false, 1, false),
         (128, 192, 8, 4, true, 1, false),
@@ -451,9 +457,28 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
         (128, 128, 8, 5, true, 2, true),
         (64, 256, 8, 4, true, 2, true),
     ];
-    let take = if quick { 4 } else { PROVEN.len() };
-    PROVEN[..take]
+    // Launches whose 128×128 tiles fit one wave (the default's own tiles
+    // there): the configs of small tiles that came closest to it or beat it
+    // at nine such shapes on an H200 (docs/PERFORMANCE.md, session 22), first.
+    const ONE_WAVE: [Seed; 3] = [
+        (64, 256, 4, 4, false, 1, false),
+        (128, 128, 8, 5, false, 1, false),
+        (128, 192, 8, 4, true, 1, false),
+    ];
+    // Quick: four proven configs, or where those tiles leave SMs idle the three
+    // above and the pairs (the default of larger launches) for scale.
+    let take = match (quick, tiles) {
+        (false, _) => PROVEN.len(),
+        (true, HopperTiles::Narrow) => 1,
+        (true, _) => 4,
+    };
+    let first: &[Seed] = match tiles {
+        HopperTiles::Narrow => &ONE_WAVE,
+        _ => &[],
+    };
+    first
         .iter()
+        .chain(PROVEN.iter().filter(|s| !first.contains(s)).take(take))
         .map(|&(bm, bn, w, s, p, cl, pp)| {
             let mut bs = vec![64; dims];
             bs[g.m] = bm;

@@ -156,6 +156,26 @@ fn the_tuner_starts_from_the_default_of_its_extents() {
         space.default_config(),
         &default_config_at(&k, &spec, H200, &ext)
     );
-    assert_eq!(space.seeds(&spec, true)[0], *space.default_config());
+    let seeds = space.seeds(&spec, true);
+    assert_eq!(seeds[0], *space.default_config());
     assert!(space.fits(space.default_config(), &spec).is_ok());
+    // Small tiles among the quick seeds: a 64-row block of one consumer
+    // warpgroup, 128×128 blocks one per tile.
+    let has = |bm, bn, warps| {
+        seeds.iter().any(|c| {
+            c.wgmma && tile_of(&k, c).0 == bm && tile_of(&k, c).1 == bn && c.num_warps == warps
+        })
+    };
+    assert!(has(64, 256, 4) && has(128, 192, 8), "{seeds:?}");
+    // A launch of several waves: its quick seeds are the proven large ones.
+    let big = ConfigSpace::new(&k, &spec, H200).with_extents(&extents(&k, 8192, 8192, 8192));
+    let big_seeds = big.seeds(&spec, true);
+    assert!(
+        !big_seeds.iter().any(|c| c.wgmma && tile_of(&k, c).0 == 64),
+        "{big_seeds:?}"
+    );
+    assert_eq!(
+        big_seeds,
+        ConfigSpace::new(&k, &spec, H200).seeds(&spec, true)
+    );
 }
