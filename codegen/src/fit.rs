@@ -49,7 +49,7 @@ pub fn hopper_tiles(
     let (Some(&Some(m)), Some(&Some(n))) = (extents.get(g.m), extents.get(g.n)) else {
         return HopperTiles::Pairs;
     };
-    let tiles = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
+    let tiles = |bm: usize, bn: usize| m.div_ceil(bm).saturating_mul(n.div_ceil(bn));
     if sms == 0 || m == 0 || n == 0 {
         HopperTiles::Pairs
     } else if tiles(128, 128) <= sms {

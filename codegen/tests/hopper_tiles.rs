@@ -51,6 +51,8 @@ fn tiles_follow_the_waves_they_need() {
     // More than a wave of 128×256 tiles.
     assert_eq!(at(2048, 4096), HopperTiles::Pairs); // 256
     assert_eq!(at(8192, 8192), HopperTiles::Pairs);
+    // Extents past any tensor: no overflow, several waves.
+    assert_eq!(at(usize::MAX, usize::MAX), HopperTiles::Pairs);
     // On a GPU of half the SMs the same launch needs more waves.
     assert_eq!(
         hopper_tiles(&k, &extents(&k, 512, 4096, 4096), 66),
@@ -127,10 +129,7 @@ fn the_default_takes_the_tiles_of_its_extents_and_fits_the_gpu() {
 #[test]
 fn staged_operands_and_portable_gpus_keep_their_paths() {
     let k = matmul();
-    let mut ragged = declared_spec(&k);
-    for t in &mut ragged.tensors {
-        t.align = 2;
-    }
+    let ragged = unaligned_spec(&k);
     let c = default_config_at(&k, &ragged, H200, &extents(&k, 777, 2222, 3333));
     assert_eq!(tile_of(&k, &c), (128, 128, 1));
     assert!(c.wgmma && c.stage, "{c}");

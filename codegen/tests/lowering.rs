@@ -617,10 +617,7 @@ fn lower_matmul_f16_uses_f16_mma() {
 #[test]
 fn lower_matmul_unaligned_uses_element_loads() {
     let k = matmul();
-    let mut spec = declared_spec(&k);
-    for t in &mut spec.tensors {
-        t.align = 2;
-    }
+    let spec = unaligned_spec(&k);
     let l = lowered(&k, &spec, &gemm_config());
     let body = kernel_part(&l);
     assert!(body.contains("A rows are not 16-byte aligned: element loads"));

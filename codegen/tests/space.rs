@@ -163,10 +163,7 @@ fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
     }
     // Rows TMA cannot load (2-byte alignment): the Hopper default with staged
     // operands, every wgmma seed staged, and the portable path both ways.
-    let mut ragged = spec.clone();
-    for t in &mut ragged.tensors {
-        t.align = 2;
-    }
+    let ragged = unaligned_spec(&k);
     let space = ConfigSpace::new(&k, &ragged, h200);
     let d = space.default_config();
     assert!(d.wgmma && d.stage, "{d}");

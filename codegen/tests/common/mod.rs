@@ -228,6 +228,16 @@ pub fn declared_spec(k: &Kernel) -> Spec {
     spec_for(k, &d)
 }
 
+/// [`declared_spec`] with every tensor's rows only 2-byte aligned (odd K or N):
+/// rows TMA cannot load and 16-byte loads cannot read.
+pub fn unaligned_spec(k: &Kernel) -> Spec {
+    let mut spec = declared_spec(k);
+    for t in &mut spec.tensors {
+        t.align = 2;
+    }
+    spec
+}
+
 pub fn gemm_config() -> Config {
     Config::new(&[128, 256, 32]).num_warps(8).num_stages(4)
 }

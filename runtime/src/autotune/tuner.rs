@@ -24,7 +24,7 @@ const PASSES: usize = 6;
 /// lost under sustained load at 8192³ and 2048×4096×11008 on an H200).
 const SETTLE: Duration = Duration::from_millis(200);
 /// A winner must also be faster than the default in this share of the rounds
-/// (four of five): a median gain inside the noise of large GEMMs (±2% on an
+/// (five of six in the confirmation, seven of eight in the duel): a median gain inside the noise of large GEMMs (±2% on an
 /// H200 under sustained load) seldom wins this often.
 const MIN_WIN_SHARE: f64 = 0.8;
 /// The duel that decides between the confirmation's winner and the default:
