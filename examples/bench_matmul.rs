@@ -193,7 +193,7 @@ fn default_at(dev: &Device, m: usize, n: usize, k: usize) -> tilefuse::Result<Co
     use tilefuse::codegen::plan::{classify, Shape};
     let def = matmul::kernel();
     let mut extents = vec![None; def.ir()?.dims.len()];
-    if let Ok(Shape::Gemm(g)) = classify(def.ir()?) {
+    if let Shape::Gemm(g) = classify(def.ir()?) {
         (extents[g.m], extents[g.n], extents[g.k]) = (Some(m), Some(n), Some(k));
     }
     def.default_at(dev, &spec_at(n, k)?, &extents)

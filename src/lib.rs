@@ -35,49 +35,75 @@
 //! - `tile([b, s, whole(d)])`: `whole(d)` is one tile over all of `d` (its block
 //!   follows the extent at each launch, whatever the config says): attention's head
 //!   dimension, contracted by `q·kᵀ` and kept whole in the output accumulator;
-//! - `for t in tile(extent) { … }`: a nested tile loop, run sequentially in the program;
+//!   `tile([each(nb), d])`: `each(nb)` takes one index at a time (one program per
+//!   `b`), and the name is then an integer (`offsets[b + 1]`);
+//! - `for t in tile(extent) { … }`: a nested tile loop, run sequentially in the program,
+//!   nested as deep as you like; `for t in tile(begin..end)` walks tiles from `begin`,
+//!   masked at `end`, both computed in the program (`tile(offsets[b]..offsets[b + 1])`
+//!   for a jagged row); `for i in begin..end` takes one index at a time;
 //!   `tile(sk).until(bound)` walks only the tiles that begin before `bound` (an
 //!   integer computed in the program, e.g. `tm.end()` for a causal mask), each tile
-//!   keeping its extent (attention kernels);
+//!   keeping its extent;
 //! - `t.begin()`, `t.end()`, `t.size()`: the bounds of the program's tile along `t`;
-//! - `x[(tm, tk)]`, `bias[tn]`: tile loads; `out[(tm, tn)] = value;`: tile stores.
-//!   Ragged edges are masked, so any extent works. A tensor's size along each
-//!   dimension must equal the extent of the tile that indexes it (checked at launch);
+//! - loads and stores: `x[(tm, tk)]`, `bias[tn]`, `out[(tm, tn)] = value;`. Each index
+//!   component is an integer expression: a tile (its indices), a tile plus or minus an
+//!   offset (`y[(tm, tn - n1)]`), a gathered index (`w[(ids[tt], td)]`,
+//!   `logits[(tm, labels[tm])]`) or a scalar (`offsets[b]`). The value has the tiles of
+//!   its index. Elements past a tile's extent are masked, so any extent works; a load
+//!   outside the tensor reads zero and a store outside it is dropped. A tensor indexed
+//!   by a tile itself must have that tile's extent as its size (checked at launch);
+//! - `atomic_add(t[index], v);`, `atomic_max`, `atomic_min`: each element of `v`
+//!   combined into its place atomically (f32, bf16, f16, i32, u32, i64), masked as a
+//!   store: histograms, split reductions, a whole tensor's sum;
 //! - `zeros::<f32>([tm, tn])`, `full::<f32>([tm, tn], v)`: accumulators;
-//! - `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`: `acc + a·b` on tensor cores (bf16 or
-//!   f16 operands, f32 accumulation). It contracts by tile name, over the one tile
-//!   both operands have and `acc` lacks, so `addmm(s, q[(tb, tm, td)], k[(tb, tn, td)])`
-//!   is `s + q·kᵀ` for each batch tile `tb`. A matmul kernel (one `addmm` loop) takes
-//!   `b` as `[k, n]`; a loop with two (scores, then `acc = addmm(acc * alpha,
-//!   p.cast::<bf16>(), v[(tb, tn, td)])`) is lowered as flash attention
-//!   (`examples/attention.rs`): with `wgmma` (the default on Hopper) in the manner of
-//!   FlashAttention-3, else of FlashAttention-2;
-//! - elementwise `+ - * / %`, `min`, `max`, `exp`, `log`, `sqrt`, `rsqrt`, `abs`, `relu`,
-//!   `gelu`, `gelu_tanh`, `silu`, `sigmoid`, `tanh`, and the derivatives `relu_grad`,
-//!   `gelu_grad` (functions or methods). As in Triton, `exp` is `2^(x·log2 e)` on the
-//!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp, plus the
-//!   rounding of `x·log2 e` for large `|x|`; `exp(a - b)` is `2^(a·log2 e − b·log2 e)`,
-//!   one fused multiply-add, as FlashAttention computes it); the others are CUDA's libm;
-//!   `.cast::<T>()` (round to `T`) and `.cast()` at a store. Tiles broadcast by
-//!   dimension name: `acc + bias[tn]` adds the bias to every row;
-//! - in kernels without `addmm`, and in attention kernels over the keys:
-//!   `x.sum(tn)`, `x.max(tn)`, `x.min(tn)` reduce a tile
-//!   along the tile `tn` of the enclosing `tile()` loop (its in-bounds elements only),
-//!   giving a per-row tile that broadcasts back (`exp(v - row_max)`); per-row
-//!   accumulators (`full::<f32>([tm], f32::NEG_INFINITY)`) carry across the loop's
-//!   steps. The column block decides one step or several (`examples/softmax.rs`);
-//! - masks: `t.index()` is each element's index along tile `t`; comparisons
-//!   (`==`, `!=`, `<`, `<=`, `>`, `>=`) give 1 or 0; `select(mask, a, b)` picks `a`
-//!   where the mask is not zero, else `b` (`select(tn.index() == label, v, 0.0)`
-//!   picks a row's label column, `examples/cross_entropy.rs`);
+//! - `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`: `acc + a·b` (bf16 or f16 operands,
+//!   f32 accumulation). It contracts by tile name, over the one tile both operands
+//!   have and `acc` lacks, so `addmm(s, q[(tb, tm, td)], k[(tb, tn, td)])` is `s + q·kᵀ`
+//!   for each batch tile `tb`. A matmul kernel (one `addmm` loop, `b` as `[k, n]`) runs
+//!   on tensor cores (TMA and `wgmma` on Hopper); a loop with two (scores, then
+//!   `acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, tn, td)])`) is lowered as flash
+//!   attention (`examples/attention.rs`): with `wgmma` (the default on Hopper) in the
+//!   manner of FlashAttention-3, else of FlashAttention-2; any other `addmm` takes the
+//!   general lowering, which multiplies through shared memory with FMAs;
+//! - elementwise operators `+ - * / %` (C's integer division and remainder, `fmodf` on
+//!   floats), `& | ^ << >> !` on integers and masks (`&&`, `||` on masks; a shift by
+//!   the width or more gives 0), comparisons (`==`, `<`, …, giving masks), and the
+//!   functions of [`codegen::prims::unary`] and [`codegen::prims::binary`] as
+//!   functions or methods: `exp`, `exp2`, `ln` (`log`), `log2`, `ln_1p`, `sqrt`,
+//!   `rsqrt`, `recip`, `abs`, `signum`, `floor`, `ceil`, `round`, `trunc`, `sin`, `cos`,
+//!   `tanh`, `erf`, `relu`, `gelu`, `gelu_tanh`, `silu`, `sigmoid`, their derivatives
+//!   (`relu_grad`, `gelu_grad`, `gelu_tanh_grad`, `silu_grad`, `sigmoid_grad`),
+//!   `min`, `max`, `powf` (`pow`), `atan2`. As in Triton, `exp` is `2^(x·log2 e)` on the
+//!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp);
+//!   the others are CUDA's libm. Tiles broadcast by dimension name: `acc + bias[tn]`
+//!   adds the bias to every row;
+//! - types: tensors of bf16, f16, f32, i8, u8, i16, i32, u32, i64; floats compute in
+//!   f32, integers in their type promoted as C promotes them (an integer literal takes
+//!   the other operand's type), wrapping; `.cast::<T>()` and `x as T` convert as Rust's
+//!   `as` does (rounding to nearest even, floats into integers saturating), and
+//!   `.cast()` at a store takes the tensor's type;
+//! - reductions `x.sum(t)`, `x.max(t)`, `x.min(t)`, `x.prod(t)` along any tile of the
+//!   value (its in-bounds elements only), giving a tile without `t` that broadcasts
+//!   back (`exp(v - v.max(tn))`); accumulators carried across a loop's steps
+//!   (`acc = acc + x.sum(tn)`) sum a whole extent. Storing one block's reduction at
+//!   every step of the loop over that block, or one program's reduction over a grid
+//!   tile to a place every program shares, is a compile error that says what to write
+//!   instead (accumulate across the loop, or `atomic_add`);
+//! - masks: `t.index()` is each element's index along tile `t`; `select(mask, a, b)`
+//!   picks `a` where the mask holds, else `b` (`select(tn.index() == label, v, 0.0)`,
+//!   `examples/cross_entropy.rs`);
+//! - random numbers: `rand(seed, offset)` (uniform in [0, 1)), `randn(…)`,
+//!   `randint(…)`: Philox 4x32-10 keyed by the seed and counting from each element's
+//!   integer offset, as Triton's `tl.rand`, so a dropout mask can be recomputed;
 //! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
 //!   parameters are baked into the generated code;
-//! - `if cond { … } else { … }` on `#[constexpr]` parameters and integer literals
-//!   (`==`, `<`, `&&`, `!`, …), as a statement or a value
-//!   (`let y = if act == 1 { relu(y) } else { y };`): decided when the kernel is
-//!   specialized, so each specialization compiles, checks and touches only the
-//!   branch it takes (a tensor used only in a branch not taken may be any tensor
-//!   of the right rank);
+//! - `if cond { … } else { … }`, as a statement or a value
+//!   (`let y = if act == 1 { relu(y) } else { y };`): on `#[constexpr]` parameters
+//!   and literals it is decided when the kernel is specialized, so each
+//!   specialization compiles, checks and touches only the branch it takes (a tensor
+//!   used only in a branch not taken may be any tensor of the right rank); on runtime
+//!   scalars (`if beta == 0.0 { … }`, `if end > begin { … }`) the whole program takes
+//!   one branch (a value `if` chooses per launch, as `select` does);
 //! - `wait(flags, index, value);`: one thread spins until `flags[index] >= value`
 //!   (acquire, system scope), then the block continues. The spin is bounded
 //!   (`TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s): a timeout is reported by the next

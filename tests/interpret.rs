@@ -1,7 +1,8 @@
 //! Interpret mode: the example kernels' IR run on the CPU
 //! (`tilefuse::interpret`) at small ragged shapes, against float64 references,
-//! with block sizes that leave partial tiles; and what it reports instead of
-//! the GPU's silent zeros. No GPU needed.
+//! with block sizes that leave partial tiles (configs the GPU's lowerings
+//! take: interpret mode refuses the others, as a GPU launch does); reads
+//! outside a tensor, zeros as on the GPU; and its errors. No GPU needed.
 
 mod common;
 
@@ -89,9 +90,10 @@ fn matmul_and_its_epilogue_match_f64_on_partial_tiles() {
 #[test]
 fn row_kernels_match_f64_when_rows_take_several_steps() {
     let mut rng = Rng::fresh();
-    // 13 rows of 100 on 4 × 32 blocks: rows and columns end in partial tiles,
-    // and each row is reduced over four steps.
-    let (m, n) = (13, 100);
+    // 13 rows of 600 on 4 × 256 blocks (the row lowering's columns: 32 lanes
+    // of 8 bf16 each): rows and columns end in partial tiles, and each row is
+    // reduced over three steps.
+    let (m, n) = (13, 600);
     let (x, x64) = random(&[m, n], &mut rng);
     let (w, w64) = random(&[n], &mut rng);
     let (b, b64) = random(&[n], &mut rng);
@@ -103,9 +105,9 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
         ("eps", Scalar::Float(eps)),
     ];
 
-    // Rows of 4, column steps of 32.
+    // Rows of 4, column steps of 256.
     let go = |ir: &Kernel, named_tensors: Vec<(&str, HostTensor)>| {
-        let mut c = Config::new(&vec![32; ir.dims.len()]);
+        let mut c = Config::new(&vec![256; ir.dims.len()]);
         c.block_sizes[ir.grid[0]] = 4;
         let t = tensors(ir, named_tensors);
         run(ir, &c, &[], &t, &scalars(ir, &named)).unwrap();
@@ -162,70 +164,46 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
     assert!(err < 1e-4, "cross_entropy: rel err {err}");
 }
 
-/// The GPU reads zeros outside a tensor; interpret mode names the access, the
-/// tensor, the index and the tiles instead.
+/// A tensor whose size is not the extent of the tile that indexes it is
+/// refused, as the GPU path refuses it before a launch: `a` is one row short
+/// of the M extent (the lowerings mask such an access by the extent alone).
 #[test]
-fn a_read_outside_its_tensor_is_reported_with_tile_and_index() {
+fn a_tensor_shorter_than_its_tile_extent_is_refused() {
     let mut rng = Rng::fresh();
     let ir = matmul::kernel().ir().unwrap().clone();
-    // `a` is one row short of the M extent the kernel is launched with.
     let (a, _) = random(&[9, 16], &mut rng);
-    let (b, _) = random(&[16, 8], &mut rng);
+    let (b, _) = random(&[16, 16], &mut rng);
     let t = tensors(
         &ir,
-        vec![("a", a), ("b", b), ("out", nan(DType::BF16, &[10, 8]))],
+        vec![("a", a), ("b", b), ("out", nan(DType::BF16, &[10, 16]))],
     );
     let s = scalars(
         &ir,
         &[
             ("m", Scalar::Int(10)),
-            ("n", Scalar::Int(8)),
+            ("n", Scalar::Int(16)),
             ("k", Scalar::Int(16)),
         ],
     );
-    let e = run(&ir, &Config::new(&[8, 8, 16]), &[], &t, &s).unwrap_err();
-    let msg = e.to_string();
-    assert!(matches!(e, InterpretError::OutOfBounds(_)), "{msg}");
-    assert!(msg.contains("reads `a` at index [9, 0]"), "{msg}");
-    assert!(msg.contains("tm = 8..10"), "{msg}");
+    let cfg = Config::new(&[16, 16, 16]).num_warps(1);
+    let e = run(&ir, &cfg, &[], &t, &s).unwrap_err().to_string();
+    assert!(e.contains("`a`") && e.contains("size 9") && e.contains("`tm`"), "{e}");
 }
 
 /// Programs run on several threads, yet the error reported is always the
-/// first failing program's in grid order, as with one thread.
+/// first failing program's in grid order, as with one thread: here every
+/// program of `ag_matmul` times out on its flags, and the first in grid
+/// order (after `starting_at`'s rotation: rows 16..32) is the one named.
 #[test]
 fn with_many_threads_the_first_failing_program_is_reported() {
-    let mut rng = Rng::fresh();
-    let ir = matmul::kernel().ir().unwrap().clone();
-    // Every program reads `a` out of bounds (its rows 5..).
-    let (a, _) = random(&[5, 16], &mut rng);
-    let (b, _) = random(&[16, 64], &mut rng);
-    let s = scalars(
-        &ir,
-        &[
-            ("m", Scalar::Int(64)),
-            ("n", Scalar::Int(64)),
-            ("k", Scalar::Int(16)),
-        ],
-    );
+    let ag = AgMatmul::new();
     for threads in [1, 4, 4, 4] {
-        let t = tensors(
-            &ir,
-            vec![
-                ("a", a.clone()),
-                ("b", b.clone()),
-                ("out", nan(DType::BF16, &[64, 64])),
-            ],
-        );
-        let options = Options {
-            threads,
-            ..Options::default()
-        };
-        let cfg = Config::new(&[8, 8, 16]);
-        let msg = run_with(&ir, &cfg, &[], &t, &s, &options)
+        let msg = ag
+            .launch_with(&flags(&[0.0; 4]), Duration::from_millis(30), threads)
             .unwrap_err()
             .to_string();
         assert!(
-            msg.contains("tm = 0..8") && msg.contains("tn = 0..8") && msg.contains("[5, 0]"),
+            msg.contains("flag index 1 holds 0, expected >= 3"),
             "{threads} threads: {msg}"
         );
     }
@@ -310,6 +288,15 @@ impl AgMatmul {
     }
 
     fn launch(&self, flags: &HostTensor, timeout: Duration) -> Result<Vec<f64>, InterpretError> {
+        self.launch_with(flags, timeout, 0)
+    }
+
+    fn launch_with(
+        &self,
+        flags: &HostTensor,
+        timeout: Duration,
+        threads: usize,
+    ) -> Result<Vec<f64>, InterpretError> {
         let t = tensors(
             &self.ir,
             vec![
@@ -321,9 +308,10 @@ impl AgMatmul {
         );
         let options = Options {
             wait_timeout: timeout,
-            ..Options::default()
+            threads,
         };
-        let cfg = Config::new(&[16, 16, 16]);
+        // One warp: the tensor-core path splits a block into 16×16 warp tiles.
+        let cfg = Config::new(&[16, 16, 16]).num_warps(1);
         run_with(&self.ir, &cfg, &[], &t, &self.scalars, &options)
             .map(|()| out(&self.ir, &t, "out"))
     }

@@ -177,7 +177,7 @@ fn occupancy_sets_the_launch_bounds_of_row_kernels() {
     );
 }
 
-/// Masks: `tn.index()` is each column's index, a comparison gives 1 or 0, and
+/// Masks: `tn.index()` is each column's index, a comparison gives a mask, and
 /// `select` picks elementwise; cross-entropy picks its label's logit so.
 #[test]
 fn masks_pick_by_index() {
@@ -189,8 +189,8 @@ fn masks_pick_by_index() {
         .unwrap();
     assert_eq!(l.path, "rows");
     let src = &l.source;
-    assert!(src.contains(" == "), "{src}");
-    assert!(src.contains("? 1ll : 0ll)) != 0 ?"), "{src}");
+    // The comparison is a mask `select` branches on, per element.
+    assert!(src.contains(" == v0[i]) ? "), "{src}");
     // The label is a 64-bit integer per row, loaded before the walk.
     let label = src
         .find("long long v0[1];  // label")
@@ -204,7 +204,7 @@ fn masks_pick_by_index() {
 /// chosen keep theirs; the tuner's space starts from the same fitted default.
 #[test]
 fn the_untuned_row_default_fits_the_row_length() {
-    use tilefuse::codegen::{default_config, fit_rows_default};
+    use tilefuse::codegen::{default_config, fit_default};
     let ir = rms_norm::kernel().ir().unwrap();
     let d = default_config(ir);
     let grid = ir.grid[0];
@@ -212,7 +212,7 @@ fn the_untuned_row_default_fits_the_row_length() {
         let extents: Vec<Option<usize>> = (0..ir.dims.len())
             .map(|i| Some(if i == grid { 16384 } else { cols }))
             .collect();
-        fit_rows_default(ir, d.clone(), &extents)
+        fit_default(ir, d.clone(), &extents)
     };
     let one_pass = |c: &Config, block: usize, warps: usize| {
         let rows = if block == 2048 { 2 } else { 1 };
@@ -225,10 +225,10 @@ fn the_untuned_row_default_fits_the_row_length() {
     assert!(one_pass(&at(8192), 8192, 8), "{}", at(8192));
     assert!(one_pass(&at(50000), 8192, 8), "{}", at(50000));
     // Nothing known about the extents, or a config already chosen: unchanged.
-    assert_eq!(fit_rows_default(ir, d.clone(), &[]), d);
+    assert_eq!(fit_default(ir, d.clone(), &[]), d);
     let chosen = Config::new(&[2, 2048, 2048]).num_warps(16);
     assert_eq!(
-        fit_rows_default(ir, chosen.clone(), &[Some(16384), Some(8192), Some(8192)]),
+        fit_default(ir, chosen.clone(), &[Some(16384), Some(8192), Some(8192)]),
         chosen
     );
     let spec = rms_norm::kernel().declared_spec().unwrap();
@@ -241,12 +241,9 @@ fn the_untuned_row_default_fits_the_row_length() {
         .ir()
         .unwrap();
     let cd = default_config(ce);
-    assert_eq!(
-        fit_rows_default(ce, cd.clone(), &[Some(16384), Some(8192)]),
-        cd
-    );
+    assert_eq!(fit_default(ce, cd.clone(), &[Some(16384), Some(8192)]), cd);
     // Matmuls keep theirs.
     let mm = common::examples::matmul::matmul::kernel().ir().unwrap();
     let md = default_config(mm);
-    assert_eq!(fit_rows_default(mm, md.clone(), &[Some(4096); 3]), md);
+    assert_eq!(fit_default(mm, md.clone(), &[Some(4096); 3]), md);
 }

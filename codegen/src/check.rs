@@ -1,9 +1,12 @@
-//! Type and shape checks: every expression gets a set of tile dimensions and a dtype,
-//! and every statement is checked against the tensors it touches.
+//! Type and shape checks: every expression gets a set of tile dimensions and a
+//! dtype, and every statement is checked against the tensors it touches. The
+//! type rules of the primitives are the tables' ([`crate::prims`]).
 //!
-//! Arithmetic on floats is done in f32 (16-bit values are widened when loaded and
-//! rounded when stored or cast), so float results are `f32`; integer arithmetic is
-//! 64-bit.
+//! Arithmetic on floats is done in f32 (16-bit values are widened when loaded
+//! and rounded when stored or cast), so float results are `f32`; integers
+//! promote as C's do ([`DType::promote`]); comparisons give masks (`bool`).
+//! An integer literal takes the type of the integer it meets (`x + 1` on an
+//! i32 tile is i32), as Rust infers it.
 
 use crate::dtype::DType;
 use crate::error::CodegenError;
@@ -15,14 +18,22 @@ use crate::spec::{ScalarKind, Spec};
 pub struct Ty {
     pub dims: Vec<DimId>,
     pub dtype: DType,
+    /// Made of literals only: an integer literal adapts to the integer type
+    /// it is combined with.
+    pub weak: bool,
 }
 
 impl Ty {
-    fn scalar(dtype: DType) -> Ty {
+    pub fn new(dims: Vec<DimId>, dtype: DType) -> Ty {
         Ty {
-            dims: Vec::new(),
+            dims,
             dtype,
+            weak: false,
         }
+    }
+
+    fn scalar(dtype: DType) -> Ty {
+        Ty::new(Vec::new(), dtype)
     }
 }
 
@@ -36,41 +47,86 @@ pub struct Checked {
 /// Checks `kernel` for the argument facts in `spec`.
 pub fn check(kernel: &Kernel, spec: &Spec) -> Result<Checked, CodegenError> {
     let kernel = &*kernel.specialize(&spec.constexprs)?;
+    Ok(run(kernel, spec, false)?.0)
+}
+
+/// The type of every expression of `kernel`, by address, as the checker gave it.
+#[derive(Clone, Debug, Default)]
+pub struct Types {
+    map: std::collections::HashMap<usize, Ty>,
+}
+
+impl Types {
+    /// The type of `e`, an expression of the kernel these types are of.
+    pub fn of(&self, e: &Expr) -> Option<&Ty> {
+        self.map.get(&(e as *const Expr as usize))
+    }
+}
+
+/// Checks `kernel`, already specialized ([`Kernel::specialize`]) for
+/// `spec.constexprs`, and returns every expression's type too: what interpret
+/// mode computes each value as, so it types values by the checker's own rules.
+pub fn check_types(kernel: &Kernel, spec: &Spec) -> Result<(Checked, Types), CodegenError> {
+    run(kernel, spec, true)
+}
+
+fn run(kernel: &Kernel, spec: &Spec, record: bool) -> Result<(Checked, Types), CodegenError> {
     let mut c = Checker {
         k: kernel,
         spec,
         vars: vec![None; kernel.vars.len()],
         scope: kernel.grid.clone(),
+        loops: Vec::new(),
+        partials: vec![None; kernel.vars.len()],
+        types: record.then(Types::default),
     };
     c.check_args()?;
     c.stmts(&kernel.body)?;
+    let types = c.types.take().unwrap_or_default();
     let vars = c
         .vars
         .into_iter()
         .map(|t| t.unwrap_or(Ty::scalar(DType::F32)))
         .collect();
-    Ok(Checked { vars })
+    Ok((Checked { vars }, types))
 }
 
-/// The tile dimensions of `e`, an expression of `kernel` (specialized and
-/// checked for `spec`, with `checked` its result), by the checker's own rules;
-/// empty if it does not check.
-pub(crate) fn dims_of(kernel: &Kernel, spec: &Spec, checked: &Checked, e: &Expr) -> Vec<DimId> {
+/// The type of `e`, an expression of `kernel` (specialized and checked for
+/// `spec`, with `checked` its result), by the checker's own rules; `None` if
+/// it does not check.
+pub fn type_of(kernel: &Kernel, spec: &Spec, checked: &Checked, e: &Expr) -> Option<Ty> {
     let mut c = Checker {
         k: kernel,
         spec,
         vars: checked.vars.iter().cloned().map(Some).collect(),
         scope: (0..kernel.dims.len()).collect(),
+        loops: Vec::new(),
+        partials: vec![None; kernel.vars.len()],
+        types: None,
     };
-    c.expr(e, "").map(|t| t.dims).unwrap_or_default()
+    c.expr(e, "").ok()
+}
+
+/// The tile dimensions of `e` (see [`type_of`]); empty if it does not check.
+pub(crate) fn dims_of(kernel: &Kernel, spec: &Spec, checked: &Checked, e: &Expr) -> Vec<DimId> {
+    type_of(kernel, spec, checked, e)
+        .map(|t| t.dims)
+        .unwrap_or_default()
 }
 
 struct Checker<'a> {
     k: &'a Kernel,
     spec: &'a Spec,
     vars: Vec<Option<Ty>>,
-    /// Tile dimensions of the enclosing loops.
+    /// Tile dimensions of the enclosing loops (the grid's first).
     scope: Vec<DimId>,
+    /// The enclosing inner loops' dimensions, outermost first.
+    loops: Vec<DimId>,
+    /// Per variable bound in the innermost loop around it: the loop dimension
+    /// its value reduces over (one block's partial result).
+    partials: Vec<Option<DimId>>,
+    /// Every expression's type, when asked for ([`check_types`]).
+    types: Option<Types>,
 }
 
 fn union(a: &[DimId], b: &[DimId]) -> Vec<DimId> {
@@ -78,6 +134,17 @@ fn union(a: &[DimId], b: &[DimId]) -> Vec<DimId> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// The type two operands meet at (arithmetic, comparisons, `select`): a
+/// weak (literal) integer takes the other integer's type; otherwise
+/// [`DType::promote`].
+pub fn meet(a: &Ty, b: &Ty) -> DType {
+    match (a.weak, b.weak) {
+        (true, false) if !a.dtype.is_float() && !b.dtype.is_float() => DType::arith(b.dtype),
+        (false, true) if !a.dtype.is_float() && !b.dtype.is_float() => DType::arith(a.dtype),
+        _ => DType::promote(a.dtype, b.dtype),
+    }
 }
 
 impl Checker<'_> {
@@ -93,6 +160,15 @@ impl Checker<'_> {
                     self.k.dims[d].name
                 ),
             ))
+        }
+    }
+
+    /// A tile's dimensions as a value has them: none for an `each` index.
+    fn tile_dims(&self, d: DimId) -> Vec<DimId> {
+        if self.k.is_each(d) {
+            Vec::new()
+        } else {
+            vec![d]
         }
     }
 
@@ -138,7 +214,7 @@ impl Checker<'_> {
                 return Err(arg_err(
                     &p.name,
                     format!(
-                        "expected a {}-D tensor (the kernel indexes it with {} tile(s)), got a {}-D one",
+                        "expected a {}-D tensor (the kernel indexes it with {} component(s)), got a {}-D one",
                         p.rank, p.rank, s.rank
                     ),
                 ));
@@ -156,14 +232,24 @@ impl Checker<'_> {
             }
         }
         for (d, dim) in k.dims.iter().enumerate() {
-            if self.spec.scalars[dim.extent] != ScalarKind::Int {
-                return Err(arg_err(
-                    &k.scalars[dim.extent].name,
+            match dim.extent {
+                Some(e) if self.spec.scalars[e] != ScalarKind::Int => {
+                    return Err(arg_err(
+                        &k.scalars[e].name,
+                        format!(
+                            "is the extent of tile `{}` (dimension {d}) and must be an integer",
+                            dim.name
+                        ),
+                    ))
+                }
+                None if k.grid.contains(&d) => return Err(self.err(
+                    &dim.name,
                     format!(
-                        "is the extent of tile `{}` (dimension {d}) and must be an integer",
+                        "the grid tile `{}` needs an extent computed on the host, e.g. `tile(n)`",
                         dim.name
                     ),
-                ));
+                )),
+                _ => {}
             }
         }
         Ok(())
@@ -181,6 +267,7 @@ impl Checker<'_> {
             Stmt::Let { var, value, at } => {
                 let t = self.expr(value, at)?;
                 self.vars[*var] = Some(t);
+                self.partials[*var] = self.partial_of(value);
             }
             Stmt::Assign { var, value, at } => {
                 let v = &self.k.vars[*var];
@@ -208,37 +295,59 @@ impl Checker<'_> {
                         ),
                     ));
                 }
+                if t.dtype.is_float() && !old.dtype.is_float() {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`{}` holds {} values but the new value is a {}; convert it with `.cast::<{}>()`",
+                            v.name, old.dtype, t.dtype, old.dtype
+                        ),
+                    ));
+                }
+                // A value carried across iterations is a sum of partials, not one.
+                self.partials[*var] = None;
             }
             Stmt::Store {
                 tensor,
                 index,
                 value,
                 at,
+            }
+            | Stmt::Atomic {
+                tensor,
+                index,
+                value,
+                at,
+                ..
             } => {
-                self.index(*tensor, index, at)?;
+                let idx = self.index(*tensor, index, at)?;
                 let t = self.expr_for_store(value, self.spec.tensors[*tensor].dtype, at)?;
-                let idx = union(index, &[]);
+                let name = &self.k.tensors[*tensor].name;
                 if union(&t.dims, &idx) != idx {
                     return Err(self.err(
                         at,
                         format!(
-                            "the stored value has tile dimensions {} but `{}` is indexed by {}; \
+                            "the stored value has tile dimensions {} but `{name}`'s index has {}; \
                              every dimension of the value must index the tensor",
                             self.dim_names(&t.dims),
-                            self.k.tensors[*tensor].name,
                             self.dim_names(&idx)
                         ),
                     ));
                 }
                 let dst = self.spec.tensors[*tensor].dtype;
-                if dst.is_float() != t.dtype.is_float() {
+                if t.dtype.is_float() && !dst.is_float() {
                     return Err(self.err(
                         at,
                         format!(
-                            "cannot store a {} value into `{}`, a Tensor<{dst}>; convert it with `.cast::<{dst}>()`",
-                            t.dtype, self.k.tensors[*tensor].name
+                            "cannot store a {} value into `{name}`, a Tensor<{dst}>; convert it with `.cast::<{dst}>()`",
+                            t.dtype
                         ),
                     ));
+                }
+                if let Stmt::Atomic { op, .. } = s {
+                    op.check(dst).map_err(|m| self.err(at, m))?;
+                } else {
+                    self.lost_partials(value, &idx, at)?;
                 }
             }
             Stmt::Wait {
@@ -282,20 +391,105 @@ impl Checker<'_> {
                 }
                 self.integer_scalars("signal", [("index", index), ("value", value)], at)?;
             }
-            Stmt::Loop { dim, body, until } => {
+            Stmt::Loop {
+                dim,
+                body,
+                until,
+                range,
+            } => {
+                let name = &self.k.dims[*dim].name;
+                let at = format!("for {name} in …");
                 if let Some(u) = until {
-                    let what = format!("bound of `tile({}).until(…)`", self.k.dims[*dim].name);
-                    let at = format!("for {} in tile(…).until(…)", self.k.dims[*dim].name);
-                    self.integer_scalar(&what, u, &at)?;
+                    self.integer_scalar(&format!("bound of `tile({name}).until(…)`"), u, &at)?;
+                }
+                match range {
+                    Some(r) => {
+                        self.integer_scalar("start of the loop's range", &r.begin, &at)?;
+                        self.integer_scalar("end of the loop's range", &r.end, &at)?;
+                    }
+                    None if self.k.dims[*dim].extent.is_none() => {
+                        return Err(self.err(&at, format!("the loop over `{name}` has no bounds")))
+                    }
+                    None => {}
                 }
                 self.scope.push(*dim);
+                self.loops.push(*dim);
                 self.stmts(body)?;
+                self.loops.pop();
                 self.scope.pop();
             }
-            // `check` runs on the specialized kernel, which has none.
-            Stmt::If { at, .. } => return Err(self.err(at, "a compile-time `if` was not decided")),
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+                at,
+            } => {
+                for e in cond.exprs() {
+                    let t = self.expr(e, at)?;
+                    if !t.dims.is_empty() {
+                        return Err(self.err(
+                            at,
+                            format!(
+                                "an `if` branches the whole program, so its condition is a scalar; this one has tiles {} \
+                                 (choose per element with `select(mask, a, b)`)",
+                                self.dim_names(&t.dims)
+                            ),
+                        ));
+                    }
+                }
+                self.stmts(then)?;
+                self.stmts(otherwise)?;
+            }
         }
         Ok(())
+    }
+
+    /// The loop dimension whose single block `value` reduces over, if it does
+    /// (directly, or through a variable bound in that loop).
+    fn partial_of(&self, value: &Expr) -> Option<DimId> {
+        let mut found = None;
+        value.walk(&mut |x| match x {
+            Expr::Reduce { dim, .. } if self.loops.contains(dim) || self.k.grid.contains(dim) => {
+                found.get_or_insert(*dim);
+            }
+            Expr::Var(v) => {
+                if let Some(d) = self.partials[*v] {
+                    found.get_or_insert(d);
+                }
+            }
+            _ => {}
+        });
+        found
+    }
+
+    /// A plain store of a reduction over one block of a loop (or of the
+    /// grid) to a place that does not depend on that loop (grid) tile: each
+    /// step (program) overwrites the last one's partial, so the result is one
+    /// block's, not the whole extent's. Almost always a mistake.
+    fn lost_partials(&self, value: &Expr, idx: &[DimId], at: &str) -> Result<(), CodegenError> {
+        let Some(d) = self.partial_of(value) else {
+            return Ok(());
+        };
+        let dim = &self.k.dims[d];
+        if idx.contains(&d) || dim.whole {
+            return Ok(());
+        }
+        let n = &dim.name;
+        let message = if self.k.grid.contains(&d) {
+            format!(
+                "the stored value reduces over the grid tile `{n}`, so each program along `{n}` writes only its \
+                 own block's partial result to the same place (the last one wins); add the partials with \
+                 `atomic_add(…)`, or loop over `{n}` inside one program"
+            )
+        } else {
+            format!(
+                "the stored value reduces over one block of `{n}` and is stored at every step of the loop over \
+                 `{n}`, so only the last block's partial result remains; accumulate across the loop \
+                 (`let mut acc = zeros(…)` before it, `acc = acc + x.sum({n})` in it, store after it), or make one \
+                 block cover the extent (`whole(…)`)"
+            )
+        };
+        Err(self.err(at, message))
     }
 
     /// The `parts` of statement `stmt` (`wait`, `signal`) must be integer scalars.
@@ -314,7 +508,7 @@ impl Checker<'_> {
     /// `e`, the `what` of a statement at `at`, must be an integer scalar.
     fn integer_scalar(&mut self, what: &str, e: &Expr, at: &str) -> Result<(), CodegenError> {
         let t = self.expr(e, at)?;
-        if !t.dims.is_empty() || t.dtype.is_float() {
+        if !t.dims.is_empty() || !t.dtype.is_int() {
             return Err(self.err(
                 at,
                 format!(
@@ -327,37 +521,41 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn index(&self, tensor: TensorId, index: &[DimId], at: &str) -> Result<(), CodegenError> {
+    /// Checks an index of `tensor` and returns its tile dimensions.
+    fn index(
+        &mut self,
+        tensor: TensorId,
+        index: &[Expr],
+        at: &str,
+    ) -> Result<Vec<DimId>, CodegenError> {
         let p = &self.k.tensors[tensor];
         if index.len() != p.rank {
             return Err(self.err(
                 at,
                 format!(
-                    "`{}` is {}-D but is indexed with {} tiles",
+                    "`{}` is {}-D but is indexed with {} component(s)",
                     p.name,
                     p.rank,
                     index.len()
                 ),
             ));
         }
-        for (i, d) in index.iter().enumerate() {
-            if index[..i].contains(d) {
-                return Err(self.err(
-                    at,
-                    format!("tile `{}` indexes `{}` twice", self.k.dims[*d].name, p.name),
-                ));
-            }
-            if !self.scope.contains(d) {
+        let mut dims = Vec::new();
+        for (axis, c) in index.iter().enumerate() {
+            let t = self.expr(c, at)?;
+            if !t.dtype.is_int() {
                 return Err(self.err(
                     at,
                     format!(
-                        "tile `{}` is used outside the loop that defines it",
-                        self.k.dims[*d].name
+                        "component {axis} of `{}`'s index is a {}; indices are integers (a tile like `tn`, \
+                         `tn + offset`, a gathered `ids[tt]`, or `x.cast::<i64>()`)",
+                        p.name, t.dtype
                     ),
                 ));
             }
+            dims = union(&dims, &t.dims);
         }
-        Ok(())
+        Ok(dims)
     }
 
     /// A store accepts `.cast()` with no type (it takes the tensor's).
@@ -365,16 +563,25 @@ impl Checker<'_> {
         match e {
             Expr::Cast { arg, dtype: None } => {
                 let t = self.expr(arg, at)?;
-                Ok(Ty {
-                    dims: t.dims,
-                    dtype: target,
-                })
+                let t = Ty::new(t.dims, target);
+                if let Some(types) = &mut self.types {
+                    types.map.insert(e as *const Expr as usize, t.clone());
+                }
+                Ok(t)
             }
             _ => self.expr(e, at),
         }
     }
 
     fn expr(&mut self, e: &Expr, at: &str) -> Result<Ty, CodegenError> {
+        let t = self.expr_inner(e, at)?;
+        if let Some(types) = &mut self.types {
+            types.map.insert(e as *const Expr as usize, t.clone());
+        }
+        Ok(t)
+    }
+
+    fn expr_inner(&mut self, e: &Expr, at: &str) -> Result<Ty, CodegenError> {
         Ok(match e {
             Expr::Var(v) => self.vars[*v].clone().ok_or_else(|| {
                 self.err(
@@ -383,45 +590,42 @@ impl Checker<'_> {
                 )
             })?,
             Expr::Load { tensor, index, at } => {
-                self.index(*tensor, index, at)?;
-                Ty {
-                    dims: union(index, &[]),
-                    dtype: self.spec.tensors[*tensor].dtype,
-                }
+                let dims = self.index(*tensor, index, at)?;
+                Ty::new(dims, self.spec.tensors[*tensor].dtype)
             }
             Expr::Full { dims, dtype, .. } => {
+                let mut ds = Vec::new();
                 for d in dims {
                     self.in_scope(*d, at)?;
+                    ds = union(&ds, &self.tile_dims(*d));
                 }
-                Ty {
-                    dims: union(dims, &[]),
-                    dtype: *dtype,
-                }
+                Ty::new(ds, *dtype)
             }
             Expr::Addmm { acc, a, b, at } => self.addmm(acc, a, b, at)?,
             Expr::Binary { op, lhs, rhs, at } => {
                 let l = self.expr(lhs, at)?;
                 let r = self.expr(rhs, at)?;
-                let dtype = if l.dtype.is_float() || r.dtype.is_float() {
-                    DType::F32
-                } else {
-                    DType::I64
+                let dims = union(&l.dims, &r.dims);
+                let dtype = match op.entry().rule {
+                    crate::prims::binary::Rule::Arith => meet(&l, &r),
+                    crate::prims::binary::Rule::Bits
+                        if l.dtype != DType::Bool || r.dtype != DType::Bool =>
+                    {
+                        op.result(l.dtype, r.dtype).map_err(|m| self.err(at, m))?;
+                        meet(&l, &r)
+                    }
+                    _ => op.result(l.dtype, r.dtype).map_err(|m| self.err(at, m))?,
                 };
-                if *op == BinOp::Rem && dtype.is_float() {
-                    return Err(self.err(at, "`%` is defined on integers only"));
-                }
                 Ty {
-                    dims: union(&l.dims, &r.dims),
+                    dims,
                     dtype,
+                    weak: l.weak && r.weak,
                 }
             }
             Expr::Compare { lhs, rhs, at, .. } => {
                 let l = self.expr(lhs, at)?;
                 let r = self.expr(rhs, at)?;
-                Ty {
-                    dims: union(&l.dims, &r.dims),
-                    dtype: DType::I64,
-                }
+                Ty::new(union(&l.dims, &r.dims), DType::Bool)
             }
             Expr::Select {
                 mask,
@@ -438,32 +642,28 @@ impl Checker<'_> {
                         "the mask of `select(mask, a, b)` is a comparison or an integer tile, e.g. `tm.index() >= tn.index()`",
                     ));
                 }
+                let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool {
+                    DType::Bool
+                } else {
+                    meet(&a, &b)
+                };
                 Ty {
                     dims: union(&union(&m.dims, &a.dims), &b.dims),
-                    dtype: if a.dtype.is_float() || b.dtype.is_float() {
-                        DType::F32
-                    } else {
-                        DType::I64
-                    },
+                    dtype,
+                    weak: a.weak && b.weak,
                 }
             }
             Expr::TileIndex(d) => {
                 self.in_scope(*d, at)?;
-                Ty {
-                    dims: vec![*d],
-                    dtype: DType::I64,
-                }
+                Ty::new(self.tile_dims(*d), DType::I64)
             }
             Expr::Unary { op, arg } => {
                 let t = self.expr(arg, at)?;
-                let keeps_int = matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Relu);
+                let dtype = op.result(t.dtype).map_err(|m| self.err(at, m))?;
                 Ty {
                     dims: t.dims,
-                    dtype: if keeps_int && !t.dtype.is_float() {
-                        DType::I64
-                    } else {
-                        DType::F32
-                    },
+                    dtype,
+                    weak: t.weak,
                 }
             }
             Expr::Cast { arg, dtype } => {
@@ -475,52 +675,108 @@ impl Checker<'_> {
                          elsewhere write the type, e.g. `.cast::<bf16>()`",
                     ));
                 };
-                Ty {
-                    dims: t.dims,
-                    dtype: *dtype,
-                }
+                Ty::new(t.dims, *dtype)
             }
             Expr::Reduce { op, arg, dim, at } => {
                 let t = self.expr(arg, at)?;
+                let name = &self.k.dims[*dim].name;
+                if self.k.is_each(*dim) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`{name}` takes one index at a time, so there is nothing to reduce along it; \
+                             accumulate across its loop instead"
+                        ),
+                    ));
+                }
                 if !t.dims.contains(dim) {
                     return Err(self.err(
                         at,
                         format!(
-                            "`.{}({})` reduces along tile `{}`, but the value has tiles [{}]",
+                            "`.{}({name})` reduces along tile `{name}`, but the value has tiles {}",
                             op.name(),
-                            self.k.dims[*dim].name,
-                            self.k.dims[*dim].name,
                             self.dim_names(&t.dims)
                         ),
                     ));
                 }
-                if !t.dtype.is_float() {
+                Ty::new(
+                    t.dims.into_iter().filter(|d| d != dim).collect(),
+                    op.result(t.dtype),
+                )
+            }
+            Expr::Rand {
+                kind,
+                seed,
+                offset,
+                at,
+            } => {
+                let s = self.expr(seed, at)?;
+                if !s.dims.is_empty() || !s.dtype.is_int() {
                     return Err(self.err(
                         at,
                         format!(
-                            "`.{}()` reduces floating-point tiles; cast first: `.cast::<f32>()`",
-                            op.name()
+                            "the seed of `{}` is an integer scalar (a host `u64`/`i64` value); got a {} with tiles {}",
+                            kind.name(),
+                            s.dtype,
+                            self.dim_names(&s.dims)
                         ),
                     ));
                 }
-                Ty {
-                    dims: t.dims.into_iter().filter(|d| d != dim).collect(),
-                    dtype: DType::F32,
+                let o = self.expr(offset, at)?;
+                if !o.dtype.is_int() {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "the offsets of `{}` are integers (e.g. `tm.index() * n + tn.index()`); got {}",
+                            kind.name(),
+                            o.dtype
+                        ),
+                    ));
                 }
+                let dtype = match kind {
+                    RandKind::Bits => DType::U32,
+                    _ => DType::F32,
+                };
+                Ty::new(o.dims, dtype)
             }
-            Expr::Int(_)
-            | Expr::Const(_)
-            | Expr::TileBegin(_)
-            | Expr::TileEnd(_)
-            | Expr::TileSize(_) => {
-                if let Expr::TileBegin(d) | Expr::TileEnd(d) | Expr::TileSize(d) = e {
-                    self.in_scope(*d, at)?;
-                }
+            Expr::Int(_) => Ty {
+                dims: Vec::new(),
+                dtype: DType::I64,
+                weak: true,
+            },
+            Expr::Const(_) => Ty::scalar(DType::I64),
+            Expr::TileBegin(d) | Expr::TileEnd(d) | Expr::TileSize(d) => {
+                self.in_scope(*d, at)?;
                 Ty::scalar(DType::I64)
             }
-            Expr::Float(_) => Ty::scalar(DType::F32),
-            Expr::IfConst { at, .. } => {
-                return Err(self.err(at, "a compile-time `if` was not decided"))
+            Expr::Float(_) => Ty {
+                dims: Vec::new(),
+                dtype: DType::F32,
+                weak: true,
+            },
+            Expr::IfConst {
+                cond,
+                then,
+                otherwise,
+                at,
+            } => {
+                // Not decided at specialization: a runtime choice, a `select`.
+                for c in cond.exprs() {
+                    let t = self.expr(c, at)?;
+                    if !t.dims.is_empty() {
+                        return Err(self.err(
+                            at,
+                            "the condition of an `if` value is a scalar; choose per element with `select(mask, a, b)`",
+                        ));
+                    }
+                }
+                let a = self.expr(then, at)?;
+                let b = self.expr(otherwise, at)?;
+                Ty {
+                    dims: union(&a.dims, &b.dims),
+                    dtype: meet(&a, &b),
+                    weak: a.weak && b.weak,
+                }
             }
             Expr::Scalar(s) => Ty::scalar(match self.spec.scalars[*s] {
                 ScalarKind::Int => DType::I64,

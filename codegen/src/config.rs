@@ -208,7 +208,7 @@ impl std::fmt::Display for Config {
 /// fits, so an A100 (164 KB) runs the default 128x256x64 blocks with 3 stages.
 pub fn default_config_within(kernel: &crate::ir::Kernel, shared_limit: usize) -> Config {
     let mut c = default_config(kernel);
-    if let Ok(crate::plan::Shape::Gemm(g)) = crate::plan::classify(kernel) {
+    if let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel) {
         let b = &c.block_sizes;
         // The GEMM's ring of stages, bf16/f16 operands (see emit::gemm).
         let per_stage = (b[g.m] * b[g.k] + b[g.k] * b[g.n]) * 2;
@@ -247,7 +247,7 @@ pub fn default_wgmma_config(
     shared_limit: usize,
     tiles: HopperTiles,
 ) -> Option<Config> {
-    let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel).ok()? else {
+    let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel) else {
         return None;
     };
     let (bn, max_stages, cluster) = match tiles {
@@ -281,7 +281,7 @@ pub fn default_wgmma_config(
 /// an H200). [`crate::fit::fit_whole_dims`] takes 64 keys a step and two stages for head
 /// dimensions past 128 (the output accumulators and the tiles grow).
 pub fn default_wgmma_attention(kernel: &crate::ir::Kernel) -> Option<Config> {
-    let crate::plan::Shape::Attention(a) = crate::plan::classify(kernel).ok()? else {
+    let crate::plan::Shape::Attention(a) = crate::plan::classify(kernel) else {
         return None;
     };
     let mut bs = vec![1; kernel.dims.len()];
@@ -308,7 +308,7 @@ pub fn default_config_for(
 /// that keep the SMs busy ([`crate::fit::hopper_tiles`]) and the TMA-store
 /// epilogue where the output takes it ([`Config::tma_store`]), else
 /// [`default_config_within`]. Row kernels and `whole(…)` tiles are fitted to
-/// the extents afterwards ([`crate::fit_rows_default`], [`crate::fit_whole_dims`]).
+/// the extents afterwards ([`crate::fit_default`], [`crate::fit_whole_dims`]).
 pub fn default_config_at(
     kernel: &crate::ir::Kernel,
     spec: &crate::spec::Spec,
@@ -358,19 +358,19 @@ pub fn default_config_at(
 /// Matmul kernels get 128x256x64 blocks (M x N x K), 8 warps (64x64 warp tiles)
 /// and 4 stages: 192 KB of shared memory, the fastest of the swept configs on an
 /// H200 at large shapes (docs/PERFORMANCE.md). GPUs with less shared memory per
-/// block get fewer stages: see [`default_config_within`]. Pointwise kernels give
-/// contiguous (last-index) dimensions 256 and the others 4 elements per block.
+/// block get fewer stages: see [`default_config_within`]. Other kernels take
+/// the general lowering's default ([`crate::emit::general::default_config`]).
 pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
     use crate::plan::{classify, Shape};
     match classify(kernel) {
-        Ok(Shape::Gemm(g)) => {
+        Shape::Gemm(g) => {
             let mut bs = vec![64; kernel.dims.len()];
             bs[g.m] = 128;
             bs[g.n] = 256;
             bs[g.k] = 64;
             Config::new(&bs).num_warps(8).num_stages(4)
         }
-        Ok(Shape::Attention(a)) => {
+        Shape::Attention(a) => {
             // FlashAttention-2's shape for head dimensions up to 128: 4 warps of
             // 32 query rows, 64 keys a step.
             let mut bs = vec![1; kernel.dims.len()];
@@ -379,7 +379,7 @@ pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
             bs[a.d] = 128;
             Config::new(&bs).num_warps(4)
         }
-        Ok(Shape::Rows) => {
+        Shape::Rows => {
             // A warp per row, 1024 columns per step: 32 values a thread (bf16),
             // loaded 16 bytes at a time; one pass for rows of up to 1024.
             let bs: Vec<usize> = (0..kernel.dims.len())
@@ -387,21 +387,6 @@ pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
                 .collect();
             Config::new(&bs).num_warps(4)
         }
-        _ => {
-            let mut last = vec![false; kernel.dims.len()];
-            kernel.walk_stmts(&mut |s| {
-                if let crate::ir::Stmt::Store { index, .. } = s {
-                    if let Some(&d) = index.last() {
-                        last[d] = true;
-                    }
-                }
-            });
-            let bs: Vec<usize> = if kernel.dims.len() == 1 {
-                vec![1024]
-            } else {
-                last.iter().map(|&l| if l { 256 } else { 4 }).collect()
-            };
-            Config::new(&bs).num_warps(4)
-        }
+        Shape::General => crate::emit::general::default_config(kernel, &[]),
     }
 }

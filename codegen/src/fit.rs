@@ -43,7 +43,7 @@ pub fn hopper_tiles(
     extents: &[Option<usize>],
     sms: usize,
 ) -> HopperTiles {
-    let Ok(Shape::Gemm(g)) = classify(kernel) else {
+    let Shape::Gemm(g) = classify(kernel) else {
         return HopperTiles::Pairs;
     };
     let (Some(&Some(m)), Some(&Some(n))) = (extents.get(g.m), extents.get(g.n)) else {
@@ -61,8 +61,11 @@ pub fn hopper_tiles(
     }
 }
 
-/// The untuned config of a row kernel for its row length: `default` (what
-/// [`crate::default_config_for`] gave) unless `kernel` walks its rows more than once
+/// The untuned config fitted to a launch's extents: for the general
+/// lowering its default for these extents
+/// ([`crate::emit::general::default_config`]); for a row kernel, for its row
+/// length: `default` (what [`crate::default_config_for`] gave) unless `kernel`
+/// walks its rows more than once
 /// (softmax, norms: a reduction, then a pass that uses it) and `default` is the
 /// shape-blind [`default_config`]. Then the row's block fits the row up to 8192
 /// columns, 32 values a thread, so the second walk reads registers instead of
@@ -74,13 +77,18 @@ pub fn hopper_tiles(
 /// (cross-entropy's log-sum-exp) reads each element once whatever the block,
 /// and runs best with several rows a block: it keeps the default.
 /// `extents[d]`: dimension `d`'s extent at this launch, where known.
-pub fn fit_rows_default(
+pub fn fit_default(
     kernel: &crate::ir::Kernel,
     default: Config,
     extents: &[Option<usize>],
 ) -> Config {
-    if !matches!(classify(kernel), Ok(Shape::Rows)) || default != default_config(kernel) {
+    if default != default_config(kernel) {
         return default;
+    }
+    match classify(kernel) {
+        Shape::Rows => {}
+        Shape::General => return crate::emit::general::default_config(kernel, extents),
+        _ => return default,
     }
     let mut walks = 0;
     kernel.walk_stmts(&mut |s| walks += usize::from(matches!(s, crate::ir::Stmt::Loop { .. })));
@@ -135,15 +143,17 @@ pub fn fit_whole_dims(
         {
             *b = (*x).max(16).next_power_of_two();
         }
+        // An `each` dimension walks one index at a time.
+        if let (true, Some(b)) = (dim.each, c.block_sizes.get_mut(d)) {
+            *b = 1;
+        }
     }
-    if let (true, Ok(crate::plan::Shape::Attention(a))) =
-        (is_default, crate::plan::classify(kernel))
-    {
+    if let (true, crate::plan::Shape::Attention(a)) = (is_default, crate::plan::classify(kernel)) {
         if c.block_sizes[a.d] > 128 {
             c = c.num_warps(8);
         }
     }
-    if let (true, Ok(crate::plan::Shape::Attention(a))) =
+    if let (true, crate::plan::Shape::Attention(a)) =
         (is_hopper_default, crate::plan::classify(kernel))
     {
         if c.block_sizes[a.d] > 128 {

@@ -68,8 +68,10 @@ pub struct ConstParam {
 pub struct TileDim {
     /// The loop variable (`tm`).
     pub name: String,
-    /// The scalar holding the extent the loop covers.
-    pub extent: ScalarId,
+    /// The host scalar holding the extent `tile(n)` covers; `None` for a loop
+    /// whose bounds the program computes (`tile(a..b)`, `for i in a..b`):
+    /// see [`Stmt::Loop::range`].
+    pub extent: Option<ScalarId>,
     /// `tile([.., whole(d)])`: a single tile covers the whole extent. Its block is
     /// not a tuning choice: the launch fits it to the extent
     /// ([`crate::fit_whole_dims`]). For a dimension an operation needs in one
@@ -77,6 +79,19 @@ pub struct TileDim {
     /// in the output accumulator).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole: bool,
+    /// `each(n)` in a `tile([...])` list, or `for i in a..b`: one index at a
+    /// time (block 1, not a tuning choice). The name is then an integer scalar
+    /// (`offsets[b + 1]`), and no value has this dimension.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub each: bool,
+}
+
+/// The bounds of a loop the program computes: `tile(begin..end)` walks tiles
+/// from `begin` (masked at `end`); `for i in begin..end` each index.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoopRange {
+    pub begin: Expr,
+    pub end: Expr,
 }
 
 /// A local variable bound with `let` inside the device code.
@@ -96,10 +111,21 @@ pub enum Stmt {
     Let { var: VarId, value: Expr, at: Src },
     /// `var = value;`
     Assign { var: VarId, value: Expr, at: Src },
-    /// `tensor[index] = value;`, masked on ragged edges.
+    /// `tensor[index] = value;`: an element per element of the index, masked
+    /// where a tile passes its extent or the index leaves the tensor.
     Store {
         tensor: TensorId,
-        index: Vec<DimId>,
+        /// One integer expression per tensor dimension (see [`Expr::Load`]).
+        index: Vec<Expr>,
+        value: Expr,
+        at: Src,
+    },
+    /// `atomic_add(tensor[index], value);` (and max, min): each element of
+    /// `value` combined into its place atomically, masked as a store.
+    Atomic {
+        op: AtomicOp,
+        tensor: TensorId,
+        index: Vec<Expr>,
         value: Expr,
         at: Src,
     },
@@ -137,10 +163,15 @@ pub enum Stmt {
         body: Vec<Stmt>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         until: Option<Expr>,
+        /// `tile(begin..end)` / `for i in begin..end`: bounds computed in the
+        /// program (integer scalars); `None`: from 0 to the dimension's extent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        range: Option<Box<LoopRange>>,
     },
-    /// `if cond { then } else { otherwise }` on `#[constexpr]` parameters: decided
-    /// when the kernel is specialized ([`Kernel::specialize`]), so only the taken
-    /// branch is ever checked and lowered.
+    /// `if cond { then } else { otherwise }`: on `#[constexpr]` parameters it
+    /// is decided when the kernel is specialized ([`Kernel::specialize`]), so
+    /// only the taken branch is ever checked and lowered; on runtime scalars
+    /// the whole program takes one branch.
     If {
         cond: Cond,
         then: Vec<Stmt>,
@@ -149,32 +180,12 @@ pub enum Stmt {
     },
 }
 
-/// Comparisons in a compile-time condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CmpOp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-}
+pub use crate::prims::{AtomicOp, BinOp, CmpOp, RandKind, ReduceOp, UnOp};
 
-impl CmpOp {
-    /// The operator as C and Rust write it.
-    pub fn symbol(self) -> &'static str {
-        match self {
-            CmpOp::Eq => "==",
-            CmpOp::Ne => "!=",
-            CmpOp::Lt => "<",
-            CmpOp::Le => "<=",
-            CmpOp::Gt => ">",
-            CmpOp::Ge => ">=",
-        }
-    }
-}
-
-/// A condition over `#[constexpr]` parameters and integer literals.
+/// A condition of a device `if`: over `#[constexpr]` parameters and literals
+/// it is decided when the kernel is specialized; over runtime scalars (host
+/// values, scalars computed in the program) it is a branch the whole
+/// program takes together.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Cond {
     Cmp {
@@ -189,110 +200,18 @@ pub enum Cond {
     NonZero(Expr),
 }
 
-/// Elementwise binary operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BinOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Rem,
-    Min,
-    Max,
-}
-
-/// Elementwise unary operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum UnOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Abs,
-    Relu,
-    Gelu,
-    GeluTanh,
-    Silu,
-    Sigmoid,
-    Tanh,
-    /// The derivative of `relu`: 1 where the argument is above 0, else 0.
-    ReluGrad,
-    /// The derivative of (erf) `gelu`: `Φ(x) + x·φ(x)`.
-    GeluGrad,
-}
-
-impl UnOp {
-    /// The DSL name (`relu`), as a user writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            UnOp::Neg => "neg",
-            UnOp::Exp => "exp",
-            UnOp::Log => "log",
-            UnOp::Sqrt => "sqrt",
-            UnOp::Rsqrt => "rsqrt",
-            UnOp::Abs => "abs",
-            UnOp::Relu => "relu",
-            UnOp::Gelu => "gelu",
-            UnOp::GeluTanh => "gelu_tanh",
-            UnOp::Silu => "silu",
-            UnOp::Sigmoid => "sigmoid",
-            UnOp::Tanh => "tanh",
-            UnOp::ReluGrad => "relu_grad",
-            UnOp::GeluGrad => "gelu_grad",
-        }
-    }
-
-    /// Every unary op the DSL knows, for parsing and for messages.
-    pub const ALL: [UnOp; 14] = [
-        UnOp::Neg,
-        UnOp::Exp,
-        UnOp::Log,
-        UnOp::Sqrt,
-        UnOp::Rsqrt,
-        UnOp::Abs,
-        UnOp::Relu,
-        UnOp::Gelu,
-        UnOp::GeluTanh,
-        UnOp::Silu,
-        UnOp::Sigmoid,
-        UnOp::Tanh,
-        UnOp::ReluGrad,
-        UnOp::GeluGrad,
-    ];
-
-    pub fn from_name(name: &str) -> Option<UnOp> {
-        UnOp::ALL.into_iter().find(|op| op.name() == name)
-    }
-}
-
-/// Reductions along one tile dimension.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ReduceOp {
-    Sum,
-    Max,
-    Min,
-}
-
-impl ReduceOp {
-    /// The DSL method (`x.sum(tn)`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Max => "max",
-            ReduceOp::Min => "min",
-        }
-    }
-}
-
 /// A tile-valued expression.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Expr {
     Var(VarId),
-    /// `tensor[index]`: a tile load, zero-filled outside the tensor.
+    /// `tensor[index]`: a load, zero-filled outside the tensor. Each index
+    /// component is an integer expression: a tile's indices
+    /// ([`Expr::TileIndex`], written `tn`), offset (`tn + n1`), gathered
+    /// (`ids[tt]`) or a scalar (`b`, `offsets[b]`); the value has the union
+    /// of the components' tile dimensions.
     Load {
         tensor: TensorId,
-        index: Vec<DimId>,
+        index: Vec<Expr>,
         at: Src,
     },
     /// `zeros::<T>([dims])` (value 0) or `full::<T>([dims], value)`.
@@ -318,6 +237,15 @@ pub enum Expr {
     Unary {
         op: UnOp,
         arg: Box<Expr>,
+    },
+    /// `rand(seed, offset)`, `randn(…)`, `randint(…)`: a counter-based random
+    /// number per element of `offset` (an integer tile), keyed by `seed` (an
+    /// integer scalar); see [`crate::prims::rand`].
+    Rand {
+        kind: RandKind,
+        seed: Box<Expr>,
+        offset: Box<Expr>,
+        at: Src,
     },
     /// `.cast::<T>()`; `dtype: None` is `.cast()`, taking the type of the tensor it is stored to.
     Cast {
@@ -345,8 +273,7 @@ pub enum Expr {
     /// `t.index()`: each element's index along tile `t` (an integer tile over `t`),
     /// e.g. for a causal mask `tm.index() >= tn.index()`.
     TileIndex(DimId),
-    /// `a < b`, `a == b`, …: 1 where the comparison holds, else 0 (an integer tile
-    /// over both operands' tiles).
+    /// `a < b`, `a == b`, …: a mask (`bool`) over both operands' tiles.
     Compare {
         op: CmpOp,
         lhs: Box<Expr>,
@@ -361,8 +288,9 @@ pub enum Expr {
         otherwise: Box<Expr>,
         at: Src,
     },
-    /// `if cond { then } else { otherwise }` as a value, on `#[constexpr]`
-    /// parameters: decided when the kernel is specialized.
+    /// `if cond { then } else { otherwise }` as a value: on `#[constexpr]`
+    /// parameters decided when the kernel is specialized; on runtime scalars a
+    /// `select`.
     IfConst {
         cond: Box<Cond>,
         then: Box<Expr>,
@@ -388,61 +316,381 @@ impl Kernel {
         serde_json::from_str(text)
     }
 
-    /// Calls `f` on every statement, nested loops included, in source order.
+    /// Calls `f` on every statement, nested loops and branches included, in
+    /// source order.
     pub fn walk_stmts<'a>(&'a self, f: &mut impl FnMut(&'a Stmt)) {
-        fn go<'a>(stmts: &'a [Stmt], f: &mut impl FnMut(&'a Stmt)) {
-            for s in stmts {
-                f(s);
-                match s {
-                    Stmt::Loop { body, .. } => go(body, f),
-                    Stmt::If {
-                        then, otherwise, ..
-                    } => {
-                        go(then, f);
-                        go(otherwise, f);
-                    }
-                    _ => {}
-                }
+        walk_stmts(&self.body, f);
+    }
+
+    /// Calls `f` on every expression of the body and each of its
+    /// sub-expressions (see [`Expr::walk`]).
+    pub fn walk_exprs<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
+        self.walk_stmts(&mut |s| {
+            for e in s.exprs() {
+                e.walk(f);
             }
+        });
+    }
+
+    /// Whether tile dimension `d` is walked one index at a time (`each`).
+    pub fn is_each(&self, d: DimId) -> bool {
+        self.dims.get(d).is_some_and(|x| x.each)
+    }
+}
+
+/// Calls `f` on every statement of `stmts`, nested ones included, in source order.
+pub fn walk_stmts<'a>(stmts: &'a [Stmt], f: &mut impl FnMut(&'a Stmt)) {
+    for s in stmts {
+        f(s);
+        match s {
+            Stmt::Loop { body, .. } => walk_stmts(body, f),
+            Stmt::If {
+                then, otherwise, ..
+            } => {
+                walk_stmts(then, f);
+                walk_stmts(otherwise, f);
+            }
+            _ => {}
         }
-        go(&self.body, f);
+    }
+}
+
+/// The dimensions of an index whose every component is a tile's own indices
+/// (`t[(tm, tn)]`): what the fast lowerings take. `None` for offsets,
+/// gathers and scalars.
+pub fn plain_index(index: &[Expr]) -> Option<Vec<DimId>> {
+    index
+        .iter()
+        .map(|e| match e {
+            Expr::TileIndex(d) => Some(*d),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `t[(tm, tn)]`'s index: each component a tile's own indices.
+pub fn tile_index(dims: &[DimId]) -> Vec<Expr> {
+    dims.iter().map(|&d| Expr::TileIndex(d)).collect()
+}
+
+impl Cond {
+    /// Whether the condition reads only `#[constexpr]` values and literals
+    /// (specialization decides it).
+    pub fn is_compile_time(&self) -> bool {
+        let mut ok = true;
+        for e in self.exprs() {
+            e.walk(&mut |x| {
+                ok &= matches!(
+                    x,
+                    Expr::Int(_) | Expr::Const(_) | Expr::Unary { .. } | Expr::Binary { .. }
+                )
+            });
+        }
+        ok
+    }
+
+    /// The expressions the condition compares.
+    pub fn exprs(&self) -> Vec<&Expr> {
+        match self {
+            Cond::Cmp { lhs, rhs, .. } => vec![lhs, rhs],
+            Cond::Not(c) => c.exprs(),
+            Cond::And(a, b) | Cond::Or(a, b) => {
+                let mut v = a.exprs();
+                v.extend(b.exprs());
+                v
+            }
+            Cond::NonZero(e) => vec![e],
+        }
+    }
+
+    /// The condition with each expression replaced by `f(expr)`.
+    pub fn try_map<E>(&self, f: &mut impl FnMut(&Expr) -> Result<Expr, E>) -> Result<Cond, E> {
+        Ok(match self {
+            Cond::Cmp { op, lhs, rhs } => Cond::Cmp {
+                op: *op,
+                lhs: f(lhs)?,
+                rhs: f(rhs)?,
+            },
+            Cond::Not(c) => Cond::Not(Box::new(c.try_map(f)?)),
+            Cond::And(a, b) => Cond::And(Box::new(a.try_map(f)?), Box::new(b.try_map(f)?)),
+            Cond::Or(a, b) => Cond::Or(Box::new(a.try_map(f)?), Box::new(b.try_map(f)?)),
+            Cond::NonZero(e) => Cond::NonZero(f(e)?),
+        })
+    }
+}
+
+impl Stmt {
+    /// The statement's own expressions (not those of nested statements):
+    /// values, indices, flag parts, loop bounds, a condition's operands.
+    pub fn exprs(&self) -> Vec<&Expr> {
+        match self {
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => vec![value],
+            Stmt::Store { index, value, .. } | Stmt::Atomic { index, value, .. } => {
+                index.iter().chain([value]).collect()
+            }
+            Stmt::Wait {
+                index, end, value, ..
+            } => [index, value].into_iter().chain(end).collect(),
+            Stmt::Signal { index, value, .. } => vec![index, value],
+            Stmt::Loop { until, range, .. } => until
+                .iter()
+                .chain(range.iter().flat_map(|r| [&r.begin, &r.end]))
+                .collect(),
+            Stmt::If { cond, .. } => cond.exprs(),
+        }
+    }
+
+    /// The statement with each of its own expressions replaced by `f(expr)`
+    /// and each nested statement list by `g(list)`.
+    pub fn try_map<E>(
+        &self,
+        f: &mut impl FnMut(&Expr) -> Result<Expr, E>,
+        g: &mut impl FnMut(&[Stmt]) -> Result<Vec<Stmt>, E>,
+    ) -> Result<Stmt, E> {
+        let index = |ix: &[Expr], f: &mut dyn FnMut(&Expr) -> Result<Expr, E>| {
+            ix.iter().map(f).collect::<Result<Vec<_>, E>>()
+        };
+        Ok(match self {
+            Stmt::Let { var, value, at } => Stmt::Let {
+                var: *var,
+                value: f(value)?,
+                at: at.clone(),
+            },
+            Stmt::Assign { var, value, at } => Stmt::Assign {
+                var: *var,
+                value: f(value)?,
+                at: at.clone(),
+            },
+            Stmt::Store {
+                tensor,
+                index: ix,
+                value,
+                at,
+            } => Stmt::Store {
+                tensor: *tensor,
+                index: index(ix, f)?,
+                value: f(value)?,
+                at: at.clone(),
+            },
+            Stmt::Atomic {
+                op,
+                tensor,
+                index: ix,
+                value,
+                at,
+            } => Stmt::Atomic {
+                op: *op,
+                tensor: *tensor,
+                index: index(ix, f)?,
+                value: f(value)?,
+                at: at.clone(),
+            },
+            Stmt::Wait {
+                tensor,
+                index,
+                end,
+                value,
+                at,
+            } => Stmt::Wait {
+                tensor: *tensor,
+                index: f(index)?,
+                end: end.as_ref().map(&mut *f).transpose()?,
+                value: f(value)?,
+                at: at.clone(),
+            },
+            Stmt::Signal {
+                tensor,
+                index,
+                value,
+                at,
+            } => Stmt::Signal {
+                tensor: *tensor,
+                index: f(index)?,
+                value: f(value)?,
+                at: at.clone(),
+            },
+            Stmt::Loop {
+                dim,
+                body,
+                until,
+                range,
+            } => Stmt::Loop {
+                dim: *dim,
+                body: g(body)?,
+                until: until.as_ref().map(&mut *f).transpose()?,
+                range: match range {
+                    Some(r) => Some(Box::new(LoopRange {
+                        begin: f(&r.begin)?,
+                        end: f(&r.end)?,
+                    })),
+                    None => None,
+                },
+            },
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+                at,
+            } => Stmt::If {
+                cond: cond.try_map(f)?,
+                then: g(then)?,
+                otherwise: g(otherwise)?,
+                at: at.clone(),
+            },
+        })
+    }
+
+    /// Where the statement is in the source, for messages (a loop: a phrase).
+    pub fn at_text(&self) -> &str {
+        match self {
+            Stmt::Let { at, .. }
+            | Stmt::Assign { at, .. }
+            | Stmt::Store { at, .. }
+            | Stmt::Atomic { at, .. }
+            | Stmt::Wait { at, .. }
+            | Stmt::Signal { at, .. }
+            | Stmt::If { at, .. } => at,
+            Stmt::Loop { .. } => "a `tile()` loop",
+        }
     }
 }
 
 impl Expr {
-    /// Calls `f` on this expression and every sub-expression.
-    pub fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
-        f(self);
+    /// The direct sub-expressions (a load's index components included).
+    pub fn children(&self) -> Vec<&Expr> {
         match self {
-            Expr::Addmm { acc, a, b, .. } => {
-                acc.walk(f);
-                a.walk(f);
-                b.walk(f);
-            }
-            Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => {
-                lhs.walk(f);
-                rhs.walk(f);
-            }
+            Expr::Load { index, .. } => index.iter().collect(),
+            Expr::Addmm { acc, a, b, .. } => vec![acc, a, b],
+            Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![lhs, rhs],
             Expr::Select {
                 mask,
                 then,
                 otherwise,
                 ..
-            } => {
-                mask.walk(f);
-                then.walk(f);
-                otherwise.walk(f);
-            }
+            } => vec![mask, then, otherwise],
             Expr::Unary { arg, .. } | Expr::Cast { arg, .. } | Expr::Reduce { arg, .. } => {
-                arg.walk(f)
+                vec![arg]
             }
+            Expr::Rand { seed, offset, .. } => vec![seed, offset],
             Expr::IfConst {
-                then, otherwise, ..
+                cond,
+                then,
+                otherwise,
+                ..
             } => {
-                then.walk(f);
-                otherwise.walk(f);
+                let mut v = cond.exprs();
+                v.push(then);
+                v.push(otherwise);
+                v
             }
-            _ => {}
+            Expr::Var(_)
+            | Expr::Full { .. }
+            | Expr::Int(_)
+            | Expr::Float(_)
+            | Expr::Scalar(_)
+            | Expr::Const(_)
+            | Expr::TileBegin(_)
+            | Expr::TileEnd(_)
+            | Expr::TileSize(_)
+            | Expr::TileIndex(_) => Vec::new(),
+        }
+    }
+
+    /// Calls `f` on this expression and every sub-expression, parents first.
+    pub fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
+        f(self);
+        for c in self.children() {
+            c.walk(f);
+        }
+    }
+
+    /// The expression with each direct sub-expression replaced by `f(child)`.
+    pub fn try_map_children<E>(
+        &self,
+        f: &mut impl FnMut(&Expr) -> Result<Expr, E>,
+    ) -> Result<Expr, E> {
+        let mut b = |x: &Expr| f(x).map(Box::new);
+        Ok(match self {
+            Expr::Load { tensor, index, at } => Expr::Load {
+                tensor: *tensor,
+                index: index.iter().map(&mut *f).collect::<Result<_, _>>()?,
+                at: at.clone(),
+            },
+            Expr::Addmm { acc, a, b: bb, at } => Expr::Addmm {
+                acc: b(acc)?,
+                a: b(a)?,
+                b: b(bb)?,
+                at: at.clone(),
+            },
+            Expr::Binary { op, lhs, rhs, at } => Expr::Binary {
+                op: *op,
+                lhs: b(lhs)?,
+                rhs: b(rhs)?,
+                at: at.clone(),
+            },
+            Expr::Compare { op, lhs, rhs, at } => Expr::Compare {
+                op: *op,
+                lhs: b(lhs)?,
+                rhs: b(rhs)?,
+                at: at.clone(),
+            },
+            Expr::Select {
+                mask,
+                then,
+                otherwise,
+                at,
+            } => Expr::Select {
+                mask: b(mask)?,
+                then: b(then)?,
+                otherwise: b(otherwise)?,
+                at: at.clone(),
+            },
+            Expr::Unary { op, arg } => Expr::Unary {
+                op: *op,
+                arg: b(arg)?,
+            },
+            Expr::Cast { arg, dtype } => Expr::Cast {
+                arg: b(arg)?,
+                dtype: *dtype,
+            },
+            Expr::Reduce { op, arg, dim, at } => Expr::Reduce {
+                op: *op,
+                arg: b(arg)?,
+                dim: *dim,
+                at: at.clone(),
+            },
+            Expr::Rand {
+                kind,
+                seed,
+                offset,
+                at,
+            } => Expr::Rand {
+                kind: *kind,
+                seed: b(seed)?,
+                offset: b(offset)?,
+                at: at.clone(),
+            },
+            Expr::IfConst {
+                cond,
+                then,
+                otherwise,
+                at,
+            } => Expr::IfConst {
+                cond: Box::new(cond.try_map(f)?),
+                then: Box::new(f(then)?),
+                otherwise: Box::new(f(otherwise)?),
+                at: at.clone(),
+            },
+            other => other.clone(),
+        })
+    }
+
+    /// [`Expr::try_map_children`] for a replacement that cannot fail.
+    pub fn map_children(&self, f: &mut impl FnMut(&Expr) -> Expr) -> Expr {
+        let r: Result<Expr, std::convert::Infallible> = self.try_map_children(&mut |x| Ok(f(x)));
+        match r {
+            Ok(e) => e,
+            Err(never) => match never {},
         }
     }
 }

@@ -14,6 +14,9 @@ pub mod fit;
 pub mod hash;
 pub mod ir;
 pub mod plan;
+pub mod prims;
+mod print;
+pub mod rules;
 pub mod space;
 pub mod spec;
 mod specialize;
@@ -27,7 +30,7 @@ pub use config::{
 pub use dtype::DType;
 pub use emit::{lower, Lowered, Param, SplitTail};
 pub use error::CodegenError;
-pub use fit::{fit_rows_default, fit_whole_dims, hopper_tiles, HopperTiles};
+pub use fit::{fit_default, fit_whole_dims, hopper_tiles, HopperTiles};
 pub use ir::Kernel;
 pub use space::{Axis, ConfigSpace};
 pub use spec::{ScalarKind, Spec, TensorSpec};

@@ -1,16 +1,22 @@
-//! Decides which lowering a kernel takes, from the shape of its body.
+//! The registry of lowerings: which one a kernel takes, decided once from the
+//! shape of its body. The fast paths take the forms they were written for;
+//! the general lowering takes every kernel the checker accepts.
 //!
 //! - GEMM: a 2-D grid `(tm, tn)`, an f32 accumulator, exactly one inner loop whose
 //!   only statement is `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`, and elementwise
 //!   statements (the fused epilogue) around it.
-//! - Pointwise: no `addmm`; stores of elementwise expressions, possibly inside
-//!   nested sequential `tile()` loops.
 //! - Attention: a grid over rows (plus batch tiles and a whole head dimension),
 //!   one inner loop over key tiles holding two `addmm`s: scores `q·kᵀ` from
 //!   tile loads, then `acc = addmm(…, p, v[…])` with `p` computed from the
 //!   scores (see [`AttentionShape`]).
+//! - Rows: no matmul; one grid dimension (the rows), tiles reduced along the
+//!   columns walked by `tile()` loops directly inside the grid loop.
+//! - General: everything else (gathers, offsets, atomics, jagged and nested
+//!   loops, reductions anywhere, elementwise kernels).
+//!
+//! The fast paths take plain tile indices only (`t[(tm, tn)]`), no atomics,
+//! no runtime `if`s and no computed loop bounds.
 
-use crate::error::CodegenError;
 use crate::ir::*;
 
 /// The parts of a GEMM-shaped kernel.
@@ -62,25 +68,31 @@ pub struct AttentionShape {
     pub acc: VarId,
 }
 
+/// The lowering a kernel takes, with what it found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Shape {
     Gemm(GemmShape),
     Attention(AttentionShape),
-    Pointwise,
     /// No matmul, and tiles reduced along a dimension (`x.sum(tn)`): rows of the
     /// grid dimension, columns walked in `tile()` loops.
     Rows,
+    /// The general lowering ([`crate::emit::general`]).
+    General,
 }
 
-fn unsupported(k: &Kernel, at: &str, message: impl Into<String>) -> CodegenError {
-    CodegenError::Unsupported {
-        kernel: k.name.clone(),
-        at: at.to_string(),
-        message: message.into(),
+impl Shape {
+    /// The lowering's name, for logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Shape::Gemm(_) => "gemm",
+            Shape::Attention(_) => "attention",
+            Shape::Rows => "rows",
+            Shape::General => "general",
+        }
     }
 }
 
-fn has_addmm(e: &Expr) -> Option<&str> {
+fn addmm_at(e: &Expr) -> Option<&str> {
     let mut found = None;
     e.walk(&mut |x| {
         if let Expr::Addmm { at, .. } = x {
@@ -90,77 +102,79 @@ fn has_addmm(e: &Expr) -> Option<&str> {
     found
 }
 
-fn stmt_addmm(s: &Stmt) -> Option<&str> {
-    match s {
-        Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Store { value, .. } => {
-            has_addmm(value)
+/// Whether `s` (or a statement inside it) has an `addmm`.
+fn stmt_addmm(s: &Stmt) -> bool {
+    let mut found = false;
+    walk_stmts(std::slice::from_ref(s), &mut |x| {
+        found |= x.exprs().into_iter().any(|e| addmm_at(e).is_some())
+    });
+    found
+}
+
+/// Whether every construct of `k` is one the fast paths know: plain tile
+/// indices, loops over host extents, no atomics or runtime `if`s.
+fn fast_form(k: &Kernel) -> bool {
+    let mut ok = k.dims.iter().all(|d| !d.each && d.extent.is_some());
+    k.walk_stmts(&mut |s| match s {
+        Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
+        // An `if` on `#[constexpr]` values is decided before lowering (an
+        // unspecialized kernel is classified by both branches); one on
+        // runtime values is a branch of the program.
+        Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
+        Stmt::Atomic { .. } => ok = false,
+        Stmt::Loop { range, .. } => ok &= range.is_none(),
+        _ => {}
+    });
+    k.walk_exprs(&mut |e| {
+        if let Expr::Load { index, .. } = e {
+            ok &= plain_index(index).is_some();
         }
-        Stmt::Wait {
-            index, end, value, ..
-        } => has_addmm(index)
-            .or_else(|| has_addmm(value))
-            .or_else(|| end.as_ref().and_then(has_addmm)),
-        Stmt::Signal { index, value, .. } => has_addmm(index).or_else(|| has_addmm(value)),
-        Stmt::Loop { body, .. } => body.iter().find_map(stmt_addmm),
-        Stmt::If {
-            then, otherwise, ..
-        } => then.iter().chain(otherwise).find_map(stmt_addmm),
+    });
+    ok
+}
+
+/// Decides which lowering `k` takes (see the module's doc): a fast path
+/// where one takes it, else the general lowering.
+pub fn classify(k: &Kernel) -> Shape {
+    if !fast_form(k) {
+        return Shape::General;
+    }
+    let loops: Vec<usize> = (0..k.body.len())
+        .filter(|&i| stmt_addmm(&k.body[i]))
+        .collect();
+    if loops.is_empty() {
+        return if crate::emit::rows_take(k) {
+            Shape::Rows
+        } else {
+            Shape::General
+        };
+    }
+    if let Some(att) = attention(k, loops[0]) {
+        return Shape::Attention(att);
+    }
+    match gemm(k, &loops) {
+        Some(g) => Shape::Gemm(g),
+        None => Shape::General,
     }
 }
 
-/// Classifies `k`; an `addmm` outside the supported form is an error naming it.
-pub fn classify(k: &Kernel) -> Result<Shape, CodegenError> {
-    let loops: Vec<usize> = k
-        .body
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| stmt_addmm(s).is_some())
-        .map(|(i, _)| i)
-        .collect();
-    if loops.is_empty() {
-        let mut reduces = false;
-        k.walk_stmts(&mut |s| {
-            if let Stmt::Let { value, .. }
-            | Stmt::Assign { value, .. }
-            | Stmt::Store { value, .. } = s
-            {
-                value.walk(&mut |x| reduces |= matches!(x, Expr::Reduce { .. }));
-            }
-        });
-        return Ok(if reduces {
-            Shape::Rows
-        } else {
-            Shape::Pointwise
-        });
-    }
-    const FORM: &str =
-        "write the matmul as `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);`, the only statement \
-                        of a `for tk in tile(k)` loop directly inside the grid loop";
-    let i = loops[0];
-    let first_at = stmt_addmm(&k.body[i]).unwrap_or("addmm").to_string();
-    if let Some(att) = attention(k, i)? {
-        return Ok(Shape::Attention(att));
-    }
-    if loops.len() > 1 {
-        return Err(unsupported(
-            k,
-            stmt_addmm(&k.body[loops[1]]).unwrap_or("addmm"),
-            "a kernel may have one matmul loop for now; fuse the rest into its epilogue",
-        ));
-    }
+/// The GEMM form, if `k` has it.
+fn gemm(k: &Kernel, loops: &[usize]) -> Option<GemmShape> {
+    let [i] = loops else { return None };
     let Stmt::Loop {
         dim: kd,
         body,
         until: None,
-    } = &k.body[i]
+        range: None,
+    } = &k.body[*i]
     else {
-        return Err(unsupported(k, &first_at, FORM));
+        return None;
     };
-    let [Stmt::Assign { var, value, at }] = body.as_slice() else {
-        return Err(unsupported(k, &first_at, FORM));
+    let [Stmt::Assign { var, value, .. }] = body.as_slice() else {
+        return None;
     };
     let Expr::Addmm { acc, a, b, .. } = value else {
-        return Err(unsupported(k, at, FORM));
+        return None;
     };
     let (
         Expr::Var(acc_var),
@@ -176,72 +190,45 @@ pub fn classify(k: &Kernel) -> Result<Shape, CodegenError> {
         },
     ) = (acc.as_ref(), a.as_ref(), b.as_ref())
     else {
-        return Err(unsupported(k, at, FORM));
+        return None;
     };
-    if ia.len() == 2 && ib.len() == 2 && ia[1] == *kd && ib[1] == *kd {
-        return Err(unsupported(
-            k,
-            at,
-            format!(
-                "the matmul lowering reads B as `{b}[(tk, tn)]` (K rows); a K-major B (`{b}[(tn, tk)]`, \
-                 i.e. `a·bᵀ`) is not supported by it yet: pass the operand stored as `[k, n]`",
-                b = k.tensors[*tb].name
-            ),
-        ));
-    }
+    let (ia, ib) = (plain_index(ia)?, plain_index(ib)?);
     if acc_var != var || ia.len() != 2 || ib.len() != 2 || ia[1] != *kd || ib[0] != *kd {
-        return Err(unsupported(k, at, FORM));
+        return None;
     }
     let (m, n) = (ia[0], ib[1]);
+    if m == n || m == *kd || n == *kd {
+        return None;
+    }
     let mut grid = k.grid.clone();
     grid.sort_unstable();
     let mut mn = vec![m, n];
     mn.sort_unstable();
     if grid != mn {
-        return Err(unsupported(
-            k,
-            at,
-            format!(
-                "the grid loop must tile exactly the matmul's output dimensions (`{}`, `{}`)",
-                k.dims[m].name, k.dims[n].name
-            ),
-        ));
+        return None;
     }
-    for s in &k.body {
+    for (j, s) in k.body.iter().enumerate() {
         match s {
-            Stmt::Loop { .. } if !std::ptr::eq(s, &k.body[i]) => {
-                return Err(unsupported(
-                    k,
-                    &first_at,
-                    "a matmul kernel may contain only its K loop; other inner loops are not supported yet",
-                ));
-            }
-            Stmt::Store { index, at, .. } => {
-                let mut ix = index.clone();
+            Stmt::Loop { .. } if j != *i => return None,
+            Stmt::Store { index, .. } => {
+                let mut ix = plain_index(index)?;
                 ix.sort_unstable();
                 if ix != mn {
-                    return Err(unsupported(
-                        k,
-                        at,
-                        format!(
-                            "in a matmul kernel, stores write the output tile: index them by `{}` and `{}`",
-                            k.dims[m].name, k.dims[n].name
-                        ),
-                    ));
+                    return None;
                 }
             }
             _ => {}
         }
     }
-    Ok(Shape::Gemm(GemmShape {
+    Some(GemmShape {
         m,
         n,
         k: *kd,
         acc: *var,
         a: *ta,
         b: *tb,
-        k_loop: i,
-    }))
+        k_loop: *i,
+    })
 }
 
 /// Counts the `addmm`s in `e`.
@@ -262,16 +249,12 @@ fn find_addmm(e: &Expr) -> Option<&Expr> {
     found
 }
 
-/// The attention form (see [`AttentionShape`]) when the loop at `body[i]` holds two
-/// `addmm`s; `None` when it holds one (a plain matmul, or an error there); an error
-/// naming the part that breaks the form otherwise.
-fn attention(k: &Kernel, i: usize) -> Result<Option<AttentionShape>, CodegenError> {
+/// The attention form (see [`AttentionShape`]), if the loop at `body[i]` has it.
+fn attention(k: &Kernel, i: usize) -> Option<AttentionShape> {
     let Stmt::Loop { dim: n, body, .. } = &k.body[i] else {
-        return Ok(None);
+        return None;
     };
-    let sites: Vec<usize> = (0..body.len())
-        .filter(|&j| stmt_addmm(&body[j]).is_some())
-        .collect();
+    let sites: Vec<usize> = (0..body.len()).filter(|&j| stmt_addmm(&body[j])).collect();
     let count: usize = body
         .iter()
         .map(|s| match s {
@@ -279,38 +262,20 @@ fn attention(k: &Kernel, i: usize) -> Result<Option<AttentionShape>, CodegenErro
             _ => 0,
         })
         .sum();
-    if count < 2 {
-        return Ok(None);
-    }
-    let first_at = stmt_addmm(&body[sites[0]]).unwrap_or("addmm");
-    const FORM: &str = "a loop with two matmuls is lowered as attention: `let s = addmm(zeros([.., tm, tn]), \
-        q[(.., tm, td)], k[(.., tn, td)])` (scaled, masked and reduced as you like), then \
-        `acc = addmm(acc * alpha, p.cast::<bf16>(), v[(.., tn, td)])`, inside `for tn in tile(n)`, with \
-        `td` a `whole(d)` tile of the grid";
     if count != 2 || sites.len() != 2 {
-        return Err(unsupported(k, first_at, FORM));
+        return None;
     }
     for s in body {
         if let Stmt::Loop { .. } | Stmt::Store { .. } | Stmt::Wait { .. } | Stmt::Signal { .. } = s
         {
-            return Err(unsupported(
-                k,
-                first_at,
-                "the key loop of an attention kernel holds `let`s and assignments only: no nested loops, stores, waits or signals",
-            ));
+            return None;
         }
     }
     let (Stmt::Let { value: sv, .. } | Stmt::Assign { value: sv, .. }) = &body[sites[0]] else {
-        return Err(unsupported(k, first_at, FORM));
+        return None;
     };
-    let Some(Expr::Addmm {
-        a: qa,
-        b: kb,
-        at: s_at,
-        ..
-    }) = find_addmm(sv)
-    else {
-        return Err(unsupported(k, first_at, FORM));
+    let Some(Expr::Addmm { a: qa, b: kb, .. }) = find_addmm(sv) else {
+        return None;
     };
     let (
         Expr::Load {
@@ -325,25 +290,15 @@ fn attention(k: &Kernel, i: usize) -> Result<Option<AttentionShape>, CodegenErro
         },
     ) = (qa.as_ref(), kb.as_ref())
     else {
-        return Err(unsupported(
-            k,
-            s_at,
-            "the scores of an attention kernel are `addmm(…, q[(.., tm, td)], k[(.., tn, td)])`: both operands tile loads",
-        ));
+        return None;
     };
     let Stmt::Assign {
         var: acc,
-        value: Expr::Addmm {
-            b: vb, at: o_at, ..
-        },
+        value: Expr::Addmm { b: vb, .. },
         ..
     } = &body[sites[1]]
     else {
-        return Err(unsupported(
-            k,
-            stmt_addmm(&body[sites[1]]).unwrap_or(first_at),
-            "the second matmul of an attention kernel updates its accumulator: `acc = addmm(acc * alpha, p, v[(.., tn, td)])`",
-        ));
+        return None;
     };
     let Expr::Load {
         tensor: v,
@@ -351,43 +306,24 @@ fn attention(k: &Kernel, i: usize) -> Result<Option<AttentionShape>, CodegenErro
         ..
     } = vb.as_ref()
     else {
-        return Err(unsupported(
-            k,
-            o_at,
-            "the third operand of `acc = addmm(…, p, v[(.., tn, td)])` is a tile load",
-        ));
+        return None;
     };
+    let (qi, ki, vi) = (plain_index(qi)?, plain_index(ki)?, plain_index(vi)?);
     let (Some((&d, qb)), Some((&kd, kbatch)), Some((&vd, vbatch))) =
         (qi.split_last(), ki.split_last(), vi.split_last())
     else {
-        return Err(unsupported(k, s_at, FORM));
+        return None;
     };
     let (Some((&m, qb)), Some((&kn, kbatch)), Some((&vn, vbatch))) =
         (qb.split_last(), kbatch.split_last(), vbatch.split_last())
     else {
-        return Err(unsupported(k, s_at, FORM));
+        return None;
     };
     if kd != d || vd != d || kn != *n || vn != *n || kbatch != qb || vbatch != qb {
-        return Err(unsupported(
-            k,
-            s_at,
-            format!(
-                "index the operands as `q[(.., tm, td)]`, `k[(.., tn, td)]` and `v[(.., tn, td)]`, the same batch \
-                 tiles first and the head dimension last (its elements are contiguous); got `{}`, `{}` and `{}`",
-                k.tensors[*q].name, k.tensors[*kt].name, k.tensors[*v].name
-            ),
-        ));
+        return None;
     }
     if !k.dims[d].whole || !k.grid.contains(&d) || !k.grid.contains(&m) {
-        return Err(unsupported(
-            k,
-            s_at,
-            format!(
-                "the head dimension `{}` must be a `whole(…)` tile of the grid loop, e.g. \
-                 `for (tb, tm, td) in tile([b, m, whole(d)])`, so a program holds whole rows of `q`",
-                k.dims[d].name
-            ),
-        ));
+        return None;
     }
     let mut grid: Vec<DimId> = k.grid.clone();
     grid.retain(|x| *x != m && *x != d);
@@ -395,13 +331,9 @@ fn attention(k: &Kernel, i: usize) -> Result<Option<AttentionShape>, CodegenErro
     want.sort_unstable();
     grid.sort_unstable();
     if grid != want {
-        return Err(unsupported(
-            k,
-            s_at,
-            "the grid of an attention kernel tiles the batch tiles, the rows and the whole head dimension, nothing else",
-        ));
+        return None;
     }
-    Ok(Some(AttentionShape {
+    Some(AttentionShape {
         batch: qb.to_vec(),
         m,
         n: *n,
@@ -413,5 +345,5 @@ fn attention(k: &Kernel, i: usize) -> Result<Option<AttentionShape>, CodegenErro
         scores: sites[0],
         update: sites[1],
         acc: *acc,
-    }))
+    })
 }

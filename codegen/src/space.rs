@@ -7,7 +7,7 @@
 use crate::config::{default_config_at, default_config_for, Config, Target};
 use crate::emit::lower;
 use crate::fit::HopperTiles;
-use crate::ir::{Kernel, Stmt};
+use crate::ir::Kernel;
 use crate::plan::{classify, AttentionShape, GemmShape, Shape};
 use crate::spec::Spec;
 
@@ -138,7 +138,7 @@ impl ConfigSpace {
     pub fn new(kernel: &Kernel, spec: &Spec, target: Target) -> ConfigSpace {
         let default = default_config_for(kernel, spec, target);
         let gemm = match classify(kernel) {
-            Ok(Shape::Gemm(g)) => Some(g),
+            Shape::Gemm(g) => Some(g),
             _ => None,
         };
         let mut axes = match &gemm {
@@ -160,8 +160,8 @@ impl ConfigSpace {
                 Axis::GroupM(vec![1, 4, 8, 16]),
             ],
             None => match classify(kernel) {
-                Ok(Shape::Rows) => rows_axes(kernel),
-                Ok(Shape::Attention(a)) => vec![
+                Shape::Rows => rows_axes(kernel),
+                Shape::Attention(a) => vec![
                     Axis::Block {
                         dim: a.m,
                         values: vec![64, 128, 256],
@@ -172,7 +172,8 @@ impl ConfigSpace {
                     },
                     Axis::Warps(vec![4, 8]),
                 ],
-                _ => pointwise_axes(kernel),
+                Shape::General => crate::emit::general::axes(kernel),
+                Shape::Gemm(_) => Vec::new(),
             },
         };
         if gemm.is_some() && target.wgmma {
@@ -200,12 +201,12 @@ impl ConfigSpace {
 
     /// The space with its default fitted to a launch's extents (`extents[d]`:
     /// dimension `d`'s, where known), as an untuned launch of them would run it
-    /// ([`crate::default_config_at`], [`crate::fit_rows_default`],
+    /// ([`crate::default_config_at`], [`crate::fit_default`],
     /// [`crate::fit_whole_dims`]).
     pub fn with_extents(mut self, extents: &[Option<usize>]) -> ConfigSpace {
         self.tiles = crate::fit::hopper_tiles(&self.kernel, extents, self.target.sms);
         let default = default_config_at(&self.kernel, &self.spec, self.target, extents);
-        let default = crate::fit::fit_rows_default(&self.kernel, default, extents);
+        let default = crate::fit::fit_default(&self.kernel, default, extents);
         self.default = crate::fit::fit_whole_dims(&self.kernel, default, extents);
         self
     }
@@ -278,9 +279,10 @@ impl ConfigSpace {
                 p
             }
             None => match classify(&self.kernel) {
-                Ok(Shape::Rows) => self.rows_seeds(),
-                Ok(Shape::Attention(a)) => self.attention_seeds(&a),
-                _ => self.pointwise_seeds(),
+                Shape::Rows => self.rows_seeds(),
+                Shape::Attention(a) => self.attention_seeds(&a),
+                Shape::General => crate::emit::general::seeds(&self.kernel, &self.default),
+                Shape::Gemm(_) => Vec::new(),
             },
         };
         for c in proposals {
@@ -383,26 +385,6 @@ impl ConfigSpace {
             .map(|&(bm, bn, stages)| seed(bm, bn, bm / 16, true).num_stages(stages));
         let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
         hopper.chain(portable).collect()
-    }
-
-    /// Pointwise: the contiguous dimension's block a quarter to four times the
-    /// default's, with 4 and 8 warps.
-    fn pointwise_seeds(&self) -> Vec<Config> {
-        let Some(Axis::Block { dim, values }) = self.axes.first() else {
-            return Vec::new();
-        };
-        let b0 = self.default.block_sizes[*dim];
-        let mut out = Vec::new();
-        for b in [b0, b0 * 2, b0 / 2, b0 * 4, b0 / 4] {
-            if values.contains(&b) {
-                for w in [4, 8] {
-                    let mut c = self.default.clone().num_warps(w);
-                    c.block_sizes[*dim] = b;
-                    out.push(c);
-                }
-            }
-        }
-        out
     }
 }
 
@@ -515,37 +497,5 @@ fn rows_axes(kernel: &Kernel) -> Vec<Axis> {
     }
     axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
     axes.push(Axis::Occupancy(vec![0, 512, 768, 1024]));
-    axes
-}
-
-/// Pointwise kernels: the contiguous (stored last-index) dimension first, then the
-/// others; warps. Stages and grouping do not apply.
-fn pointwise_axes(kernel: &Kernel) -> Vec<Axis> {
-    let mut last = vec![false; kernel.dims.len()];
-    kernel.walk_stmts(&mut |s| {
-        if let Stmt::Store { index, .. } = s {
-            if let Some(&d) = index.last() {
-                last[d] = true;
-            }
-        }
-    });
-    let mut axes = Vec::new();
-    let one_d = kernel.dims.len() == 1;
-    for (dim, &l) in last.iter().enumerate() {
-        let values = if one_d {
-            vec![256, 512, 1024, 2048, 4096]
-        } else if l {
-            vec![32, 64, 128, 256, 512, 1024]
-        } else {
-            vec![1, 2, 4, 8, 16]
-        };
-        let axis = Axis::Block { dim, values };
-        if l || one_d {
-            axes.insert(0, axis);
-        } else {
-            axes.push(axis);
-        }
-    }
-    axes.push(Axis::Warps(vec![1, 2, 4, 8]));
     axes
 }

@@ -20,7 +20,7 @@ use crate::spec::Spec;
 /// operands are still being written when the launch is queued, so a copy made
 /// before it would read stale data).
 pub fn unaligned_operands(kernel: &Kernel, spec: &Spec) -> Vec<TensorId> {
-    let Ok(Shape::Gemm(g)) = classify(kernel) else {
+    let Shape::Gemm(g) = classify(kernel) else {
         return Vec::new();
     };
     let mut written = vec![false; kernel.tensors.len()];

@@ -19,7 +19,7 @@ const H200: Target = Target {
 
 /// `extents[d]` for a matmul launch of M×N×K.
 fn extents(k: &Kernel, m: usize, n: usize, kk: usize) -> Vec<Option<usize>> {
-    let Ok(Shape::Gemm(g)) = classify(k) else {
+    let Shape::Gemm(g) = classify(k) else {
         panic!("not a matmul");
     };
     let mut e = vec![None; k.dims.len()];
@@ -29,7 +29,7 @@ fn extents(k: &Kernel, m: usize, n: usize, kk: usize) -> Vec<Option<usize>> {
 
 /// (M block, N block, blocks per cluster) of a config.
 fn tile_of(k: &Kernel, c: &Config) -> (usize, usize, usize) {
-    let Ok(Shape::Gemm(g)) = classify(k) else {
+    let Shape::Gemm(g) = classify(k) else {
         panic!("not a matmul");
     };
     (c.block_sizes[g.m], c.block_sizes[g.n], c.cluster_m)
@@ -65,7 +65,7 @@ fn unknown_extents_or_sms_keep_the_pairs() {
     let k = matmul();
     assert_eq!(hopper_tiles(&k, &[], 132), HopperTiles::Pairs);
     let mut only_m = extents(&k, 512, 512, 512);
-    let Ok(Shape::Gemm(g)) = classify(&k) else {
+    let Shape::Gemm(g) = classify(&k) else {
         unreachable!()
     };
     only_m[g.n] = None;

@@ -5,10 +5,34 @@ use thiserror::Error;
 /// An error of an interpreted kernel, naming the kernel and the code as written.
 #[derive(Debug, Error)]
 pub enum InterpretError {
-    /// A load or store reached outside its tensor: on the GPU a silent zero or a
-    /// dropped write.
+    /// A `wait` on a flag outside its tensor (the GPU records the same
+    /// failure in its status block). Loads, stores and atomics outside their
+    /// tensor are not errors: as on the GPU, a load reads zero there and a
+    /// store or an atomic skips the element.
     #[error("{0}")]
     OutOfBounds(Box<OutOfBounds>),
+    /// An integer division or remainder by zero whose result is used: stored,
+    /// combined by an atomic, multiplied by `addmm`, or a scalar the program
+    /// acts on (a loop bound, a flag's index or value, a condition, a seed).
+    /// On the GPU it is an unspecified value: elementwise operations,
+    /// reductions and loads (as an index) pass it on to their results, and
+    /// where a `select` or a runtime `if` value discards it there is no error.
+    #[error(
+        "kernel `{kernel}`: `{at}` divides an integer by zero and the result is used (program tiles: {tiles}); \
+         on the GPU it is an unspecified value: discard it, e.g. `select(d != 0, n / d, 0)`"
+    )]
+    DivideByZero {
+        kernel: String,
+        /// The division as written.
+        at: String,
+        /// The program's tiles: `tm = 896..1000, tk = 64..128`.
+        tiles: String,
+    },
+    /// The kernel does not check or lower for these arguments and this config
+    /// (`tilefuse_codegen::lower` refused it): the GPU would refuse the launch
+    /// too. Arguments the lowering refuses are [`InterpretError::Argument`]s.
+    #[error("{0}")]
+    Refused(tilefuse_codegen::CodegenError),
     /// A `wait` whose flag was not set in time: the GPU's message, word for word.
     #[error(
         "kernel `{kernel}` stopped waiting at `{at}` after {timeout_ms} ms: flag index {index} holds {seen}, \
@@ -29,19 +53,19 @@ pub enum InterpretError {
         arg: String,
         message: String,
     },
-    /// The IR holds something this interpreter cannot run (a checker bug, or an
-    /// unspecialized branch).
+    /// The IR holds something the checker let through but this interpreter
+    /// cannot run (a bug of one of the two: the message says what).
     #[error("kernel `{kernel}`: {message}")]
     Unsupported { kernel: String, message: String },
 }
 
-/// Where a load or store left its tensor.
+/// Where a `wait` left its tensor of flags.
 #[derive(Debug)]
 pub struct OutOfBounds {
     pub kernel: String,
     /// The code as written.
     pub at: String,
-    /// `reads`, `writes`, `waits on`.
+    /// What the statement does there (`waits on`).
     pub access: &'static str,
     pub tensor: String,
     pub index: Vec<i64>,
@@ -55,7 +79,7 @@ impl std::fmt::Display for OutOfBounds {
         write!(
             f,
             "kernel `{}`: `{}` {} `{}` at index {:?}, outside its shape {:?} (program tiles: {}); \
-             clip the index or size the tensor to the tile loop's extent",
+             clip the index or size the tensor to the flags it waits on",
             self.kernel, self.at, self.access, self.tensor, self.index, self.shape, self.tiles
         )
     }

@@ -1,93 +1,210 @@
 //! Expressions: each tile IR expression's value, with the meaning its CUDA C
-//! lowering has (f32 arithmetic, integer indices, broadcasting by tile name).
+//! lowering has. Every value has the type the checker gives it
+//! ([`tilefuse_codegen::check::check_types`]); operands are converted to the
+//! type an operation computes in as the emitted C converts them, and each
+//! primitive computes with its table's CPU function
+//! ([`tilefuse_codegen::prims`]), so the two cannot disagree.
 
 use crate::error::InterpretError;
-use crate::exec::{Program, Scalar};
-use crate::tensor::{f32r, round_to};
-use crate::tile::Tile;
+use crate::exec::{index_value, Program, Scalar};
+use crate::tile::{walk, BadSet, Tile};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tilefuse_codegen::check::Ty;
 use tilefuse_codegen::ir::*;
+use tilefuse_codegen::prims::cast::{self, Num};
+use tilefuse_codegen::prims::{f32r, wrap_int};
 use tilefuse_codegen::DType;
 
+/// `v` converted to `t` (C's conversion of a computed value: floats to f32,
+/// integers wrapped, to `bool` by `!= 0`).
+fn conv(v: Num, t: DType) -> Num {
+    cast::cpu(v, t)
+}
+
+fn int(v: Num) -> i64 {
+    index_value(v)
+}
+
+fn nonzero(v: Num) -> bool {
+    match v {
+        Num::I(i) => i != 0,
+        Num::F(x) => x != 0.0,
+    }
+}
+
+/// The type both sides of a comparison are converted to, as the emitted C
+/// converts them: the promoted type, except that a literal meets a non-float
+/// side in that side's (promoted) type.
+/// `a op b`, both already of one type.
+fn compare(op: CmpOp, a: Num, b: Num) -> bool {
+    match (a, b) {
+        (Num::I(a), Num::I(b)) => op.eval(a, b),
+        _ => op.eval(a.as_f64(), b.as_f64()),
+    }
+}
+
 impl Program<'_> {
-    /// The value of `e`; `cast_to` is the dtype a `.cast()` without a type
-    /// takes (the tensor being stored to).
-    pub(crate) fn eval(
-        &mut self,
-        e: &Expr,
-        cast_to: Option<DType>,
-    ) -> Result<Tile, InterpretError> {
-        Ok(match e {
+    /// The checker's type of `e`.
+    pub(crate) fn ty(&self, e: &Expr) -> Result<&Ty, InterpretError> {
+        self.types.of(e).ok_or_else(|| {
+            self.unsupported(format!(
+                "internal: the checker gave no type to {}",
+                describe(e)
+            ))
+        })
+    }
+
+    /// The value of `e`.
+    pub(crate) fn eval(&self, e: &Expr) -> Result<Arc<Tile>, InterpretError> {
+        match e {
             Expr::Var(v) => self.vars[*v].clone().ok_or_else(|| {
                 self.unsupported(format!(
                     "`{}` is read before it is set",
                     self.k.vars[*v].name
                 ))
-            })?,
-            Expr::Load { tensor, index, at } => self.load(*tensor, index, at)?,
-            Expr::Full { dims, dtype, value } => {
-                let lens = self.lens(dims)?;
-                let v = round_to(*dtype, *value);
-                Tile::build(dims, &lens, is_int(*dtype), |_| v)
+            }),
+            // `.cast()` at a store: the store converts to the tensor's type.
+            Expr::Cast { arg, dtype: None } => self.eval(arg),
+            _ => self.compute(e).map(Arc::new),
+        }
+    }
+
+    /// A scalar's value (a condition's operand), an error if poisoned.
+    fn scalar_num(&self, e: &Expr) -> Result<Num, InterpretError> {
+        let v = self.eval(e)?;
+        if !v.dims.is_empty() {
+            return Err(self.unsupported(format!(
+                "internal: {} is a condition's operand but not a scalar",
+                describe(e)
+            )));
+        }
+        if let Some(at) = v.bad(0) {
+            return Err(self.divide_by_zero(at));
+        }
+        Ok(v.data[0])
+    }
+
+    /// A runtime condition (on scalars), as C evaluates it (`&&` and `||`
+    /// stop at the first operand that decides).
+    pub(crate) fn cond(&self, c: &Cond) -> Result<bool, InterpretError> {
+        Ok(match c {
+            Cond::Cmp { op, lhs, rhs } => {
+                let t = tilefuse_codegen::check::meet(self.ty(lhs)?, self.ty(rhs)?);
+                let (l, r) = (self.scalar_num(lhs)?, self.scalar_num(rhs)?);
+                compare(*op, conv(l, t), conv(r, t))
+            }
+            Cond::Not(c) => !self.cond(c)?,
+            Cond::And(a, b) => self.cond(a)? && self.cond(b)?,
+            Cond::Or(a, b) => self.cond(a)? || self.cond(b)?,
+            Cond::NonZero(e) => nonzero(self.scalar_num(e)?),
+        })
+    }
+
+    /// A scalar of the program (a tile's bounds, a parameter).
+    fn scalar_tile(&self, v: Num, ty: &Ty) -> Tile {
+        Tile::scalar(v, ty.dtype)
+    }
+
+    fn compute(&self, e: &Expr) -> Result<Tile, InterpretError> {
+        let ty = self.ty(e)?;
+        Ok(match e {
+            Expr::Var(_) | Expr::Cast { dtype: None, .. } => Tile::clone(&*self.eval(e)?),
+            Expr::Load { tensor, index, .. } => self.load(*tensor, index, ty)?,
+            Expr::Full { dtype, value, .. } => {
+                let v = tilefuse_codegen::prims::cast::cpu(Num::F(*value), *dtype);
+                self.zip(ty, &[], "", |_| Some(v))?
             }
             Expr::Addmm { acc, a, b, at } => {
-                let (acc, a, b) = (
-                    self.eval(acc, None)?,
-                    self.eval(a, None)?,
-                    self.eval(b, None)?,
-                );
-                self.addmm(&acc, &a, &b, at)?
+                let (acc, a, b) = (self.eval(acc)?, self.eval(a)?, self.eval(b)?);
+                self.addmm(&acc, &a, &b, ty, at)?
             }
             Expr::Binary { op, lhs, rhs, at } => {
-                let (l, r) = (self.eval(lhs, cast_to)?, self.eval(rhs, cast_to)?);
-                let int = l.int && r.int;
-                if int && matches!(op, BinOp::Div | BinOp::Rem) && r.data.contains(&0.0) {
-                    return Err(self.unsupported(format!("`{at}` divides an integer by zero")));
+                let (l, r) = (self.eval(lhs)?, self.eval(rhs)?);
+                let (t, entry) = (ty.dtype, op.entry());
+                if t.is_float() {
+                    self.zip(ty, &[&l, &r], at, |x| {
+                        let (a, b) = (conv(x[0], t).as_f64(), conv(x[1], t).as_f64());
+                        Some(Num::F(f32r((entry.cpu)(a, b))))
+                    })?
+                } else {
+                    // `None`: an integer division by zero, poisoning the element.
+                    // A shift's amount keeps its own value (the emitted C
+                    // passes it as a `long long`).
+                    let shift = entry.rule == tilefuse_codegen::prims::binary::Rule::Shift;
+                    self.zip(ty, &[&l, &r], at, |x| {
+                        let a = int(conv(x[0], t));
+                        let b = if shift { int(x[1]) } else { int(conv(x[1], t)) };
+                        (entry.cpu_int)(a, b, t).map(|v| Num::I(wrap_int(t, v)))
+                    })?
                 }
-                Tile::zip(&[&l, &r], int, |x| binary(*op, x[0], x[1], int))
             }
             Expr::Unary { op, arg } => {
-                let a = self.eval(arg, cast_to)?;
-                if a.int && *op == UnOp::Neg {
-                    a.map(true, |x| -x)
+                let a = self.eval(arg)?;
+                let (t, entry) = (ty.dtype, op.entry());
+                if t.is_float() {
+                    self.zip(ty, &[&a], "", |x| {
+                        Some(Num::F(f32r((entry.cpu)(conv(x[0], t).as_f64()))))
+                    })?
                 } else {
-                    a.map(false, |x| unary(*op, x))
+                    self.zip(ty, &[&a], "", |x| {
+                        Some(Num::I(wrap_int(t, (entry.cpu_int)(int(conv(x[0], t)), t))))
+                    })?
                 }
             }
-            Expr::Cast { arg, dtype } => {
-                let a = self.eval(arg, None)?;
-                match dtype.or(cast_to) {
-                    Some(t) => a.map(is_int(t), |x| round_to(t, x)),
-                    None => a,
-                }
+            Expr::Cast {
+                arg,
+                dtype: Some(t),
+            } => {
+                let a = self.eval(arg)?;
+                self.zip(ty, &[&a], "", |x| Some(conv(x[0], *t)))?
             }
-            Expr::Int(i) => Tile::scalar(*i as f64, true),
-            Expr::Float(f) => Tile::scalar(f32r(*f), false),
+            Expr::Rand {
+                kind, seed, offset, ..
+            } => {
+                let seed = self.int_scalar(seed)?;
+                let o = self.eval(offset)?;
+                self.zip(ty, &[&o], "", |x| {
+                    Some(kind.cpu(seed, int(conv(x[0], DType::U32)) as u32))
+                })?
+            }
+            Expr::Int(i) => self.scalar_tile(Num::I(*i), ty),
+            Expr::Float(f) => self.scalar_tile(Num::F(f32r(*f)), ty),
             Expr::Scalar(s) => match self.scalars[*s] {
-                Scalar::Int(i) => Tile::scalar(i as f64, true),
-                Scalar::Float(f) => Tile::scalar(f64::from(f), false),
+                Scalar::Int(i) => self.scalar_tile(Num::I(i), ty),
+                Scalar::Float(f) => self.scalar_tile(Num::F(f64::from(f)), ty),
             },
-            Expr::Const(c) => Tile::scalar(self.consts[*c] as f64, true),
-            Expr::TileBegin(d) => Tile::scalar(self.range(*d)?.0 as f64, true),
-            Expr::TileEnd(d) => Tile::scalar(self.range(*d)?.1 as f64, true),
+            Expr::Const(c) => self.scalar_tile(Num::I(self.consts[*c]), ty),
+            Expr::TileBegin(d) => self.scalar_tile(Num::I(self.range(*d)?.0), ty),
+            Expr::TileEnd(d) => self.scalar_tile(Num::I(self.range(*d)?.1), ty),
             Expr::TileSize(d) => {
                 let (b, e) = self.range(*d)?;
-                Tile::scalar((e - b) as f64, true)
+                self.scalar_tile(Num::I(e - b), ty)
             }
             Expr::TileIndex(d) => {
-                let (b, e) = self.range(*d)?;
-                Tile::build(&[*d], &[(e - b) as usize], true, |pos| {
-                    (b + pos[0] as i64) as f64
-                })
+                let (b, _) = self.range(*d)?;
+                if ty.dims.is_empty() {
+                    // An `each` dimension's index: a scalar.
+                    self.scalar_tile(Num::I(b), ty)
+                } else {
+                    let mut t = self.zip(ty, &[], "", |_| Some(Num::I(0)))?;
+                    for (i, x) in t.data.iter_mut().enumerate() {
+                        *x = Num::I(b + i as i64);
+                    }
+                    t
+                }
             }
             Expr::Reduce { op, arg, dim, at } => {
-                let a = self.eval(arg, None)?;
-                self.reduce(*op, &a, *dim, at)?
+                let a = self.eval(arg)?;
+                self.reduce(*op, &a, *dim, ty, at)?
             }
-            Expr::Compare { op, lhs, rhs, .. } => {
-                let (l, r) = (self.eval(lhs, None)?, self.eval(rhs, None)?);
-                Tile::zip(&[&l, &r], true, |x| {
-                    f64::from(u8::from(compare(*op, x[0], x[1])))
-                })
+            Expr::Compare { op, lhs, rhs, at } => {
+                let t = tilefuse_codegen::check::meet(self.ty(lhs)?, self.ty(rhs)?);
+                let (l, r) = (self.eval(lhs)?, self.eval(rhs)?);
+                self.zip(ty, &[&l, &r], at, |x| {
+                    let c = compare(*op, conv(x[0], t), conv(x[1], t));
+                    Some(Num::I(i64::from(c)))
+                })?
             }
             Expr::Select {
                 mask,
@@ -95,167 +212,272 @@ impl Program<'_> {
                 otherwise,
                 ..
             } => {
-                let m = self.eval(mask, None)?;
-                let (t, o) = (self.eval(then, cast_to)?, self.eval(otherwise, cast_to)?);
-                let int = t.int && o.int;
-                Tile::zip(
-                    &[&m, &t, &o],
-                    int,
-                    |x| if x[0] != 0.0 { x[1] } else { x[2] },
-                )
+                let (m, a, b) = (self.eval(mask)?, self.eval(then)?, self.eval(otherwise)?);
+                self.select(&m, &a, &b, ty)?
             }
-            Expr::IfConst { at, .. } => {
-                return Err(self.unsupported(format!("`{at}` was not specialized away")))
+            Expr::IfConst {
+                cond,
+                then,
+                otherwise,
+                ..
+            } => {
+                // A runtime `if` value: only the branch taken is computed (C's `?:`).
+                let chosen = self.eval(if self.cond(cond)? { then } else { otherwise })?;
+                let t = ty.dtype;
+                self.zip(ty, &[&chosen], "", |x| Some(conv(x[0], t)))?
             }
         })
     }
 
-    /// `acc + a·b`, contracting by name over the one dimension `a` and `b`
-    /// share and `acc` lacks (the checker's rule); f32 accumulation, one
-    /// rounding per K step (the GPU adds a K block's products on the tensor
-    /// cores, then into the f32 accumulator).
-    fn addmm(&self, acc: &Tile, a: &Tile, b: &Tile, at: &str) -> Result<Tile, InterpretError> {
-        let shape_err = || {
-            self.unsupported(format!(
-                "`{at}`: addmm contracts over the one tile that both operands have and the accumulator lacks, \
-                 and the accumulator has every other tile of the operands"
-            ))
-        };
-        let ks: Vec<DimId> = a
-            .dims
+    /// `f` elementwise over `inputs` broadcast to the tile of `ty`, giving
+    /// values of `ty.dtype`. An element of a poisoned input is poisoned; one
+    /// for which `f` gives `None` is poisoned by `at` (an integer division by
+    /// zero).
+    fn zip(
+        &self,
+        ty: &Ty,
+        inputs: &[&Tile],
+        at: &str,
+        mut f: impl FnMut(&[Num]) -> Option<Num>,
+    ) -> Result<Tile, InterpretError> {
+        let lens = self.lens(&ty.dims)?;
+        let strides = inputs
             .iter()
-            .copied()
-            .filter(|d| b.dims.contains(d) && !acc.dims.contains(d))
-            .collect();
-        let [k] = ks.as_slice() else {
-            return Err(shape_err());
-        };
-        if a.dims
-            .iter()
-            .chain(&b.dims)
-            .any(|d| d != k && !acc.dims.contains(d))
-        {
-            return Err(shape_err());
-        }
-        let kn = a.lens[a.dims.iter().position(|d| d == k).ok_or_else(shape_err)?];
-        // Positions over acc's dims followed by k.
-        let mut of = acc.dims.clone();
-        of.push(*k);
-        let mut full = vec![0usize; of.len()];
-        Ok(Tile::build(&acc.dims, &acc.lens, false, |pos| {
-            full[..pos.len()].copy_from_slice(pos);
-            let mut s = 0.0;
-            for kk in 0..kn {
-                full[pos.len()] = kk;
-                s += a.at(&of, &full) * b.at(&of, &full);
+            .map(|t| self.strides(t, &ty.dims, &lens))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = lens.iter().product();
+        let mut data = Vec::with_capacity(n);
+        let mut bad = BadSet::new(n);
+        let mut args = vec![Num::I(0); inputs.len()];
+        let _ = walk::<Infallible>(&lens, &strides, |i, _, offs| {
+            for (k, t) in inputs.iter().enumerate() {
+                args[k] = t.data[offs[k]];
+                if let Some(a) = t.bad(offs[k]) {
+                    bad.mark(i, a);
+                }
             }
-            f32r(acc.at(&acc.dims, pos) + s)
-        }))
+            data.push(f(&args).unwrap_or_else(|| {
+                bad.mark(i, at);
+                Num::I(0)
+            }));
+            Ok(())
+        });
+        Ok(Tile {
+            dims: ty.dims.clone(),
+            lens,
+            dtype: ty.dtype,
+            data,
+            poison: bad.finish(),
+        })
     }
 
-    fn reduce(&self, op: ReduceOp, a: &Tile, dim: DimId, at: &str) -> Result<Tile, InterpretError> {
+    /// `select(m, a, b)`: `a` where `m` is not zero, else `b`, converted to
+    /// the select's type. Poison of the branch not taken is dropped.
+    fn select(&self, m: &Tile, a: &Tile, b: &Tile, ty: &Ty) -> Result<Tile, InterpretError> {
+        let lens = self.lens(&ty.dims)?;
+        let strides = [m, a, b]
+            .iter()
+            .map(|t| self.strides(t, &ty.dims, &lens))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = lens.iter().product();
+        let mut data = Vec::with_capacity(n);
+        let mut bad = BadSet::new(n);
+        let _ = walk::<Infallible>(&lens, &strides, |i, _, offs| {
+            let (t, o) = if nonzero(m.data[offs[0]]) {
+                (a, offs[1])
+            } else {
+                (b, offs[2])
+            };
+            if let Some(at) = m.bad(offs[0]).or_else(|| t.bad(o)) {
+                bad.mark(i, at);
+            }
+            data.push(conv(t.data[o], ty.dtype));
+            Ok(())
+        });
+        Ok(Tile {
+            dims: ty.dims.clone(),
+            lens,
+            dtype: ty.dtype,
+            data,
+            poison: bad.finish(),
+        })
+    }
+
+    /// `tensor[index]`: per element of the index's tiles, the element there,
+    /// or zero where an index component leaves the tensor (`0 <= i < size`
+    /// fails).
+    fn load(&self, tensor: TensorId, index: &[Expr], ty: &Ty) -> Result<Tile, InterpretError> {
+        let comps = index
+            .iter()
+            .map(|c| self.eval(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lens = self.lens(&ty.dims)?;
+        let strides = comps
+            .iter()
+            .map(|c| self.strides(c, &ty.dims, &lens))
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = &self.tensors[tensor];
+        let zero = if t.dtype().is_float() {
+            Num::F(0.0)
+        } else {
+            Num::I(0)
+        };
+        let n = lens.iter().product();
+        let mut data = Vec::with_capacity(n);
+        let mut bad = BadSet::new(n);
+        let mut idx = vec![0i64; comps.len()];
+        let _ = walk::<Infallible>(&lens, &strides, |i, _, offs| {
+            for (a, c) in comps.iter().enumerate() {
+                idx[a] = int(c.data[offs[a]]);
+                // An index computed from a division by zero reads an
+                // unspecified element: the value is poisoned too.
+                if let Some(at) = c.bad(offs[a]) {
+                    bad.mark(i, at);
+                }
+            }
+            data.push(t.offset_at(&idx).map_or(zero, |off| t.load(off)));
+            Ok(())
+        });
+        Ok(Tile {
+            dims: ty.dims.clone(),
+            lens,
+            dtype: t.dtype(),
+            data,
+            poison: bad.finish(),
+        })
+    }
+
+    /// `x.op(dim)`: each line of `a` along `dim` folded from the identity in
+    /// index order, in the reduction's type (floats rounded to f32 at each
+    /// step, integers wrapped).
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        a: &Tile,
+        dim: DimId,
+        ty: &Ty,
+        at: &str,
+    ) -> Result<Tile, InterpretError> {
         let Some(axis) = a.dims.iter().position(|&d| d == dim) else {
             return Err(self.unsupported(format!(
                 "`{at}` reduces along tile `{}`, which the value does not have",
                 self.k.dims[dim].name
             )));
         };
-        let dims: Vec<DimId> = a.dims.iter().copied().filter(|&d| d != dim).collect();
-        let lens: Vec<usize> = a
-            .lens
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != axis)
-            .map(|(_, &n)| n)
-            .collect();
-        let mut full = vec![0usize; a.dims.len()];
-        Ok(Tile::build(&dims, &lens, a.int, |pos| {
-            let mut acc: Option<f64> = None;
-            for i in 0..a.lens[axis] {
-                let mut p = pos.iter().copied();
-                for (slot, x) in full.iter_mut().enumerate() {
-                    *x = if slot == axis {
-                        i
-                    } else {
-                        p.next().unwrap_or(0)
-                    };
-                }
-                let v = a.at(&a.dims, &full);
-                acc = Some(match (acc, op) {
-                    (None, _) => v,
-                    (Some(s), ReduceOp::Sum) => s + v,
-                    (Some(s), ReduceOp::Max) => s.max(v),
-                    (Some(s), ReduceOp::Min) => s.min(v),
-                });
-            }
-            let v = acc.unwrap_or(0.0);
-            if a.int {
-                v
-            } else {
-                f32r(v)
-            }
-        }))
-    }
-}
-
-pub(crate) fn is_int(t: DType) -> bool {
-    matches!(t, DType::I32 | DType::U32 | DType::I64)
-}
-
-fn binary(op: BinOp, a: f64, b: f64, int: bool) -> f64 {
-    if int {
-        let (x, y) = (a as i64, b as i64);
-        return match op {
-            BinOp::Add => x.wrapping_add(y),
-            BinOp::Sub => x.wrapping_sub(y),
-            BinOp::Mul => x.wrapping_mul(y),
-            BinOp::Div => x.wrapping_div(y),
-            BinOp::Rem => x.wrapping_rem(y),
-            BinOp::Min => x.min(y),
-            BinOp::Max => x.max(y),
-        } as f64;
-    }
-    f32r(match op {
-        BinOp::Add => a + b,
-        BinOp::Sub => a - b,
-        BinOp::Mul => a * b,
-        BinOp::Div => a / b,
-        BinOp::Rem => a % b,
-        BinOp::Min => a.min(b),
-        BinOp::Max => a.max(b),
-    })
-}
-
-fn unary(op: UnOp, x: f64) -> f64 {
-    const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
-    let phi = |x: f64| 0.5 * (1.0 + libm::erf(x * FRAC_1_SQRT_2));
-    f32r(match op {
-        UnOp::Neg => -x,
-        UnOp::Exp => x.exp(),
-        UnOp::Log => x.ln(),
-        UnOp::Sqrt => x.sqrt(),
-        UnOp::Rsqrt => 1.0 / x.sqrt(),
-        UnOp::Abs => x.abs(),
-        UnOp::Relu => x.max(0.0),
-        UnOp::Gelu => x * phi(x),
-        UnOp::GeluTanh => {
-            0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).tanh())
+        let mut st = vec![0usize; a.dims.len()];
+        let mut s = 1;
+        for i in (0..a.dims.len()).rev() {
+            st[i] = s;
+            s *= a.lens[i];
         }
-        UnOp::Silu => x / (1.0 + (-x).exp()),
-        UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnOp::Tanh => x.tanh(),
-        UnOp::ReluGrad => f64::from(u8::from(x > 0.0)),
-        UnOp::GeluGrad => phi(x) + x * 0.398_942_280_401_432_7 * (-0.5 * x * x).exp(),
-    })
+        let (step, count) = (st[axis], a.lens[axis]);
+        let out_strides: Vec<usize> = (0..st.len())
+            .filter(|&i| i != axis)
+            .map(|i| st[i])
+            .collect();
+        let out_lens: Vec<usize> = (0..st.len())
+            .filter(|&i| i != axis)
+            .map(|i| a.lens[i])
+            .collect();
+        let t = ty.dtype;
+        let entry = op.entry();
+        let n = out_lens.iter().product();
+        let mut data = Vec::with_capacity(n);
+        let mut bad = BadSet::new(n);
+        let _ = walk::<Infallible>(&out_lens, &[out_strides], |i, _, offs| {
+            let mut acc = op.identity(t);
+            for j in 0..count {
+                let at = offs[0] + j * step;
+                if let Some(p) = a.bad(at) {
+                    bad.mark(i, p);
+                }
+                let x = conv(a.data[at], t);
+                acc = match (acc, x) {
+                    (Num::I(s), Num::I(x)) => Num::I(wrap_int(t, (entry.cpu_int)(s, x))),
+                    (s, x) => Num::F(f32r((entry.cpu)(s.as_f64(), x.as_f64()))),
+                };
+            }
+            data.push(acc);
+            Ok(())
+        });
+        Ok(Tile {
+            dims: ty.dims.clone(),
+            lens: out_lens,
+            dtype: t,
+            data,
+            poison: bad.finish(),
+        })
+    }
+
+    /// `acc + a·b`, contracting over the one tile `a` and `b` share and `acc`
+    /// lacks (the checker's rule), in f32: on the general lowering's path one
+    /// fused multiply-add per product in K order over the whole K block (its
+    /// elements past the extent as zeros), exactly as its code does; on the
+    /// tensor-core paths a K block's products summed (exactly, in index order)
+    /// and added to the accumulator with one rounding.
+    fn addmm(
+        &self,
+        acc: &Tile,
+        a: &Tile,
+        b: &Tile,
+        ty: &Ty,
+        at: &str,
+    ) -> Result<Tile, InterpretError> {
+        for x in [acc, a, b] {
+            if let Some(p) = x.any_bad() {
+                return Err(self.divide_by_zero(p));
+            }
+        }
+        let Some(&k) = a
+            .dims
+            .iter()
+            .find(|d| b.dims.contains(d) && !acc.dims.contains(d))
+        else {
+            return Err(self.unsupported(format!(
+                "`{at}`: addmm contracts over the one tile that both operands have and the accumulator lacks"
+            )));
+        };
+        let kn = a.lens[a.dims.iter().position(|&d| d == k).unwrap_or(0)];
+        let mut dims_k = acc.dims.clone();
+        dims_k.push(k);
+        let mut lens_k = acc.lens.clone();
+        lens_k.push(kn);
+        let sa = self.strides(a, &dims_k, &lens_k)?;
+        let sb = self.strides(b, &dims_k, &lens_k)?;
+        let nd = acc.dims.len();
+        let (ka, kb) = (sa[nd], sb[nd]);
+        let sacc = self.strides(acc, &acc.dims, &acc.lens)?;
+        let af: Vec<f64> = a.data.iter().map(|x| x.as_f64()).collect();
+        let bf: Vec<f64> = b.data.iter().map(|x| x.as_f64()).collect();
+        let block = self.blocks[k].max(kn as i64) as usize;
+        let mut data = Vec::with_capacity(acc.data.len());
+        let strides = [sacc, sa[..nd].to_vec(), sb[..nd].to_vec()];
+        let _ = walk::<Infallible>(&acc.lens, &strides, |_, _, offs| {
+            let c = acc.data[offs[0]].as_f64();
+            let dot = |kk: usize| af[offs[1] + kk * ka] * bf[offs[2] + kk * kb];
+            let v = if self.fma {
+                (0..block).fold(c, |s, kk| f32r(s + if kk < kn { dot(kk) } else { 0.0 }))
+            } else {
+                f32r(c + (0..kn).map(dot).sum::<f64>())
+            };
+            data.push(Num::F(v));
+            Ok(())
+        });
+        Ok(Tile {
+            dims: acc.dims.clone(),
+            lens: acc.lens.clone(),
+            dtype: ty.dtype,
+            data,
+            poison: None,
+        })
+    }
 }
 
-fn compare(op: CmpOp, a: f64, b: f64) -> bool {
-    match op {
-        CmpOp::Eq => a == b,
-        CmpOp::Ne => a != b,
-        CmpOp::Lt => a < b,
-        CmpOp::Le => a <= b,
-        CmpOp::Gt => a > b,
-        CmpOp::Ge => a >= b,
+/// A short description of an expression, for internal errors.
+fn describe(e: &Expr) -> String {
+    let s = format!("{e:?}");
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("`{}…`", &s[..i]),
+        None => format!("`{s}`"),
     }
 }

@@ -1,16 +1,18 @@
-//! Running a kernel's programs: the statements and expressions of the tile IR,
-//! each with the meaning its CUDA C lowering has.
+//! Running a kernel's programs: the statements of the tile IR, each with the
+//! meaning its CUDA C lowering has (the expressions are in `eval`).
 
 use crate::error::{InterpretError, OutOfBounds};
 use crate::tensor::HostTensor;
-use crate::tile::{for_each_position, Tile};
+use crate::tile::{walk, Tile};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tilefuse_codegen::check::{check_types, Checked, Types};
 use tilefuse_codegen::ir::*;
-use tilefuse_codegen::Config;
-
-use crate::eval::is_int;
+use tilefuse_codegen::prims::cast::{self, Num};
+use tilefuse_codegen::prims::wrap_int;
+use tilefuse_codegen::prims::AtomicOp;
+use tilefuse_codegen::{CodegenError, Config, DType, ScalarKind, Spec, TensorSpec};
 
 /// A runtime scalar argument, as the GPU launch takes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,6 +66,47 @@ pub fn run(
     )
 }
 
+/// The specialization a GPU launch with these arguments compiles for.
+fn spec_of(tensors: &[HostTensor], scalars: &[Scalar], constexprs: &[i64]) -> Spec {
+    Spec {
+        tensors: tensors
+            .iter()
+            .map(|t| TensorSpec {
+                dtype: t.dtype(),
+                rank: t.shape().len(),
+                last_contiguous: t.strides().last().is_none_or(|&s| s == 1),
+                // Any value: interpret mode has no vector accesses to align.
+                align: 16,
+            })
+            .collect(),
+        scalars: scalars
+            .iter()
+            .map(|s| match s {
+                Scalar::Int(_) => ScalarKind::Int,
+                Scalar::Float(_) => ScalarKind::Float,
+            })
+            .collect(),
+        constexprs: constexprs.to_vec(),
+    }
+}
+
+/// The interpreter's error for a refusal of the checks or the lowering: an
+/// argument error stays one, anything else is [`InterpretError::Refused`].
+fn refused(e: CodegenError) -> InterpretError {
+    match e {
+        CodegenError::Argument {
+            kernel,
+            arg,
+            message,
+        } => InterpretError::Argument {
+            kernel,
+            arg,
+            message,
+        },
+        other => InterpretError::Refused(other),
+    }
+}
+
 /// [`run`] with [`Options`].
 pub fn run_with(
     kernel: &Kernel,
@@ -73,40 +116,34 @@ pub fn run_with(
     scalars: &[Scalar],
     options: &Options,
 ) -> Result<(), InterpretError> {
-    let k = &*kernel
-        .specialize(constexprs)
-        .map_err(|e| InterpretError::Unsupported {
-            kernel: kernel.name.clone(),
-            message: e.to_string(),
-        })?;
     let arg = |arg: &str, message: String| InterpretError::Argument {
-        kernel: k.name.clone(),
+        kernel: kernel.name.clone(),
         arg: arg.into(),
         message,
     };
-    if tensors.len() != k.tensors.len() || scalars.len() != k.scalars.len() {
+    if tensors.len() != kernel.tensors.len() || scalars.len() != kernel.scalars.len() {
         return Err(arg(
             "(arguments)",
             format!(
                 "{} tensors and {} scalars given; the kernel takes {} and {}",
                 tensors.len(),
                 scalars.len(),
-                k.tensors.len(),
-                k.scalars.len()
+                kernel.tensors.len(),
+                kernel.scalars.len()
             ),
         ));
     }
-    if constexprs.len() != k.constexprs.len() {
+    if constexprs.len() != kernel.constexprs.len() {
         return Err(arg(
             "(constexprs)",
             format!(
                 "{} given, the kernel has {}",
                 constexprs.len(),
-                k.constexprs.len()
+                kernel.constexprs.len()
             ),
         ));
     }
-    for (t, p) in tensors.iter().zip(&k.tensors) {
+    for (t, p) in tensors.iter().zip(&kernel.tensors) {
         if t.shape().len() != p.rank {
             return Err(arg(
                 &p.name,
@@ -118,62 +155,112 @@ pub fn run_with(
             ));
         }
     }
-    if config.block_sizes.len() != k.dims.len() || config.block_sizes.contains(&0) {
+    if config.block_sizes.len() != kernel.dims.len() || config.block_sizes.contains(&0) {
         return Err(arg(
             "(config)",
             format!(
                 "one block size above 0 per tile dimension ({}) expected, got {:?}",
-                k.dims.len(),
+                kernel.dims.len(),
                 config.block_sizes
             ),
         ));
     }
-    let mut extents = Vec::with_capacity(k.dims.len());
-    for d in &k.dims {
-        match scalars[d.extent] {
-            Scalar::Int(e) if e >= 0 => extents.push(e),
+    // What the GPU path checks and lowers, refused here as there.
+    let spec = spec_of(tensors, scalars, constexprs);
+    let lowered = tilefuse_codegen::lower(kernel, &spec, config).map_err(refused)?;
+    let k = &*kernel.specialize(constexprs).map_err(refused)?;
+    let (checked, types) = check_types(k, &spec).map_err(refused)?;
+    let mut extents = vec![None; k.dims.len()];
+    for (d, dim) in k.dims.iter().enumerate() {
+        let Some(e) = dim.extent else { continue };
+        match scalars[e] {
+            Scalar::Int(v) if v >= 0 => extents[d] = Some(v),
             other => {
                 return Err(arg(
-                    &k.scalars[d.extent].name,
+                    &k.scalars[e].name,
                     format!(
                         "the extent of tile `{}` must be an integer >= 0, got {other:?}",
-                        d.name
+                        dim.name
                     ),
                 ))
             }
         }
-    }
-    for (d, dim) in k.dims.iter().enumerate() {
-        if dim.whole && (config.block_sizes[d] as i64) < extents[d] {
+        if dim.whole && (config.block_sizes[d] as i64) < extents[d].unwrap_or(0) {
             return Err(arg(
                 "(config)",
                 format!(
                     "tile `{}` is `whole(…)`: its block ({}) must cover its extent ({}); \
                      `tilefuse::codegen::fit_whole_dims` fits it",
-                    dim.name, config.block_sizes[d], extents[d]
+                    dim.name,
+                    config.block_sizes[d],
+                    extents[d].unwrap_or(0)
                 ),
             ));
         }
     }
+    // The sizes the launch checks on the GPU path (the lowering masks those
+    // accesses by the extents alone), refused here as there.
+    for r in tilefuse_codegen::rules::size_rules(k) {
+        let (Some(want), Some(have)) = (extents[r.dim], tensors[r.tensor].shape().get(r.axis))
+        else {
+            continue;
+        };
+        if *have as i64 != want {
+            return Err(arg(
+                &k.tensors[r.tensor].name,
+                format!(
+                    "dimension {} has size {have}, but `{}` indexes it with tile `{}`, whose extent is {want}",
+                    r.axis, r.at, k.dims[r.dim].name
+                ),
+            ));
+        }
+    }
+    // `each` dimensions take one index at a time whatever the config says
+    // (the general lowering refuses another block for them).
+    let blocks: Vec<i64> = k
+        .dims
+        .iter()
+        .zip(&config.block_sizes)
+        .map(|(d, &b)| if d.each { 1 } else { b as i64 })
+        .collect();
     let p = Program {
         k,
-        blocks: &config.block_sizes,
-        extents,
+        types: &types,
+        checked: &checked,
+        blocks: &blocks,
+        extents: &extents,
         consts: constexprs,
         scalars,
         tensors,
         wait_timeout: options.wait_timeout,
+        fma: lowered.path == "general",
         ranges: vec![None; k.dims.len()],
         vars: vec![None; k.vars.len()],
     };
     // Programs: every combination of the grid dimensions' tiles, numbered with
-    // the last grid dimension fastest.
+    // the last grid dimension fastest; `starting_at` rotates each dimension's
+    // tiles as the GPU's program decoding does.
     let counts: Vec<i64> = k
         .grid
         .iter()
-        .map(|&d| (p.extents[d] + p.block(d) - 1) / p.block(d))
+        .map(|&d| {
+            let b = blocks[d];
+            (extents[d].unwrap_or(0) + b - 1) / b
+        })
         .collect();
-    let total = counts.iter().product::<i64>().max(0) as usize;
+    let starts: Vec<i64> = k
+        .grid
+        .iter()
+        .enumerate()
+        .map(|(g, &d)| match k.grid_start.get(g).map(|&s| scalars[s]) {
+            Some(Scalar::Int(s)) => s / blocks[d],
+            _ => 0,
+        })
+        .collect();
+    let total = counts
+        .iter()
+        .try_fold(1usize, |acc, &c| acc.checked_mul(c.max(0) as usize))
+        .ok_or_else(|| arg("(grid)", format!("{counts:?} programs overflow")))?;
     let threads = match options.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -193,8 +280,10 @@ pub fn run_with(
             }
             let mut rest = id as i64;
             for (g, &d) in k.grid.iter().enumerate().rev() {
-                p.enter(d, (rest % counts[g]) * p.block(d));
-                rest /= counts[g];
+                let t = counts[g];
+                let tile = ((rest % t + starts[g] % t) % t + t) % t;
+                p.enter(d, tile * p.blocks[d], p.extents[d].unwrap_or(0));
+                rest /= t;
             }
             p.vars.iter_mut().for_each(|v| *v = None);
             if let Err(e) = p.stmts(&k.body) {
@@ -224,33 +313,49 @@ pub fn run_with(
     }
 }
 
+/// One program's state: where its tiles are and what its variables hold.
 #[derive(Clone)]
 pub(crate) struct Program<'a> {
     pub(crate) k: &'a Kernel,
-    pub(crate) blocks: &'a [usize],
-    pub(crate) extents: Vec<i64>,
+    /// The checker's type of every expression of `k`.
+    pub(crate) types: &'a Types,
+    pub(crate) checked: &'a Checked,
+    /// Per tile dimension: its block (1 for `each`).
+    pub(crate) blocks: &'a [i64],
+    /// Per tile dimension: its host extent (`None` for a loop with a range).
+    pub(crate) extents: &'a [Option<i64>],
     pub(crate) consts: &'a [i64],
     pub(crate) scalars: &'a [Scalar],
     pub(crate) tensors: &'a [HostTensor],
     wait_timeout: Duration,
-    /// Each tile dimension's current range `[begin, end)`, clipped to its extent.
+    /// `addmm` as the general lowering computes it: one FMA per product, in
+    /// order (the tensor-core paths add a K block's products, then round).
+    pub(crate) fma: bool,
+    /// Each tile dimension's current range `[begin, end)`, clipped to its
+    /// extent (or its loop's end).
     pub(crate) ranges: Vec<Option<(i64, i64)>>,
-    pub(crate) vars: Vec<Option<Tile>>,
+    pub(crate) vars: Vec<Option<Arc<Tile>>>,
 }
 
 impl Program<'_> {
-    fn block(&self, d: DimId) -> i64 {
-        self.blocks[d] as i64
-    }
-
-    fn enter(&mut self, d: DimId, begin: i64) {
-        self.ranges[d] = Some((begin, (begin + self.block(d)).min(self.extents[d])));
+    /// Enters the tile of `d` from `begin`, clipped at `end`.
+    fn enter(&mut self, d: DimId, begin: i64, end: i64) {
+        self.ranges[d] = Some((begin, begin.saturating_add(self.blocks[d]).min(end)));
     }
 
     pub(crate) fn unsupported(&self, message: String) -> InterpretError {
         InterpretError::Unsupported {
             kernel: self.k.name.clone(),
             message,
+        }
+    }
+
+    /// The error for a use of a value an integer division by zero poisoned.
+    pub(crate) fn divide_by_zero(&self, at: &str) -> InterpretError {
+        InterpretError::DivideByZero {
+            kernel: self.k.name.clone(),
+            at: at.to_string(),
+            tiles: self.tiles(),
         }
     }
 
@@ -270,7 +375,7 @@ impl Program<'_> {
     }
 
     /// The tiles in scope, for messages: `tm = 896..1000, tk = 64..128`.
-    fn tiles(&self) -> String {
+    pub(crate) fn tiles(&self) -> String {
         let parts: Vec<String> = self
             .ranges
             .iter()
@@ -289,28 +394,85 @@ impl Program<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), InterpretError> {
         match s {
-            Stmt::Let { var, value, .. } | Stmt::Assign { var, value, .. } => {
-                let v = self.eval(value, None)?;
+            Stmt::Let { var, value, .. } => {
+                let v = self.eval(value)?;
+                self.vars[*var] = Some(v);
+            }
+            Stmt::Assign { var, value, .. } => {
+                // The variable keeps its type: the value is converted to it.
+                let v = self.eval(value)?;
+                let dtype = self.checked.vars[*var].dtype;
+                let v = if v.dtype == dtype {
+                    v
+                } else {
+                    let mut t = Tile::clone(&v);
+                    t.data.iter_mut().for_each(|x| *x = cast::cpu(*x, dtype));
+                    t.dtype = dtype;
+                    Arc::new(t)
+                };
                 self.vars[*var] = Some(v);
             }
             Stmt::Store {
                 tensor,
                 index,
                 value,
-                at,
-            } => self.store(*tensor, index, value, at)?,
-            Stmt::Loop { dim, body, until } => {
-                let end = match until {
-                    Some(u) => self.int_scalar(u)?.min(self.extents[*dim]),
-                    None => self.extents[*dim],
+                ..
+            } => self.store(*tensor, index, value, None)?,
+            Stmt::Atomic {
+                op,
+                tensor,
+                index,
+                value,
+                ..
+            } => self.store(*tensor, index, value, Some(*op))?,
+            Stmt::Loop {
+                dim,
+                body,
+                until,
+                range,
+            } => {
+                let (begin, end) = match range {
+                    Some(r) => (self.int_scalar(&r.begin)?, self.int_scalar(&r.end)?),
+                    None => match self.extents[*dim] {
+                        Some(e) => (0, e),
+                        None => {
+                            return Err(self.unsupported(format!(
+                                "the loop over `{}` has no bounds",
+                                self.k.dims[*dim].name
+                            )))
+                        }
+                    },
                 };
-                let mut begin = 0;
-                while begin < end {
-                    self.enter(*dim, begin);
+                // Tiles end where the dimension's extent does (a range's end
+                // for a loop without one), as the GPU's masks do.
+                let clip = self.extents[*dim].unwrap_or(end);
+                let mut tb = begin;
+                loop {
+                    // The bound is tested before each step, as the GPU's `for` does.
+                    let stop = match until {
+                        Some(u) => end.min(self.int_scalar(u)?),
+                        None => end,
+                    };
+                    if tb >= stop {
+                        break;
+                    }
+                    self.enter(*dim, tb, clip);
                     self.stmts(body)?;
-                    begin += self.block(*dim);
+                    tb = tb.saturating_add(self.blocks[*dim]);
                 }
                 self.ranges[*dim] = None;
+            }
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+                ..
+            } => {
+                if self.cond(cond)? {
+                    self.stmts(then)?;
+                } else {
+                    self.stmts(otherwise)?;
+                }
             }
             Stmt::Wait {
                 tensor,
@@ -345,9 +507,6 @@ impl Program<'_> {
                         .map_err(|e| self.unsupported(e.to_string()))?;
                 }
             }
-            Stmt::If { at, .. } => {
-                return Err(self.unsupported(format!("`{at}` was not specialized away")))
-            }
         }
         Ok(())
     }
@@ -364,7 +523,15 @@ impl Program<'_> {
     ) -> Result<(), InterpretError> {
         let t = &self.tensors[tensor];
         let Some(off) = t.flat_offset(i) else {
-            return Err(self.oob(tensor, at, "waits on", vec![i]));
+            return Err(InterpretError::OutOfBounds(Box::new(OutOfBounds {
+                kernel: self.k.name.clone(),
+                at: at.into(),
+                access: "waits on",
+                tensor: self.k.tensors[tensor].name.clone(),
+                index: vec![i],
+                shape: t.shape().to_vec(),
+                tiles: self.tiles(),
+            })));
         };
         let read = || {
             t.memory()
@@ -397,102 +564,131 @@ impl Program<'_> {
         }
     }
 
-    fn oob(
-        &self,
-        tensor: TensorId,
-        at: &str,
-        access: &'static str,
-        index: Vec<i64>,
-    ) -> InterpretError {
-        InterpretError::OutOfBounds(Box::new(OutOfBounds {
-            kernel: self.k.name.clone(),
-            at: at.into(),
-            access,
-            tensor: self.k.tensors[tensor].name.clone(),
-            index,
-            shape: self.tensors[tensor].shape().to_vec(),
-            tiles: self.tiles(),
-        }))
-    }
-
-    fn int_scalar(&mut self, e: &Expr) -> Result<i64, InterpretError> {
-        let v = self.eval(e, None)?;
+    /// The value of `e`, an integer scalar (a loop bound, a flag's index).
+    pub(crate) fn int_scalar(&self, e: &Expr) -> Result<i64, InterpretError> {
+        let v = self.eval(e)?;
         if !v.dims.is_empty() {
             return Err(self.unsupported(
                 "a flag index, a flag value or a loop bound must be a scalar".into(),
             ));
         }
-        Ok(v.data[0] as i64)
+        if let Some(at) = v.bad(0) {
+            return Err(self.divide_by_zero(at));
+        }
+        Ok(match cast::cpu(v.data[0], DType::I64) {
+            Num::I(i) => i,
+            Num::F(x) => x as i64,
+        })
     }
 
+    /// `tensor[index] = value`, or with `op` an atomic update: one element per
+    /// element of the index's (and the value's) tiles, skipped where an index
+    /// leaves the tensor. A store converts the value to the tensor's dtype;
+    /// an atomic combines it with the element as the GPU's atomics do.
     fn store(
         &mut self,
         tensor: TensorId,
-        index: &[DimId],
+        index: &[Expr],
         value: &Expr,
-        at: &str,
+        op: Option<AtomicOp>,
     ) -> Result<(), InterpretError> {
-        let dtype = self.tensors[tensor].dtype();
-        let v = self.eval(value, Some(dtype))?;
-        if let Some(&d) = v.dims.iter().find(|d| !index.contains(d)) {
-            return Err(self.unsupported(format!(
-                "`{at}` stores a value over tile `{}`, which the index does not have",
-                self.k.dims[d].name
-            )));
-        }
-        let offsets = self.offsets(tensor, index, at, "writes")?;
-        let lens = self.lens(index)?;
-        let values = Tile::build(index, &lens, v.int, |pos| v.at(index, pos));
-        let t = &self.tensors[tensor];
-        for (off, x) in offsets.into_iter().zip(values.data) {
-            t.store(off, x);
-        }
-        Ok(())
-    }
-    /// The offsets in `tensor` of the current tiles of `index`, row-major over
-    /// the tiles, or an error naming the first index outside the tensor.
-    fn offsets(
-        &self,
-        tensor: TensorId,
-        index: &[DimId],
-        at: &str,
-        access: &'static str,
-    ) -> Result<Vec<usize>, InterpretError> {
-        let lens = self.lens(index)?;
-        let begins: Vec<i64> = index
+        let v = self.eval(value)?;
+        let comps = index
             .iter()
-            .map(|&d| self.range(d).map(|r| r.0))
-            .collect::<Result<_, _>>()?;
-        let t = &self.tensors[tensor];
-        let (mut offsets, mut outside) = (Vec::with_capacity(lens.iter().product()), None);
-        for_each_position(&lens, |pos| {
-            let idx: Vec<i64> = begins.iter().zip(pos).map(|(b, &p)| b + p as i64).collect();
-            match t.offset_of(&idx) {
-                Some(off) => offsets.push(off),
-                None => {
-                    outside.get_or_insert(idx);
-                }
-            }
-        });
-        match outside {
-            Some(idx) => Err(self.oob(tensor, at, access, idx)),
-            None => Ok(offsets),
+            .map(|c| self.eval(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut dims = v.dims.clone();
+        for c in &comps {
+            dims.extend(&c.dims);
         }
+        dims.sort_unstable();
+        dims.dedup();
+        let lens = self.lens(&dims)?;
+        let mut strides = vec![self.strides(&v, &dims, &lens)?];
+        for c in &comps {
+            strides.push(self.strides(c, &dims, &lens)?);
+        }
+        let t = &self.tensors[tensor];
+        let dtype = t.dtype();
+        let mut idx = vec![0i64; comps.len()];
+        walk(&lens, &strides, |_, _, offs| {
+            for (a, c) in comps.iter().enumerate() {
+                if let Some(at) = c.bad(offs[a + 1]) {
+                    return Err(self.divide_by_zero(at));
+                }
+                idx[a] = index_value(c.data[offs[a + 1]]);
+            }
+            let Some(off) = t.offset_at(&idx) else {
+                return Ok(());
+            };
+            if let Some(at) = v.bad(offs[0]) {
+                return Err(self.divide_by_zero(at));
+            }
+            let x = v.data[offs[0]];
+            match op {
+                None => t.store(off, cast::cpu(x, dtype)),
+                Some(op) => atomic(t, op, off, x),
+            }
+            Ok(())
+        })
     }
 
-    pub(crate) fn load(
+    /// `t`'s strides along `dims` for broadcasting it (see [`Tile::strides_in`]).
+    pub(crate) fn strides(
         &self,
-        tensor: TensorId,
-        index: &[DimId],
-        at: &str,
-    ) -> Result<Tile, InterpretError> {
-        let offsets = self.offsets(tensor, index, at, "reads")?;
-        let t = &self.tensors[tensor];
-        Ok(Tile {
-            dims: index.to_vec(),
-            lens: self.lens(index)?,
-            int: is_int(t.dtype()),
-            data: offsets.into_iter().map(|off| t.load(off)).collect(),
+        t: &Tile,
+        dims: &[DimId],
+        lens: &[usize],
+    ) -> Result<Vec<usize>, InterpretError> {
+        t.strides_in(dims, lens).ok_or_else(|| {
+            let names = |ds: &[DimId]| {
+                let v: Vec<&str> = ds.iter().map(|&d| self.k.dims[d].name.as_str()).collect();
+                v.join(", ")
+            };
+            self.unsupported(format!(
+                "internal: a value over [{}] ({:?}) does not broadcast to [{}] ({lens:?})",
+                names(&t.dims),
+                t.lens,
+                names(dims)
+            ))
         })
+    }
+}
+
+/// An index component's value (an integer: the checker sees to it).
+pub(crate) fn index_value(v: Num) -> i64 {
+    match v {
+        Num::I(i) => i,
+        Num::F(x) => x as i64,
+    }
+}
+
+/// The C type's dtype a value of `t` is computed in (`int` for the narrow integers).
+pub(crate) fn computed(t: DType) -> DType {
+    use tilefuse_codegen::dtype::CTy;
+    match t.cty() {
+        CTy::F32 => DType::F32,
+        CTy::Bool => DType::Bool,
+        CTy::I32 => DType::I32,
+        CTy::U32 => DType::U32,
+        CTy::I64 => DType::I64,
+    }
+}
+
+/// One element of an atomic: `op(old, x)` stored at `off` of `t` atomically.
+/// As on the GPU, `x` is first converted to the type the tensor's elements
+/// are computed in; floats combine in f32 (bf16/f16 elements widened, the
+/// result rounded back to them), integers wrap to the tensor's width.
+fn atomic(t: &HostTensor, op: AtomicOp, off: usize, x: Num) {
+    let dtype = t.dtype();
+    match cast::cpu(x, computed(dtype)) {
+        Num::F(v) => t.update(off, |old| {
+            let r = tilefuse_codegen::prims::f32r(op.cpu(old.as_f64(), v));
+            cast::cpu(Num::F(r), dtype)
+        }),
+        Num::I(v) => t.update(off, |old| {
+            let old = index_value(old);
+            Num::I(wrap_int(dtype, op.cpu_int(old, v)))
+        }),
     }
 }

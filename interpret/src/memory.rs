@@ -4,7 +4,9 @@
 //! Another thread (a copy thread filling an all-gather's chunks) or process may
 //! write the same bytes while a kernel runs, so every access is atomic: elements
 //! with relaxed atomics of their size, flags with acquire loads and release adds,
-//! which give `wait` and `signal` the ordering they have on the GPU. On x86 and
+//! which give `wait` and `signal` the ordering they have on the GPU, and a
+//! kernel's `atomic_add` (max, min) a compare-and-swap loop on the element's
+//! cell, so programs running on several threads lose no update. On x86 and
 //! ARM relaxed atomics are plain loads and stores, so this costs nothing.
 
 use crate::error::InterpretError;
@@ -12,7 +14,43 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+use tilefuse_codegen::prims::cast::Num;
 use tilefuse_codegen::DType;
+
+/// The value of an element of `dtype` whose stored bits are `bits`.
+fn decode(dtype: DType, bits: u64) -> Num {
+    match dtype {
+        DType::BF16 => Num::F(half::bf16::from_bits(bits as u16).to_f64()),
+        DType::F16 => Num::F(half::f16::from_bits(bits as u16).to_f64()),
+        DType::F32 => Num::F(f64::from(f32::from_bits(bits as u32))),
+        DType::I8 => Num::I(i64::from(bits as u8 as i8)),
+        DType::U8 => Num::I(i64::from(bits as u8)),
+        DType::I16 => Num::I(i64::from(bits as u16 as i16)),
+        DType::I32 => Num::I(i64::from(bits as u32 as i32)),
+        DType::U32 => Num::I(i64::from(bits as u32)),
+        DType::I64 => Num::I(bits as i64),
+        DType::Bool => Num::I(i64::from(bits as u8 != 0)),
+    }
+}
+
+/// The bits that store `v`, a value of `dtype` (a float rounded to it, an
+/// integer in its range), in the low `dtype.size()` bytes.
+fn encode(dtype: DType, v: Num) -> u64 {
+    let int = |v: Num| match v {
+        Num::I(i) => i,
+        Num::F(x) => x as i64,
+    };
+    match dtype {
+        DType::BF16 => u64::from(half::bf16::from_f64(v.as_f64()).to_bits()),
+        DType::F16 => u64::from(half::f16::from_f64(v.as_f64()).to_bits()),
+        DType::F32 => u64::from((v.as_f64() as f32).to_bits()),
+        DType::I8 | DType::U8 => u64::from(int(v) as u8),
+        DType::I16 => u64::from(int(v) as u16),
+        DType::I32 | DType::U32 => u64::from(int(v) as u32),
+        DType::I64 => int(v) as u64,
+        DType::Bool => u64::from(int(v) != 0),
+    }
+}
 
 /// A block of host bytes, 8-byte aligned, that tensors view.
 ///
@@ -151,49 +189,73 @@ impl HostMemory {
         unsafe { self.ptr.as_ptr().cast::<T>().add(elem) }
     }
 
-    /// Element `elem` of a `dtype` array starting at the first byte, as the exact
-    /// value of the dtype.
-    pub(crate) fn load(&self, dtype: DType, elem: usize) -> f64 {
+    /// The raw bits of element `elem` of a `dtype` array starting at the
+    /// first byte (zero-extended), read atomically.
+    fn load_bits(&self, dtype: DType, elem: usize) -> u64 {
         let r = Ordering::Relaxed;
         // SAFETY (all arms): `elem` is inside the memory (the views check their
         // extent against it), and the cell is only accessed atomically.
         unsafe {
-            match dtype {
-                DType::BF16 => {
-                    let bits = AtomicU16::from_ptr(self.cell(elem)).load(r);
-                    f64::from(half::bf16::from_bits(bits))
-                }
-                DType::F16 => {
-                    let bits = AtomicU16::from_ptr(self.cell(elem)).load(r);
-                    f64::from(half::f16::from_bits(bits))
-                }
-                DType::F32 => {
-                    f64::from(f32::from_bits(AtomicU32::from_ptr(self.cell(elem)).load(r)))
-                }
-                DType::I32 => f64::from(AtomicU32::from_ptr(self.cell(elem)).load(r) as i32),
-                DType::U32 => f64::from(AtomicU32::from_ptr(self.cell(elem)).load(r)),
-                DType::I64 => AtomicU64::from_ptr(self.cell(elem)).load(r) as i64 as f64,
+            match dtype.size() {
+                1 => u64::from(AtomicU8::from_ptr(self.cell(elem)).load(r)),
+                2 => u64::from(AtomicU16::from_ptr(self.cell(elem)).load(r)),
+                4 => u64::from(AtomicU32::from_ptr(self.cell(elem)).load(r)),
+                _ => AtomicU64::from_ptr(self.cell(elem)).load(r),
             }
         }
     }
 
-    /// Stores `v` (already a value of `dtype`) into element `elem`.
-    pub(crate) fn store(&self, dtype: DType, elem: usize, v: f64) {
+    /// Element `elem` of a `dtype` array starting at the first byte, as the exact
+    /// value of the dtype (a `bool` element is 0 or 1: any byte but 0 is true).
+    pub(crate) fn load(&self, dtype: DType, elem: usize) -> Num {
+        decode(dtype, self.load_bits(dtype, elem))
+    }
+
+    /// Stores `v`, a value of `dtype` (already converted to it: see
+    /// [`tilefuse_codegen::prims::cast::cpu`]), into element `elem`.
+    pub(crate) fn store(&self, dtype: DType, elem: usize, v: Num) {
+        let bits = encode(dtype, v);
         let r = Ordering::Relaxed;
-        // SAFETY (all arms): as in `load`.
+        // SAFETY (all arms): as in `load_bits`.
         unsafe {
-            match dtype {
-                DType::BF16 => {
-                    AtomicU16::from_ptr(self.cell(elem)).store(half::bf16::from_f64(v).to_bits(), r)
-                }
-                DType::F16 => {
-                    AtomicU16::from_ptr(self.cell(elem)).store(half::f16::from_f64(v).to_bits(), r)
-                }
-                DType::F32 => AtomicU32::from_ptr(self.cell(elem)).store((v as f32).to_bits(), r),
-                DType::I32 => AtomicU32::from_ptr(self.cell(elem)).store(v as i32 as u32, r),
-                DType::U32 => AtomicU32::from_ptr(self.cell(elem)).store(v as u32, r),
-                DType::I64 => AtomicU64::from_ptr(self.cell(elem)).store(v as i64 as u64, r),
+            match dtype.size() {
+                1 => AtomicU8::from_ptr(self.cell(elem)).store(bits as u8, r),
+                2 => AtomicU16::from_ptr(self.cell(elem)).store(bits as u16, r),
+                4 => AtomicU32::from_ptr(self.cell(elem)).store(bits as u32, r),
+                _ => AtomicU64::from_ptr(self.cell(elem)).store(bits, r),
             }
+        }
+    }
+
+    /// Replaces element `elem` of a `dtype` array by `f(old)` atomically (a
+    /// compare-and-swap loop on the element's own atomic cell, as the GPU's
+    /// atomics and its CAS loops for 16-bit floats and float max/min do):
+    /// concurrent updates from other threads are never lost. `f` returns a
+    /// value of `dtype` and may run more than once.
+    pub(crate) fn update(&self, dtype: DType, elem: usize, f: impl Fn(Num) -> Num) {
+        let (r, w) = (Ordering::Relaxed, Ordering::Relaxed);
+        macro_rules! cas_loop {
+            ($atomic:ty, $t:ty) => {{
+                // SAFETY: as in `load_bits`.
+                let cell = unsafe { <$atomic>::from_ptr(self.cell(elem)) };
+                let mut old = cell.load(r);
+                loop {
+                    let new = encode(dtype, f(decode(dtype, u64::from(old)))) as $t;
+                    if new == old {
+                        break;
+                    }
+                    match cell.compare_exchange_weak(old, new, w, r) {
+                        Ok(_) => break,
+                        Err(seen) => old = seen,
+                    }
+                }
+            }};
+        }
+        match dtype.size() {
+            1 => cas_loop!(AtomicU8, u8),
+            2 => cas_loop!(AtomicU16, u16),
+            4 => cas_loop!(AtomicU32, u32),
+            _ => cas_loop!(AtomicU64, u64),
         }
     }
 

@@ -4,6 +4,7 @@
 use crate::error::InterpretError;
 use crate::memory::HostMemory;
 use std::sync::Arc;
+use tilefuse_codegen::prims::cast::Num;
 use tilefuse_codegen::DType;
 
 /// A strided view of [`HostMemory`] with a dtype: the interpreter's tensor.
@@ -28,36 +29,57 @@ fn contiguous(shape: &[usize]) -> Vec<isize> {
 }
 
 impl HostTensor {
-    /// A new tensor of `shape` holding `data` (row-major), each value rounded to
-    /// `dtype` as a store would round it.
+    /// A new tensor of `shape` holding `data` (row-major), each value converted
+    /// to `dtype` as Rust's `as` converts an `f64`: floats rounded to nearest
+    /// even, integers truncated toward zero and saturated (NaN is 0), `bool`
+    /// true where not zero.
     pub fn from_f64(
         dtype: DType,
         shape: &[usize],
         data: Vec<f64>,
     ) -> Result<HostTensor, InterpretError> {
-        let len: usize = shape.iter().product();
-        if data.len() != len {
-            return Err(InterpretError::Argument {
-                kernel: "(host tensor)".into(),
-                arg: "data".into(),
-                message: format!(
-                    "{} values for shape {shape:?}, which holds {len}",
-                    data.len()
-                ),
-            });
-        }
-        let t = HostTensor::zeroed(dtype, shape);
+        let t = HostTensor::sized(dtype, shape, data.len())?;
         for (i, v) in data.into_iter().enumerate() {
-            t.mem.store(dtype, i, round_to(dtype, v));
+            t.mem.store(dtype, i, from_f64(dtype, v));
         }
         Ok(t)
     }
 
-    /// A new tensor of `shape` with every element `value` (NaN poisons a float
-    /// tensor, so unwritten elements show).
+    /// A new tensor of `shape` holding `data` (row-major), exactly for the
+    /// integer dtypes (each value wrapped to the dtype's width, as `as` does;
+    /// `bool` true where not zero), rounded to nearest even for the float ones.
+    /// For `i64` values beyond 2^53, which `f64` cannot hold.
+    pub fn from_i64(
+        dtype: DType,
+        shape: &[usize],
+        data: Vec<i64>,
+    ) -> Result<HostTensor, InterpretError> {
+        let t = HostTensor::sized(dtype, shape, data.len())?;
+        for (i, v) in data.into_iter().enumerate() {
+            t.mem.store(dtype, i, from_i64(dtype, v));
+        }
+        Ok(t)
+    }
+
+    /// A zeroed tensor of `shape`, which must hold `len` elements.
+    fn sized(dtype: DType, shape: &[usize], len: usize) -> Result<HostTensor, InterpretError> {
+        let want: usize = shape.iter().product();
+        if len != want {
+            return Err(InterpretError::Argument {
+                kernel: "(host tensor)".into(),
+                arg: "data".into(),
+                message: format!("{len} values for shape {shape:?}, which holds {want}"),
+            });
+        }
+        Ok(HostTensor::zeroed(dtype, shape))
+    }
+
+    /// A new tensor of `shape` with every element `value`, converted as
+    /// [`HostTensor::from_f64`] does (NaN poisons a float tensor, so unwritten
+    /// elements show).
     pub fn filled(dtype: DType, shape: &[usize], value: f64) -> HostTensor {
         let t = HostTensor::zeroed(dtype, shape);
-        let v = round_to(dtype, value);
+        let v = from_f64(dtype, value);
         for i in 0..t.numel() {
             t.mem.store(dtype, i, v);
         }
@@ -138,6 +160,11 @@ impl HostTensor {
         &self.shape
     }
 
+    /// Strides in elements, one per dimension.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -147,8 +174,19 @@ impl HostTensor {
         &self.mem
     }
 
-    /// The elements, row-major, as exact values of the dtype.
+    /// The elements, row-major, as values of the dtype (integers beyond 2^53
+    /// rounded: [`HostTensor::values_i64`] has them exactly).
     pub fn values(&self) -> Vec<f64> {
+        self.nums().into_iter().map(Num::as_f64).collect()
+    }
+
+    /// The elements, row-major: integers (and `bool`s, 0 or 1) exactly, floats
+    /// truncated toward zero.
+    pub fn values_i64(&self) -> Vec<i64> {
+        self.nums().into_iter().map(to_i64).collect()
+    }
+
+    fn nums(&self) -> Vec<Num> {
         let mut out = Vec::with_capacity(self.numel());
         crate::tile::for_each_position(&self.shape, |pos| {
             let at = self.at(pos.iter().map(|&p| p as i64));
@@ -159,7 +197,12 @@ impl HostTensor {
 
     /// The element at `index` (one entry per dimension), or `None` outside the shape.
     pub fn get(&self, index: &[usize]) -> Option<f64> {
-        self.offset_of(index).map(|at| self.load(at))
+        self.offset_of(index).map(|at| self.load(at).as_f64())
+    }
+
+    /// [`HostTensor::get`] as an exact integer (see [`HostTensor::values_i64`]).
+    pub fn get_i64(&self, index: &[usize]) -> Option<i64> {
+        self.offset_of(index).map(|at| to_i64(self.load(at)))
     }
 
     /// Element offset of `index` in the memory, or `None` outside the shape.
@@ -178,6 +221,19 @@ impl HostTensor {
         Some(self.at(pos.into_iter()))
     }
 
+    /// Element offset in the memory of the element at `index` (signed, one
+    /// per dimension), or `None` where some `0 <= index[a] < shape[a]` fails.
+    pub(crate) fn offset_at(&self, index: &[i64]) -> Option<usize> {
+        let mut off = self.offset as i64;
+        for ((&i, &n), &s) in index.iter().zip(&self.shape).zip(&self.strides) {
+            if i < 0 || i as u64 >= n as u64 {
+                return None;
+            }
+            off += i * s as i64;
+        }
+        Some(off as usize)
+    }
+
     /// Element offset in the memory of the in-bounds `flat`-th element in row-major order.
     pub(crate) fn flat_offset(&self, flat: i64) -> Option<usize> {
         let mut rest = usize::try_from(flat).ok().filter(|&f| f < self.numel())?;
@@ -194,31 +250,51 @@ impl HostTensor {
         (self.offset as i64 + off) as usize
     }
 
-    pub(crate) fn load(&self, offset: usize) -> f64 {
+    /// The element at memory offset `offset`, exactly.
+    pub(crate) fn load(&self, offset: usize) -> Num {
         self.mem.load(self.dtype, offset)
     }
 
-    /// Stores `v` rounded to the dtype.
-    pub(crate) fn store(&self, offset: usize, v: f64) {
-        self.mem.store(self.dtype, offset, round_to(self.dtype, v));
+    /// Stores `v`, already a value of the dtype, at memory offset `offset`.
+    pub(crate) fn store(&self, offset: usize, v: Num) {
+        self.mem.store(self.dtype, offset, v);
+    }
+
+    /// Replaces the element at `offset` by `f(old)` atomically (see
+    /// [`HostMemory`]'s CAS loops).
+    pub(crate) fn update(&self, offset: usize, f: impl Fn(Num) -> Num) {
+        self.mem.update(self.dtype, offset, f);
     }
 }
 
-/// `v` as the GPU holds it in `dtype`: round to nearest even for floats (f32
-/// values through f32), truncation toward zero (and wrapping) for integers, as
-/// a C cast does.
-pub(crate) fn round_to(dtype: DType, v: f64) -> f64 {
+fn to_i64(v: Num) -> i64 {
+    match v {
+        Num::I(i) => i,
+        Num::F(x) => x as i64,
+    }
+}
+
+/// `v` as `dtype` holds it, converted as Rust's `as` converts an `f64`.
+fn from_f64(dtype: DType, v: f64) -> Num {
     match dtype {
-        DType::BF16 => f64::from(half::bf16::from_f32(v as f32)),
-        DType::F16 => f64::from(half::f16::from_f32(v as f32)),
-        DType::F32 => f64::from(v as f32),
-        DType::I32 => f64::from(v as i64 as i32),
-        DType::U32 => f64::from(v as i64 as u32),
-        DType::I64 => v.trunc(),
+        DType::BF16 => Num::F(half::bf16::from_f64(v).to_f64()),
+        DType::F16 => Num::F(half::f16::from_f64(v).to_f64()),
+        DType::F32 => Num::F(f64::from(v as f32)),
+        DType::I8 => Num::I(i64::from(v as i8)),
+        DType::U8 => Num::I(i64::from(v as u8)),
+        DType::I16 => Num::I(i64::from(v as i16)),
+        DType::I32 => Num::I(i64::from(v as i32)),
+        DType::U32 => Num::I(i64::from(v as u32)),
+        DType::I64 => Num::I(v as i64),
+        DType::Bool => Num::I(i64::from(v != 0.0)),
     }
 }
 
-/// An f32 operation's result: computed exactly (or nearly) in f64, rounded once.
-pub(crate) fn f32r(v: f64) -> f64 {
-    f64::from(v as f32)
+/// `v` as `dtype` holds it: integers wrapped, floats rounded to nearest even.
+fn from_i64(dtype: DType, v: i64) -> Num {
+    match dtype {
+        DType::F32 => Num::F(f64::from(v as f32)),
+        DType::BF16 | DType::F16 => from_f64(dtype, v as f64),
+        _ => Num::I(tilefuse_codegen::prims::wrap_int(dtype, i128::from(v))),
+    }
 }

@@ -1,107 +1,150 @@
-//! Tile values: a dense block over named tile dimensions, broadcast by name.
+//! Tile values: a dense block over named tile dimensions, broadcast by name,
+//! each element held exactly as the GPU holds it in its dtype.
 
+use std::sync::Arc;
 use tilefuse_codegen::ir::DimId;
+use tilefuse_codegen::prims::cast::Num;
+use tilefuse_codegen::DType;
 
 /// A value of the kernel: elements over `dims` (row-major, `lens[i]` along
-/// `dims[i]`); a scalar has no dims. `int` marks integer values (indices,
-/// comparisons, integer tensors), which arithmetic keeps exact.
+/// `dims[i]`); a scalar has no dims. `dtype` is the checker's type of the
+/// value; each element is exact in it: floats as f64 holding an f32 (or
+/// bf16/f16) value, integers and masks (0 or 1) as exact i64 (a `u32` as its
+/// unsigned value).
 #[derive(Clone, Debug)]
 pub(crate) struct Tile {
     pub dims: Vec<DimId>,
     pub lens: Vec<usize>,
-    pub int: bool,
-    pub data: Vec<f64>,
+    pub dtype: DType,
+    pub data: Vec<Num>,
+    /// Elements that are the result of an integer division by zero (an
+    /// unspecified value on the GPU): an error where one is used, none where
+    /// a `select` discards it.
+    pub poison: Option<Arc<Poison>>,
+}
+
+/// Which elements of a tile are poisoned, and by which division.
+#[derive(Debug)]
+pub(crate) struct Poison {
+    /// The division as written.
+    pub at: String,
+    pub bad: Vec<bool>,
 }
 
 impl Tile {
-    pub fn scalar(v: f64, int: bool) -> Tile {
+    pub fn scalar(v: Num, dtype: DType) -> Tile {
         Tile {
             dims: Vec::new(),
             lens: Vec::new(),
-            int,
+            dtype,
             data: vec![v],
+            poison: None,
         }
     }
 
-    /// A tile over `dims` of `lens` with each element from `f(position)`,
-    /// `position` one index per dim.
-    pub fn build(
-        dims: &[DimId],
-        lens: &[usize],
-        int: bool,
-        mut f: impl FnMut(&[usize]) -> f64,
-    ) -> Tile {
-        let mut data = Vec::with_capacity(lens.iter().product());
-        for_each_position(lens, |pos| data.push(f(pos)));
-        Tile {
-            dims: dims.to_vec(),
-            lens: lens.to_vec(),
-            int,
-            data,
+    /// The division that poisoned element `i`, if it is poisoned.
+    pub fn bad(&self, i: usize) -> Option<&str> {
+        match &self.poison {
+            Some(p) if p.bad[i] => Some(&p.at),
+            _ => None,
         }
     }
 
-    /// The element at `pos`, an index per dim of some tile that has every dim of
-    /// this one (`of` names those dims): this tile broadcast along the others.
-    pub fn at(&self, of: &[DimId], pos: &[usize]) -> f64 {
-        let mut at = 0usize;
-        for (d, &n) in self.dims.iter().zip(&self.lens) {
-            let i = of.iter().position(|x| x == d).map_or(0, |k| pos[k]);
-            at = at * n + i;
-        }
-        self.data[at]
+    /// The division that poisoned some element, if one is.
+    pub fn any_bad(&self) -> Option<&str> {
+        self.poison
+            .as_ref()
+            .filter(|p| p.bad.contains(&true))
+            .map(|p| p.at.as_str())
     }
 
-    /// The dims and lens of `tiles` broadcast together: each tile's dims in
-    /// order of first appearance.
-    pub fn union(tiles: &[&Tile]) -> (Vec<DimId>, Vec<usize>) {
-        let (mut dims, mut lens) = (Vec::new(), Vec::new());
-        for t in tiles {
-            for (&d, &n) in t.dims.iter().zip(&t.lens) {
-                if !dims.contains(&d) {
-                    dims.push(d);
-                    lens.push(n);
-                }
+    /// This tile's element strides along `dims` (of `lens`), 0 along the
+    /// dimensions it lacks, for broadcasting it over them; `None` if it has a
+    /// dimension outside `dims` or another length along one.
+    pub fn strides_in(&self, dims: &[DimId], lens: &[usize]) -> Option<Vec<usize>> {
+        let mut st = vec![0; dims.len()];
+        let mut s = 1;
+        for (d, &n) in self.dims.iter().zip(&self.lens).rev() {
+            let p = dims.iter().position(|x| x == d)?;
+            if lens[p] != n {
+                return None;
             }
+            st[p] = s;
+            s *= n;
         }
-        (dims, lens)
+        Some(st)
+    }
+}
+
+/// Poisoned elements of a tile being built.
+pub(crate) struct BadSet {
+    n: usize,
+    at: Option<String>,
+    bad: Vec<bool>,
+}
+
+impl BadSet {
+    pub fn new(n: usize) -> BadSet {
+        BadSet {
+            n,
+            at: None,
+            bad: Vec::new(),
+        }
     }
 
-    /// `f` applied elementwise to `tiles` broadcast together.
-    pub fn zip(tiles: &[&Tile], int: bool, mut f: impl FnMut(&[f64]) -> f64) -> Tile {
-        let (dims, lens) = Tile::union(tiles);
-        let mut args = vec![0.0; tiles.len()];
-        Tile::build(&dims, &lens, int, |pos| {
-            for (a, t) in args.iter_mut().zip(tiles) {
-                *a = t.at(&dims, pos);
+    /// Element `i` is poisoned, by the division `at`.
+    pub fn mark(&mut self, i: usize, at: &str) {
+        if self.bad.is_empty() {
+            self.bad = vec![false; self.n];
+        }
+        self.bad[i] = true;
+        if self.at.is_none() {
+            self.at = Some(at.to_string());
+        }
+    }
+
+    pub fn finish(self) -> Option<Arc<Poison>> {
+        self.at.map(|at| Arc::new(Poison { at, bad: self.bad }))
+    }
+}
+
+/// Calls `f(i, position, offsets)` on every position of a block of `lens`
+/// in row-major order (`i` counting them), with `offsets[t]` the element of
+/// input `t` there: the sum of `position[p] * strides[t][p]`. Stops at the
+/// first error.
+pub(crate) fn walk<E>(
+    lens: &[usize],
+    strides: &[Vec<usize>],
+    mut f: impl FnMut(usize, &[usize], &[usize]) -> Result<(), E>,
+) -> Result<(), E> {
+    let n: usize = lens.iter().product();
+    let mut pos = vec![0usize; lens.len()];
+    let mut offs = vec![0usize; strides.len()];
+    for i in 0..n {
+        f(i, &pos, &offs)?;
+        for d in (0..lens.len()).rev() {
+            pos[d] += 1;
+            for (o, s) in offs.iter_mut().zip(strides) {
+                *o += s[d];
             }
-            f(&args)
-        })
-    }
-
-    pub fn map(&self, int: bool, mut f: impl FnMut(f64) -> f64) -> Tile {
-        Tile {
-            dims: self.dims.clone(),
-            lens: self.lens.clone(),
-            int,
-            data: self.data.iter().map(|&v| f(v)).collect(),
+            if pos[d] < lens[d] {
+                break;
+            }
+            for (o, s) in offs.iter_mut().zip(strides) {
+                *o -= s[d] * lens[d];
+            }
+            pos[d] = 0;
         }
     }
+    Ok(())
 }
 
 /// Calls `f` on every position of a block of `lens`, in row-major order (the
 /// order of a tile's `data`).
 pub(crate) fn for_each_position(lens: &[usize], mut f: impl FnMut(&[usize])) {
-    let n: usize = lens.iter().product();
-    let mut pos = vec![0usize; lens.len()];
-    for _ in 0..n {
-        f(&pos);
-        for d in (0..pos.len()).rev() {
-            pos[d] += 1;
-            if pos[d] < lens[d] {
-                break;
-            }
-            pos[d] = 0;
-        }
-    }
+    let r: Result<(), std::convert::Infallible> = walk(lens, &[], |_, pos, _| {
+        f(pos);
+        Ok(())
+    });
+    let Ok(()) = r;
 }

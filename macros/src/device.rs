@@ -1,25 +1,57 @@
 //! Turns the body of the outermost `tile()` loop (the device code) into tile IR.
-//! Every construct the DSL does not have is an error spanned on the code that used it.
+//! Every construct the DSL does not have is an error spanned on the code that
+//! used it, saying what to write instead.
+//!
+//! Names in device code:
+//! - a tile (`for tn in tile(n)`) is not a value by itself: `tn.index()`,
+//!   `tn.begin()`, … are; inside a tensor index a bare `tn` stands for its
+//!   indices (`x[(tm, tn + 1)]`);
+//! - an index walked one at a time (`for i in a..b`, `tile(each(n))`) is an
+//!   integer scalar wherever it is used (`offsets[b + 1]`);
+//! - `let` names are locals, `#[constexpr]` parameters constants, and every other
+//!   name a value computed on the host and passed at launch.
 
-use proc_macro2::TokenStream;
-use quote::ToTokens;
+use proc_macro2::{TokenStream, TokenTree};
+use quote::{quote, ToTokens};
 use std::collections::HashMap;
 use syn::{BinOp as SynBin, Expr as SynExpr, Lit, Pat, Stmt as SynStmt, UnOp as SynUn};
 use tilefuse_codegen::dtype::DType;
 use tilefuse_codegen::ir::*;
+use tilefuse_codegen::prims;
 
-const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, …), tile stores `t[(tm, tn)] = …`, \
-                          `wait(flags, index, value);`, `signal(counters, index, value);`, nested `for t in tile(extent) { … }` loops and \
-                          `if` on `#[constexpr]` parameters";
-const FUNCTIONS: &str =
-    "addmm, zeros, full, select, wait, signal, min, max, exp, log, sqrt, rsqrt, abs, relu, relu_grad, gelu, gelu_grad, \
-                         gelu_tanh, silu, sigmoid, tanh (and the methods .cast::<T>(), .sum(t), .max(t), .min(t), and on tiles .begin(), .end(), .size(), .index())";
+const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, `-=`, `*=`, `/=`, `%=`, `&=`, `|=`, `^=`, \
+     `<<=`, `>>=`), tensor stores `t[(tm, tn)] = …`, `atomic_add(t[index], value);` (and `atomic_max`, \
+     `atomic_min`), `wait(flags, index, value);`, `signal(counters, index, value);`, loops \
+     `for t in tile(extent) { … }`, `for t in tile(a..b) { … }` and `for i in a..b { … }`, and `if`";
+
+const LOOPS: &str = "device loops iterate over tiles, `for t in tile(extent)` (or `tile([e0, e1])`, \
+     `tile(each(n))`, `tile(begin..end)`, `tile(extent).until(bound)`), or over indices one at a time, \
+     `for i in begin..end`";
+
+/// The device functions and methods, for messages.
+fn functions() -> String {
+    format!(
+        "{} (as functions or methods: `exp(x)` or `x.exp()`, `max(a, b)` or `a.max(b)`; and the methods \
+         .cast::<T>(), .sum(t), .prod(t), .max(t), .min(t) reducing along a tile `t`, and on tiles .begin(), \
+         .end(), .size(), .index())",
+        prims::function_names()
+    )
+}
 
 /// A name visible in device code.
 #[derive(Clone, Copy, Debug)]
 enum Binding {
+    /// A tile dimension: a `tile()` loop's tile, or an index walked one at a time (`each`).
     Tile(DimId),
     Var(VarId),
+}
+
+/// How one dimension of a loop is bounded, as written.
+enum Bound {
+    /// `tile(n)`, `whole(n)`, `each(n)`: an extent computed on the host.
+    Host(ScalarId),
+    /// `tile(a..b)`, `for i in a..b`: bounds computed in the program.
+    Range(LoopRange),
 }
 
 /// Builds a [`Kernel`] from the loop, collecting the host values it captures.
@@ -29,11 +61,16 @@ pub struct Builder {
     pub scalar_exprs: Vec<TokenStream>,
     /// Host expression of each tensor argument (its name), in `TensorId` order.
     pub tensor_idents: Vec<syn::Ident>,
+    /// The code each place named in the IR (`at`) came from, first one first:
+    /// errors of the checker and the lowerings are spanned on it.
+    pub spans: Vec<(String, TokenStream)>,
     scopes: Vec<HashMap<String, Binding>>,
     /// Constexpr parameter names.
     consts: Vec<String>,
     /// Declared dtypes of tensors known from the signature and host `let`s.
     declared: HashMap<String, DType>,
+    /// Inside a tensor index: a bare tile name stands for its indices.
+    in_index: usize,
 }
 
 fn err(tokens: impl ToTokens, msg: impl std::fmt::Display) -> syn::Error {
@@ -61,6 +98,25 @@ fn src(tokens: impl ToTokens) -> String {
         .replace(",)", ")")
 }
 
+/// `e` without parentheses and invisible groups around it.
+fn bare(e: &SynExpr) -> &SynExpr {
+    match e {
+        SynExpr::Paren(p) => bare(&p.expr),
+        SynExpr::Group(g) => bare(&g.expr),
+        other => other,
+    }
+}
+
+/// The parts of a list written `[a, b]`, `(a, b)` or as one item `a`.
+fn list(e: &SynExpr) -> Vec<&SynExpr> {
+    match e {
+        SynExpr::Tuple(t) => t.elems.iter().collect(),
+        SynExpr::Array(a) => a.elems.iter().collect(),
+        SynExpr::Paren(p) => vec![p.expr.as_ref()],
+        other => vec![other],
+    }
+}
+
 impl Builder {
     pub fn new(name: &str, consts: Vec<String>, declared: HashMap<String, DType>) -> Builder {
         Builder {
@@ -80,9 +136,26 @@ impl Builder {
             },
             scalar_exprs: Vec::new(),
             tensor_idents: Vec::new(),
+            spans: Vec::new(),
             scopes: vec![HashMap::new()],
             consts,
             declared,
+            in_index: 0,
+        }
+    }
+
+    /// The `at` of an IR node made from `tokens`: its text, remembered with
+    /// the tokens so an error about it points at them.
+    fn at(&mut self, tokens: impl ToTokens) -> Src {
+        let ts = tokens.to_token_stream();
+        let text = src(&ts);
+        self.remember(text.clone(), ts);
+        text
+    }
+
+    fn remember(&mut self, text: String, tokens: TokenStream) {
+        if !self.spans.iter().any(|(t, _)| *t == text) {
+            self.spans.push((text, tokens));
         }
     }
 
@@ -101,13 +174,14 @@ impl Builder {
             }
             other => (other, None),
         };
-        let dims = self.tile_loop_dims(&fl.pat, iter)?;
+        let dims: Vec<DimId> = self
+            .tile_loop(&fl.pat, iter, true)?
+            .into_iter()
+            .map(|(d, _)| d)
+            .collect();
+        self.remember_loop(fl, &dims);
         if let Some(start) = start {
-            let starts: Vec<&SynExpr> = match start {
-                SynExpr::Array(a) => a.elems.iter().collect(),
-                SynExpr::Tuple(t) => t.elems.iter().collect(),
-                other => vec![other],
-            };
+            let starts = list(start);
             if starts.len() != dims.len() {
                 return Err(err(
                     start,
@@ -118,33 +192,62 @@ impl Builder {
                     ),
                 ));
             }
-            self.kernel.grid_start = starts.into_iter().map(|e| self.host_scalar(e)).collect();
+            self.kernel.grid_start = starts
+                .into_iter()
+                .map(|e| self.host_scalar(e, "a start index of `starting_at`"))
+                .collect::<syn::Result<_>>()?;
         }
         self.kernel.grid = dims;
         self.kernel.body = self.block(&fl.body.stmts)?;
         Ok(())
     }
 
-    /// `tile(x)` / `tile([x, y])` bound to `t` / `(t, u)`: new dimensions, in scope.
-    fn tile_loop_dims(&mut self, pat: &Pat, iter: &SynExpr) -> syn::Result<Vec<DimId>> {
-        let SynExpr::Call(call) = iter else {
-            return Err(err(
-                iter,
-                "tile loops iterate over `tile(extent)` or `tile([extent0, extent1])`",
-            ));
-        };
-        if !is_fn(&call.func, "tile") || call.args.len() != 1 {
-            return Err(err(
-                iter,
-                "tile loops iterate over `tile(extent)` or `tile([extent0, extent1])`",
-            ));
+    /// Remembers the header of loop `fl` as the place of errors about its dimensions.
+    fn remember_loop(&mut self, fl: &syn::ExprForLoop, dims: &[DimId]) {
+        let (f, pat, i, expr) = (&fl.for_token, &fl.pat, &fl.in_token, &fl.expr);
+        let header = quote!(#f #pat #i #expr);
+        for &d in dims {
+            let name = self.kernel.dims[d].name.clone();
+            self.remember(format!("for {name} in …"), header.clone());
+            self.remember(format!("for {name} in tile(…).until(…)"), header.clone());
+            self.remember(name, header.clone());
         }
-        let arg = &call.args[0];
-        let extents: Vec<&SynExpr> = match arg {
-            SynExpr::Array(a) => a.elems.iter().collect(),
-            SynExpr::Tuple(t) => t.elems.iter().collect(),
-            other => vec![other],
+    }
+
+    /// The dimensions a loop `for pat in iter` binds, each with the bounds the
+    /// program computes for it (if it has them), in scope from here on:
+    /// `tile(x)` / `tile([x, each(y), whole(z)])` / `tile(a..b)` bound to `t`
+    /// / `(t, u, v)`, or an index range `a..b` bound to `i`.
+    fn tile_loop(
+        &mut self,
+        pat: &Pat,
+        iter: &SynExpr,
+        grid: bool,
+    ) -> syn::Result<Vec<(DimId, Option<LoopRange>)>> {
+        let iter = bare(iter);
+        // `for i in a..b`: one index at a time.
+        if let SynExpr::Range(r) = iter {
+            if grid {
+                return Err(err(
+                    r,
+                    "the grid loop is `for … in tile([extents])`, with extents computed on the host",
+                ));
+            }
+            let Pat::Ident(p) = pat else {
+                return Err(err(
+                    pat,
+                    "bind the index to a name, e.g. `for i in begin..end`",
+                ));
+            };
+            let range = self.range(r, "an index loop")?;
+            let d = self.new_dim(&p.ident, None, false, true);
+            return Ok(vec![(d, Some(range))]);
+        }
+        let call = match iter {
+            SynExpr::Call(c) if is_fn(&c.func, "tile") && c.args.len() == 1 => c,
+            _ => return Err(err(iter, LOOPS)),
         };
+        let extents = list(&call.args[0]);
         let names: Vec<&syn::Ident> = match pat {
             Pat::Ident(p) => vec![&p.ident],
             Pat::Tuple(t) => t
@@ -186,35 +289,116 @@ impl Builder {
                 ),
             ));
         }
-        let mut dims = Vec::new();
-        for (name, ext) in names.into_iter().zip(extents) {
-            // `whole(d)`: one tile covering the extent (a head dimension).
-            let (ext, whole) = match ext {
-                SynExpr::Call(c) if is_fn(&c.func, "whole") => {
+        // Every bound first, then the names: a bound cannot use the loop's own tiles.
+        let mut bounds = Vec::new();
+        for ext in extents {
+            let ext = bare(ext);
+            bounds.push(match ext {
+                // `whole(d)`: one tile covering the extent (a head dimension).
+                // `each(n)`: one index at a time, an integer scalar in the body.
+                SynExpr::Call(c) if is_fn(&c.func, "whole") || is_fn(&c.func, "each") => {
+                    let each = is_fn(&c.func, "each");
+                    let f = if each { "each" } else { "whole" };
                     if c.args.len() != 1 {
-                        return Err(err(c, "`whole(extent)` takes one extent"));
+                        return Err(err(c, format!("`{f}(extent)` takes one extent")));
                     }
-                    (&c.args[0], true)
+                    let e = self.host_scalar(&c.args[0], &format!("the extent of `{f}(…)`"))?;
+                    (Bound::Host(e), !each, each)
                 }
-                other => (other, false),
-            };
-            let extent = self.host_scalar(ext);
-            let d = self.kernel.dims.len();
-            self.kernel.dims.push(TileDim {
-                name: name.to_string(),
-                extent,
-                whole,
+                SynExpr::Range(r) if grid => {
+                    return Err(err(
+                        r,
+                        "the grid's tiles need extents computed on the host, e.g. `tile([m, n])`; \
+                         bounds computed in the program (`tile(begin..end)`) are for inner loops",
+                    ))
+                }
+                SynExpr::Range(r) => (
+                    Bound::Range(self.range(r, "a `tile()` range")?),
+                    false,
+                    false,
+                ),
+                other => (
+                    Bound::Host(self.host_scalar(other, "the extent of `tile(…)`")?),
+                    false,
+                    false,
+                ),
             });
-            self.scopes
-                .last_mut()
-                .map(|s| s.insert(name.to_string(), Binding::Tile(d)));
-            dims.push(d);
+        }
+        let mut dims = Vec::new();
+        for (name, (bound, whole, each)) in names.into_iter().zip(bounds) {
+            let (extent, range) = match bound {
+                Bound::Host(s) => (Some(s), None),
+                Bound::Range(r) => (None, Some(r)),
+            };
+            dims.push((self.new_dim(name, extent, whole, each), range));
         }
         Ok(dims)
     }
 
-    /// A host expression passed to the kernel by value, deduplicated by its text.
-    fn host_scalar(&mut self, e: &SynExpr) -> ScalarId {
+    /// A new tile dimension, bound to `name` in the innermost scope.
+    fn new_dim(
+        &mut self,
+        name: &syn::Ident,
+        extent: Option<ScalarId>,
+        whole: bool,
+        each: bool,
+    ) -> DimId {
+        let d = self.kernel.dims.len();
+        self.kernel.dims.push(TileDim {
+            name: name.to_string(),
+            extent,
+            whole,
+            each,
+        });
+        if let Some(s) = self.scopes.last_mut() {
+            s.insert(name.to_string(), Binding::Tile(d));
+        }
+        d
+    }
+
+    /// The bounds `begin..end` (or `begin..=end`) of a loop, computed in the program.
+    fn range(&mut self, r: &syn::ExprRange, what: &str) -> syn::Result<LoopRange> {
+        let (Some(lo), Some(hi)) = (&r.start, &r.end) else {
+            return Err(err(
+                r,
+                format!("{what} needs both ends, e.g. `begin..end` or `begin..=last`"),
+            ));
+        };
+        let begin = self.expr(lo)?;
+        let hi_e = self.expr(hi)?;
+        let end = match r.limits {
+            syn::RangeLimits::HalfOpen(_) => hi_e,
+            syn::RangeLimits::Closed(_) => Expr::Binary {
+                op: BinOp::Add,
+                lhs: Box::new(hi_e),
+                rhs: Box::new(Expr::Int(1)),
+                at: self.at(r),
+            },
+        };
+        Ok(LoopRange { begin, end })
+    }
+
+    /// A host expression passed to the kernel by value, deduplicated by its
+    /// text: `what` (an extent, a start index) may not use device names.
+    fn host_scalar(&mut self, e: &SynExpr, what: &str) -> syn::Result<ScalarId> {
+        if let Some(name) = self.device_name_in(e) {
+            return Err(err(
+                e,
+                format!(
+                    "{what} is computed on the host, before the kernel runs, but this uses `{name}` of the \
+                     device code{}",
+                    if what.contains("extent") {
+                        "; for bounds computed in the program loop over `tile(begin..end)` or `begin..end`"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        Ok(self.scalar(e))
+    }
+
+    fn scalar(&mut self, e: &SynExpr) -> ScalarId {
         let text = src(e);
         if let Some(i) = self.kernel.scalars.iter().position(|s| s.name == text) {
             return i;
@@ -222,6 +406,35 @@ impl Builder {
         self.kernel.scalars.push(ScalarParam { name: text });
         self.scalar_exprs.push(e.to_token_stream());
         self.kernel.scalars.len() - 1
+    }
+
+    /// A name of the device code (a tile, a local) that `e` uses, if any.
+    fn device_name_in(&self, e: &SynExpr) -> Option<String> {
+        fn walk(b: &Builder, ts: TokenStream) -> Option<String> {
+            let mut after_dot = false;
+            for tt in ts {
+                match tt {
+                    TokenTree::Group(g) => {
+                        if let Some(n) = walk(b, g.stream()) {
+                            return Some(n);
+                        }
+                        after_dot = false;
+                    }
+                    TokenTree::Ident(i) => {
+                        let name = i.to_string();
+                        // `a.size(0)`: a method, not a name.
+                        if !after_dot && b.lookup(&name).is_some() {
+                            return Some(name);
+                        }
+                        after_dot = false;
+                    }
+                    TokenTree::Punct(p) => after_dot = p.as_char() == '.',
+                    TokenTree::Literal(_) => after_dot = false,
+                }
+            }
+            None
+        }
+        walk(self, e.to_token_stream())
     }
 
     fn lookup(&self, name: &str) -> Option<Binding> {
@@ -249,7 +462,10 @@ impl Builder {
             if have != rank {
                 return Err(err(
                     at,
-                    format!("`{name}` was indexed with {have} tile(s) before and with {rank} here"),
+                    format!(
+                        "`{name}` was indexed with {have} component(s) before and with {rank} here; \
+                         index a tensor with one component per dimension everywhere"
+                    ),
                 ));
             }
             return Ok(i);
@@ -296,14 +512,11 @@ impl Builder {
                     name: ident.to_string(),
                     mutable,
                 });
-                out.push(Stmt::Let {
-                    var,
-                    value,
-                    at: src(local),
-                });
-                self.scopes
-                    .last_mut()
-                    .map(|sc| sc.insert(ident.to_string(), Binding::Var(var)));
+                let at = self.at(local);
+                out.push(Stmt::Let { var, value, at });
+                if let Some(sc) = self.scopes.last_mut() {
+                    sc.insert(ident.to_string(), Binding::Var(var));
+                }
                 Ok(())
             }
             SynStmt::Expr(e, _) => self.expr_stmt(e, out),
@@ -332,7 +545,7 @@ impl Builder {
                     op,
                     lhs: Box::new(lhs),
                     rhs: Box::new(rhs),
-                    at: src(e),
+                    at: self.at(e),
                 };
                 self.assign(&b.left, value, e, out)
             }
@@ -343,27 +556,26 @@ impl Builder {
                         "`wait` takes three arguments: `wait(flags, index, value)`",
                     ));
                 }
-                let SynExpr::Path(p) = &c.args[0] else {
-                    return Err(err(
+                let ident = match &c.args[0] {
+                    SynExpr::Path(p) => p.path.get_ident(),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    err(
                         &c.args[0],
                         "the first argument of `wait` is a flag tensor, by name",
-                    ));
-                };
-                let Some(ident) = p.path.get_ident() else {
-                    return Err(err(
-                        &c.args[0],
-                        "the first argument of `wait` is a flag tensor, by name",
-                    ));
-                };
+                    )
+                })?;
                 let tensor = self.tensor(ident, 1, &c.args[0])?;
                 let (index, end) = self.wait_index(&c.args[1])?;
                 let value = self.expr(&c.args[2])?;
+                let at = self.at(c);
                 out.push(Stmt::Wait {
                     tensor,
                     index,
                     end,
                     value,
-                    at: src(c),
+                    at,
                 });
                 Ok(())
             }
@@ -374,7 +586,7 @@ impl Builder {
                         "`signal` takes three arguments: `signal(counters, index, value)`",
                     ));
                 }
-                let tensor = match &c.args[0] {
+                let ident = match &c.args[0] {
                     SynExpr::Path(p) => p.path.get_ident(),
                     _ => None,
                 }
@@ -384,14 +596,49 @@ impl Builder {
                         "the first argument of `signal` is a counter tensor, by name",
                     )
                 })?;
-                let tensor = self.tensor(tensor, 1, &c.args[0])?;
+                let tensor = self.tensor(ident, 1, &c.args[0])?;
                 let index = self.expr(&c.args[1])?;
                 let value = self.expr(&c.args[2])?;
+                let at = self.at(c);
                 out.push(Stmt::Signal {
                     tensor,
                     index,
                     value,
-                    at: src(c),
+                    at,
+                });
+                Ok(())
+            }
+            SynExpr::Call(c) if atomic_of(&c.func).is_some() => {
+                let op = atomic_of(&c.func).unwrap_or(AtomicOp::Add);
+                let name = op.name();
+                if c.args.len() != 2 {
+                    return Err(err(
+                        c,
+                        format!("`{name}` takes two arguments: `{name}(t[index], value)`"),
+                    ));
+                }
+                let place = match bare(&c.args[0]) {
+                    SynExpr::Reference(r) => bare(&r.expr),
+                    other => other,
+                };
+                let SynExpr::Index(ix) = place else {
+                    return Err(err(
+                        &c.args[0],
+                        format!(
+                            "the first argument of `{name}` is the place to update, a tensor index such as \
+                             `out[(tm, tn)]` or `hist[ids[ti]]`"
+                        ),
+                    ));
+                };
+                let (tensor, index) = self.index(ix)?;
+                let value = self.expr(&c.args[1])?;
+                let at = self.at(c);
+                out.push(Stmt::Atomic {
+                    op,
+                    tensor,
+                    index,
+                    value,
+                    at,
                 });
                 Ok(())
             }
@@ -410,27 +657,32 @@ impl Builder {
                     SynExpr::MethodCall(m) => {
                         return Err(err(
                             &m.method,
-                            "an inner tile loop iterates over `tile(extent)` or `tile(extent).until(bound)`",
+                            format!(
+                            "{LOOPS}; `.until(bound)` is the only method a loop's iterator takes"
+                        ),
                         ))
                     }
                     other => (other, None),
                 };
                 self.scopes.push(HashMap::new());
-                let dims = self.tile_loop_dims(&fl.pat, iter)?;
+                let dims = self.tile_loop(&fl.pat, iter, false)?;
                 if until.is_some() && dims.len() != 1 {
                     return Err(err(
                         &fl.pat,
                         "`.until(bound)` bounds a loop over one tile: `for tn in tile(n).until(bound)`",
                     ));
                 }
+                let ids: Vec<DimId> = dims.iter().map(|(d, _)| *d).collect();
+                self.remember_loop(fl, &ids);
                 let mut body = self.block(&fl.body.stmts)?;
                 self.scopes.pop();
                 let mut until = until;
-                for &d in dims.iter().rev() {
+                for (d, range) in dims.into_iter().rev() {
                     body = vec![Stmt::Loop {
                         dim: d,
                         body,
                         until: until.take(),
+                        range: range.map(Box::new),
                     }];
                 }
                 out.extend(body);
@@ -443,7 +695,7 @@ impl Builder {
             }
             SynExpr::While(_) | SynExpr::Loop(_) => Err(err(
                 e,
-                "device code loops only over tiles: write `for t in tile(extent) { … }`",
+                format!("device code has no `while` or `loop`: {LOOPS}"),
             )),
             SynExpr::If(i) => {
                 let stmt = self.if_stmt(i)?;
@@ -452,8 +704,8 @@ impl Builder {
             }
             SynExpr::Match(_) => Err(err(
                 e,
-                "device code has no `match`; branch on `#[constexpr]` parameters with `if`, and \
-                 make per-element choices with `min`/`max`/`relu`",
+                "device code has no `match`; branch with `if`, and make per-element choices with \
+                 `select(mask, a, b)`",
             )),
             other => Err(err(
                 other,
@@ -478,7 +730,7 @@ impl Builder {
             cond,
             then,
             otherwise,
-            at: src(&i.cond),
+            at: self.at(&i.cond),
         })
     }
 
@@ -501,7 +753,7 @@ impl Builder {
             cond: Box::new(cond),
             then: Box::new(then),
             otherwise: Box::new(otherwise),
-            at: src(&i.cond),
+            at: self.at(&i.cond),
         })
     }
 
@@ -515,8 +767,10 @@ impl Builder {
         }
     }
 
-    /// The condition of a device `if`: decided when the kernel is specialized,
-    /// so it may use only `#[constexpr]` parameters and integer literals.
+    /// The condition of a device `if`: comparisons of device values combined
+    /// with `!`, `&&`, `||`, or a value (true when not zero). One over
+    /// `#[constexpr]` parameters and literals is decided when the kernel is
+    /// specialized; any other is a branch the whole program takes.
     fn cond(&mut self, e: &SynExpr) -> syn::Result<Cond> {
         Ok(match e {
             SynExpr::Paren(p) => self.cond(&p.expr)?,
@@ -524,88 +778,29 @@ impl Builder {
             SynExpr::Unary(u) if matches!(u.op, SynUn::Not(_)) => {
                 Cond::Not(Box::new(self.cond(&u.expr)?))
             }
-            SynExpr::Binary(b) => {
-                let cmp = match b.op {
-                    SynBin::Eq(_) => Some(CmpOp::Eq),
-                    SynBin::Ne(_) => Some(CmpOp::Ne),
-                    SynBin::Lt(_) => Some(CmpOp::Lt),
-                    SynBin::Le(_) => Some(CmpOp::Le),
-                    SynBin::Gt(_) => Some(CmpOp::Gt),
-                    SynBin::Ge(_) => Some(CmpOp::Ge),
-                    _ => None,
-                };
-                match (cmp, &b.op) {
-                    (Some(op), _) => Cond::Cmp {
-                        op,
-                        lhs: self.const_value(&b.left)?,
-                        rhs: self.const_value(&b.right)?,
-                    },
-                    (None, SynBin::And(_)) => Cond::And(
-                        Box::new(self.cond(&b.left)?),
-                        Box::new(self.cond(&b.right)?),
-                    ),
-                    (None, SynBin::Or(_)) => Cond::Or(
-                        Box::new(self.cond(&b.left)?),
-                        Box::new(self.cond(&b.right)?),
-                    ),
-                    _ => Cond::NonZero(self.const_value(e)?),
-                }
-            }
-            other => Cond::NonZero(self.const_value(other)?),
-        })
-    }
-
-    /// An integer expression of `#[constexpr]` parameters and literals.
-    fn const_value(&self, e: &SynExpr) -> syn::Result<Expr> {
-        const ONLY: &str =
-            "device `if`s are decided when the kernel is compiled: their conditions \
-                            use `#[constexpr]` parameters and integer literals only \
-                            (per-element choices use `min`/`max`/`relu`)";
-        Ok(match e {
-            SynExpr::Paren(p) => self.const_value(&p.expr)?,
-            SynExpr::Group(g) => self.const_value(&g.expr)?,
-            SynExpr::Lit(l) => match &l.lit {
-                Lit::Int(i) => Expr::Int(i.base10_parse()?),
-                Lit::Bool(b) => Expr::Int(i64::from(b.value)),
-                other => return Err(err(other, ONLY)),
-            },
-            SynExpr::Path(p) => {
-                let name = p
-                    .path
-                    .get_ident()
-                    .map(|i| i.to_string())
-                    .unwrap_or_default();
-                match self.consts.iter().position(|c| *c == name) {
-                    Some(c) => Expr::Const(c),
-                    None => {
-                        return Err(err(
-                            p,
-                            format!("`{name}` is not a `#[constexpr]` parameter; {ONLY}"),
-                        ))
-                    }
-                }
-            }
-            SynExpr::Unary(u) if matches!(u.op, SynUn::Neg(_)) => Expr::Unary {
-                op: UnOp::Neg,
-                arg: Box::new(self.const_value(&u.expr)?),
-            },
-            SynExpr::Binary(b) => {
-                let op = match b.op {
-                    SynBin::Add(_) => BinOp::Add,
-                    SynBin::Sub(_) => BinOp::Sub,
-                    SynBin::Mul(_) => BinOp::Mul,
-                    SynBin::Div(_) => BinOp::Div,
-                    SynBin::Rem(_) => BinOp::Rem,
-                    _ => return Err(err(b, ONLY)),
-                };
-                Expr::Binary {
+            SynExpr::Binary(b) => match (cmp_op(&b.op), &b.op) {
+                (Some(op), _) => Cond::Cmp {
                     op,
-                    lhs: Box::new(self.const_value(&b.left)?),
-                    rhs: Box::new(self.const_value(&b.right)?),
-                    at: src(b),
-                }
+                    lhs: self.expr(&b.left)?,
+                    rhs: self.expr(&b.right)?,
+                },
+                (None, SynBin::And(_)) => Cond::And(
+                    Box::new(self.cond(&b.left)?),
+                    Box::new(self.cond(&b.right)?),
+                ),
+                (None, SynBin::Or(_)) => Cond::Or(
+                    Box::new(self.cond(&b.left)?),
+                    Box::new(self.cond(&b.right)?),
+                ),
+                _ => Cond::NonZero(self.expr(e)?),
+            },
+            SynExpr::Let(l) => {
+                return Err(err(
+                    l,
+                    "device code has no `if let`; branch on a comparison, e.g. `if n > 0 { … }`",
+                ))
             }
-            other => return Err(err(other, ONLY)),
+            other => Cond::NonZero(self.expr(other)?),
         })
     }
 
@@ -619,11 +814,12 @@ impl Builder {
         match lhs {
             SynExpr::Index(ix) => {
                 let (tensor, index) = self.index(ix)?;
+                let at = self.at(whole);
                 out.push(Stmt::Store {
                     tensor,
                     index,
                     value,
-                    at: src(whole),
+                    at,
                 });
                 Ok(())
             }
@@ -638,11 +834,8 @@ impl Builder {
                         if !self.kernel.vars[var].mutable {
                             return Err(err(lhs, format!("cannot assign twice to `{name}`: declare it `let mut {name}`")));
                         }
-                        out.push(Stmt::Assign {
-                            var,
-                            value,
-                            at: src(whole),
-                        });
+                        let at = self.at(whole);
+                        out.push(Stmt::Assign { var, value, at });
                         Ok(())
                     }
                     _ => Err(err(
@@ -658,53 +851,70 @@ impl Builder {
         }
     }
 
-    /// `t[(a, b)]`, `t[[a, b]]` or `t[a]` with tiles `a`, `b`.
-    fn index(&mut self, ix: &syn::ExprIndex) -> syn::Result<(TensorId, Vec<DimId>)> {
-        let SynExpr::Path(p) = ix.expr.as_ref() else {
-            return Err(err(
-                &ix.expr,
-                "only tensors passed from the host code can be indexed, by name",
-            ));
-        };
-        let Some(ident) = p.path.get_ident() else {
-            return Err(err(
-                &ix.expr,
-                "only tensors passed from the host code can be indexed, by name",
-            ));
-        };
-        let parts: Vec<&SynExpr> = match ix.index.as_ref() {
-            SynExpr::Tuple(t) => t.elems.iter().collect(),
-            SynExpr::Array(a) => a.elems.iter().collect(),
-            SynExpr::Paren(p) => vec![p.expr.as_ref()],
-            other => vec![other],
-        };
-        let mut dims = Vec::new();
-        for part in &parts {
-            dims.push(self.tile_ref(part)?);
+    /// `t[(a, b)]`, `t[[a, b]]` or `t[a]`: one integer expression per
+    /// dimension, where a bare tile name stands for its indices.
+    fn index(&mut self, ix: &syn::ExprIndex) -> syn::Result<(TensorId, Vec<Expr>)> {
+        let ident = match ix.expr.as_ref() {
+            SynExpr::Path(p) => p.path.get_ident(),
+            _ => None,
         }
-        let tensor = self.tensor(ident, dims.len(), ix)?;
-        Ok((tensor, dims))
+        .ok_or_else(|| {
+            err(
+                &ix.expr,
+                "only tensors passed from the host code can be indexed, by name",
+            )
+        })?;
+        self.in_index += 1;
+        let index: syn::Result<Vec<Expr>> = list(&ix.index)
+            .into_iter()
+            .map(|part| self.index_component(part))
+            .collect();
+        self.in_index -= 1;
+        let index = index?;
+        let tensor = self.tensor(ident, index.len(), ix)?;
+        Ok((tensor, index))
     }
 
-    fn tile_ref(&self, e: &SynExpr) -> syn::Result<DimId> {
-        if let SynExpr::Path(p) = e {
+    fn index_component(&mut self, e: &SynExpr) -> syn::Result<Expr> {
+        match bare(e) {
+            SynExpr::Lit(l) if matches!(l.lit, Lit::Float(_)) => Err(err(
+                e,
+                "index components are integers: a tile (`tn`), an offset tile (`tn + 1`), a gathered \
+                 index (`ids[tt]`) or an integer scalar (`0`, `b`); convert a float with `.cast::<i64>()`",
+            )),
+            SynExpr::Range(r) => Err(err(
+                r,
+                "a tensor is indexed element by element, not sliced: loop over the range with \
+                 `for t in tile(begin..end)` and index with the tile, `x[t]`",
+            )),
+            _ => self.expr(e),
+        }
+    }
+
+    /// A tile named by `e`: a bare name bound by an enclosing loop.
+    fn tile_ref(&self, e: &SynExpr) -> Option<DimId> {
+        if let SynExpr::Path(p) = bare(e) {
             if let Some(i) = p.path.get_ident() {
                 if let Some(Binding::Tile(d)) = self.lookup(&i.to_string()) {
-                    return Ok(d);
+                    return Some(d);
                 }
             }
         }
-        Err(err(e, "tensors are indexed by tiles of enclosing `tile()` loops, e.g. `a[(tm, tk)]` or `bias[tn]`"))
+        None
     }
 
     fn tile_list(&self, e: &SynExpr) -> syn::Result<Vec<DimId>> {
-        let parts: Vec<&SynExpr> = match e {
-            SynExpr::Tuple(t) => t.elems.iter().collect(),
-            SynExpr::Array(a) => a.elems.iter().collect(),
-            SynExpr::Paren(p) => vec![p.expr.as_ref()],
-            other => vec![other],
-        };
-        parts.into_iter().map(|p| self.tile_ref(p)).collect()
+        list(e)
+            .into_iter()
+            .map(|p| {
+                self.tile_ref(p).ok_or_else(|| {
+                    err(
+                        p,
+                        "the tiles of a value are names bound by enclosing `tile()` loops, e.g. `zeros::<f32>([tm, tn])`",
+                    )
+                })
+            })
+            .collect()
     }
 
     /// The index of `wait`: one flag, or a bounded range `lo..hi` / `lo..=hi` of them
@@ -713,24 +923,14 @@ impl Builder {
         let SynExpr::Range(r) = e else {
             return Ok((self.expr(e)?, None));
         };
-        let (Some(lo), Some(hi)) = (&r.start, &r.end) else {
+        if r.start.is_none() || r.end.is_none() {
             return Err(err(
                 r,
                 "a range of flags in `wait` needs both ends, e.g. `lo..hi` or `lo..=hi`",
             ));
-        };
-        let lo = self.expr(lo)?;
-        let hi = self.expr(hi)?;
-        let end = match r.limits {
-            syn::RangeLimits::HalfOpen(_) => hi,
-            syn::RangeLimits::Closed(_) => Expr::Binary {
-                op: BinOp::Add,
-                lhs: Box::new(hi),
-                rhs: Box::new(Expr::Int(1)),
-                at: src(r),
-            },
-        };
-        Ok((lo, Some(end)))
+        }
+        let r = self.range(r, "a range of flags")?;
+        Ok((r.begin, Some(r.end)))
     }
 
     fn expr(&mut self, e: &SynExpr) -> syn::Result<Expr> {
@@ -738,7 +938,13 @@ impl Builder {
             SynExpr::Lit(l) => match &l.lit {
                 Lit::Int(i) => Expr::Int(i.base10_parse()?),
                 Lit::Float(f) => Expr::Float(f.base10_parse()?),
-                other => return Err(err(other, "device code takes integer and float literals only")),
+                Lit::Bool(b) => Expr::Int(i64::from(b.value)),
+                other => {
+                    return Err(err(
+                        other,
+                        "device code takes integer, float and `true`/`false` literals only",
+                    ))
+                }
             },
             SynExpr::Paren(p) => self.expr(&p.expr)?,
             SynExpr::Group(g) => self.expr(&g.expr)?,
@@ -753,17 +959,26 @@ impl Builder {
                 let name = ident.to_string();
                 match self.lookup(&name) {
                     Some(Binding::Var(v)) => Expr::Var(v),
+                    // An index walked one at a time is an integer scalar; a
+                    // tile inside a tensor index stands for its indices.
+                    Some(Binding::Tile(d)) if self.kernel.dims[d].each || self.in_index > 0 => {
+                        Expr::TileIndex(d)
+                    }
                     Some(Binding::Tile(_)) => {
                         return Err(err(
                             p,
-                            format!("tile `{name}` is not a value; use `{name}.begin()`, `{name}.end()`, `{name}.size()` or `{name}.index()` (each element's index)"),
+                            format!(
+                                "tile `{name}` is not a value; use `{name}.index()` (each element's index), \
+                                 `{name}.begin()`, `{name}.end()` or `{name}.size()` (inside a tensor index, \
+                                 a bare `{name}` is its indices: `x[{name}]`, `x[{name} + 1]`)"
+                            ),
                         ))
                     }
                     None => {
                         if let Some(c) = self.consts.iter().position(|c| *c == name) {
                             Expr::Const(c)
                         } else {
-                            Expr::Scalar(self.host_scalar(e))
+                            Expr::Scalar(self.scalar(e))
                         }
                     }
                 }
@@ -773,7 +988,7 @@ impl Builder {
                 Expr::Load {
                     tensor,
                     index,
-                    at: src(ix),
+                    at: self.at(ix),
                 }
             }
             SynExpr::Unary(u) => match u.op {
@@ -781,43 +996,42 @@ impl Builder {
                     op: UnOp::Neg,
                     arg: Box::new(self.expr(&u.expr)?),
                 },
-                _ => return Err(err(u, "device code supports unary `-` only")),
+                SynUn::Not(_) => Expr::Unary {
+                    op: UnOp::Not,
+                    arg: Box::new(self.expr(&u.expr)?),
+                },
+                _ => return Err(err(
+                    u,
+                    "device code has the unary operators `-` and `!` (bitwise not of an integer, \
+                         logical not of a mask); values are not references",
+                )),
             },
             SynExpr::Binary(b) => {
-                let op = match b.op {
-                    SynBin::Add(_) => BinOp::Add,
-                    SynBin::Sub(_) => BinOp::Sub,
-                    SynBin::Mul(_) => BinOp::Mul,
-                    SynBin::Div(_) => BinOp::Div,
-                    SynBin::Rem(_) => BinOp::Rem,
-                    other => {
-                        let cmp = match other {
-                            SynBin::Eq(_) => CmpOp::Eq,
-                            SynBin::Ne(_) => CmpOp::Ne,
-                            SynBin::Lt(_) => CmpOp::Lt,
-                            SynBin::Le(_) => CmpOp::Le,
-                            SynBin::Gt(_) => CmpOp::Gt,
-                            SynBin::Ge(_) => CmpOp::Ge,
-                            _ => {
-                                return Err(err(
-                                    b,
-                                    "device code supports `+ - * / %` and comparisons (`==`, `<`, …, giving a mask for `select`); combine masks with `*` (and) or `select`",
-                                ))
-                            }
-                        };
-                        return Ok(Expr::Compare {
-                            op: cmp,
-                            lhs: Box::new(self.expr(&b.left)?),
-                            rhs: Box::new(self.expr(&b.right)?),
-                            at: src(b),
-                        });
-                    }
+                if let Some(op) = cmp_op(&b.op) {
+                    let lhs = Box::new(self.expr(&b.left)?);
+                    let rhs = Box::new(self.expr(&b.right)?);
+                    return Ok(Expr::Compare {
+                        op,
+                        lhs,
+                        rhs,
+                        at: self.at(b),
+                    });
+                }
+                let Some(op) = bin_op(&b.op) else {
+                    return Err(err(
+                        b,
+                        "this is a statement, not a value (write it on its own line, ending with `;`); \
+                         device values use `+ - * / %`, `& | ^ << >>`, `&& ||` on masks, and \
+                         comparisons (`==`, `<`, …)",
+                    ));
                 };
+                let lhs = Box::new(self.expr(&b.left)?);
+                let rhs = Box::new(self.expr(&b.right)?);
                 Expr::Binary {
                     op,
-                    lhs: Box::new(self.expr(&b.left)?),
-                    rhs: Box::new(self.expr(&b.right)?),
-                    at: src(b),
+                    lhs,
+                    rhs,
+                    at: self.at(b),
                 }
             }
             SynExpr::Cast(c) => Expr::Cast {
@@ -831,10 +1045,19 @@ impl Builder {
                 SynStmt::Expr(inner, None) => self.expr(inner)?,
                 other => return Err(err(other, "a block used as a value holds one expression")),
             },
+            SynExpr::Range(r) => return Err(err(
+                r,
+                "a range is not a value; loop over it (`for i in a..b`, `for t in tile(a..b)`) or \
+                     wait on it (`wait(flags, lo..hi, value)`)",
+            )),
             other => {
                 return Err(err(
                     other,
-                    format!("this expression is not supported in device code; device code has literals, names, tile loads, arithmetic and the functions {FUNCTIONS}"),
+                    format!(
+                    "this expression is not supported in device code; device code has literals, \
+                         names, tensor loads, arithmetic and the functions {}",
+                    functions()
+                ),
                 ))
             }
         })
@@ -844,7 +1067,10 @@ impl Builder {
         let SynExpr::Path(p) = c.func.as_ref() else {
             return Err(err(
                 &c.func,
-                format!("device code calls only the DSL's functions: {FUNCTIONS}"),
+                format!(
+                    "device code calls only the DSL's functions: {}",
+                    functions()
+                ),
             ));
         };
         let Some(seg) = p.path.segments.last() else {
@@ -852,9 +1078,15 @@ impl Builder {
         };
         let name = seg.ident.to_string();
         let args: Vec<&SynExpr> = c.args.iter().collect();
-        let arity = |n: usize| -> syn::Result<()> {
+        let arity = |n: usize, form: &str| -> syn::Result<()> {
             if args.len() != n {
-                Err(err(c, format!("`{name}` takes {n} argument(s)")))
+                Err(err(
+                    c,
+                    format!(
+                        "`{name}` takes {n} argument{}: `{form}`",
+                        if n == 1 { "" } else { "s" }
+                    ),
+                ))
             } else {
                 Ok(())
             }
@@ -868,49 +1100,45 @@ impl Builder {
         };
         Ok(match name.as_str() {
             "addmm" => {
-                arity(3)?;
+                arity(3, "addmm(acc, a, b)")?;
+                let acc = Box::new(self.expr(args[0])?);
+                let a = Box::new(self.expr(args[1])?);
+                let b = Box::new(self.expr(args[2])?);
                 Expr::Addmm {
-                    acc: Box::new(self.expr(args[0])?),
-                    a: Box::new(self.expr(args[1])?),
-                    b: Box::new(self.expr(args[2])?),
-                    at: src(c),
+                    acc,
+                    a,
+                    b,
+                    at: self.at(c),
                 }
             }
-            "zeros" | "full" => {
-                arity(if name == "zeros" { 1 } else { 2 })?;
-                let dims = self.tile_list(args[0])?;
-                let value = if name == "full" {
-                    literal(args[1])
-                        .ok_or_else(|| err(args[1], "the value of `full` is a number literal"))?
-                } else {
-                    0.0
-                };
+            "zeros" => {
+                arity(1, "zeros::<f32>([tm, tn])")?;
                 Expr::Full {
-                    dims,
+                    dims: self.tile_list(args[0])?,
+                    dtype: turbofish.unwrap_or(DType::F32),
+                    value: 0.0,
+                }
+            }
+            "full" => {
+                arity(2, "full::<f32>([tm, tn], value)")?;
+                let value = literal(args[1])
+                    .ok_or_else(|| err(args[1], "the value of `full` is a number literal"))?;
+                Expr::Full {
+                    dims: self.tile_list(args[0])?,
                     dtype: turbofish.unwrap_or(DType::F32),
                     value,
                 }
             }
-            "min" | "max" => {
-                arity(2)?;
-                Expr::Binary {
-                    op: if name == "min" {
-                        BinOp::Min
-                    } else {
-                        BinOp::Max
-                    },
-                    lhs: Box::new(self.expr(args[0])?),
-                    rhs: Box::new(self.expr(args[1])?),
-                    at: src(c),
-                }
-            }
             "select" => {
-                arity(3)?;
+                arity(3, "select(mask, a, b)")?;
+                let mask = Box::new(self.expr(args[0])?);
+                let then = Box::new(self.expr(args[1])?);
+                let otherwise = Box::new(self.expr(args[2])?);
                 Expr::Select {
-                    mask: Box::new(self.expr(args[0])?),
-                    then: Box::new(self.expr(args[1])?),
-                    otherwise: Box::new(self.expr(args[2])?),
-                    at: src(c),
+                    mask,
+                    then,
+                    otherwise,
+                    at: self.at(c),
                 }
             }
             "wait" | "signal" => {
@@ -919,42 +1147,74 @@ impl Builder {
                     format!("`{name}(…, index, value)` is a statement: end it with `;`"),
                 ))
             }
-            "tile" => {
+            _ if AtomicOp::from_name(&name).is_some() => {
                 return Err(err(
                     c,
-                    "`tile(...)` is used as the iterator of a `for` loop",
+                    format!(
+                        "`{name}(t[index], value)` is a statement and returns nothing: write it on its own, ending with `;`"
+                    ),
                 ))
             }
-            _ => match UnOp::from_name(&name) {
-                Some(op) => {
-                    arity(1)?;
+            "tile" | "each" | "whole" => {
+                return Err(err(
+                    c,
+                    format!("`{name}(…)` describes the iterator of a `for` loop: `for t in tile(…)`"),
+                ))
+            }
+            _ => {
+                if let Some(kind) = RandKind::from_name(&name) {
+                    arity(2, &format!("{name}(seed, offset)"))?;
+                    let seed = Box::new(self.expr(args[0])?);
+                    let offset = Box::new(self.expr(args[1])?);
+                    Expr::Rand {
+                        kind,
+                        seed,
+                        offset,
+                        at: self.at(c),
+                    }
+                } else if let Some(op) = BinOp::from_function(&name) {
+                    arity(2, &format!("{name}(a, b)"))?;
+                    let lhs = Box::new(self.expr(args[0])?);
+                    let rhs = Box::new(self.expr(args[1])?);
+                    Expr::Binary {
+                        op,
+                        lhs,
+                        rhs,
+                        at: self.at(c),
+                    }
+                } else if let Some(op) = UnOp::from_name(&name) {
+                    arity(1, &format!("{name}(x)"))?;
                     Expr::Unary {
                         op,
                         arg: Box::new(self.expr(args[0])?),
                     }
-                }
-                None => {
+                } else {
                     return Err(err(
                         &c.func,
                         format!(
-                            "unknown function `{name}` in device code; the DSL has {FUNCTIONS}"
+                            "unknown function `{name}` in device code; the DSL has {}",
+                            functions()
                         ),
-                    ))
+                    ));
                 }
-            },
+            }
         })
     }
 
     fn method(&mut self, m: &syn::ExprMethodCall) -> syn::Result<Expr> {
         let name = m.method.to_string();
-        // Tile methods: begin/end/size on a tile name.
+        let args: Vec<&SynExpr> = m.args.iter().collect();
+        // Tile methods: begin/end/size/index on a tile name.
         if matches!(name.as_str(), "begin" | "end" | "size" | "index") {
-            let d = self.tile_ref(&m.receiver).map_err(|_| {
+            let d = self.tile_ref(&m.receiver).ok_or_else(|| {
                 err(
                     &m.receiver,
                     format!("`.{name}()` is a method of tiles (the names bound by `tile()` loops)"),
                 )
             })?;
+            if !args.is_empty() {
+                return Err(err(m, format!("`.{name}()` takes no arguments")));
+            }
             return Ok(match name.as_str() {
                 "begin" => Expr::TileBegin(d),
                 "end" => Expr::TileEnd(d),
@@ -962,7 +1222,53 @@ impl Builder {
                 _ => Expr::TileSize(d),
             });
         }
-        let recv = self.expr(&m.receiver)?;
+        // `.sum(t)`, `.prod(t)`, `.max(t)`, `.min(t)` with a tile: a reduction
+        // along it (`.max(x)` with a value is the elementwise maximum).
+        if let (Some(op), [arg]) = (ReduceOp::from_name(&name), args.as_slice()) {
+            if let Some(dim) = self.tile_ref(arg) {
+                if self.kernel.dims[dim].each {
+                    let dn = &self.kernel.dims[dim].name;
+                    let (step, atomic) = match op {
+                        ReduceOp::Sum => ("acc = acc + x", Some("atomic_add")),
+                        ReduceOp::Prod => ("acc = acc * x", None),
+                        ReduceOp::Max => ("acc = max(acc, x)", Some("atomic_max")),
+                        ReduceOp::Min => ("acc = min(acc, x)", Some("atomic_min")),
+                    };
+                    let how = match atomic {
+                        Some(a) if self.kernel.grid.contains(&dim) => format!(
+                            "each program takes one `{dn}`: combine the programs' values into the output with \
+                             `{a}(out[…], x);`"
+                        ),
+                        _ => format!(
+                            "accumulate across its loop instead (`let mut acc = …` before it, `{step}` in it)"
+                        ),
+                    };
+                    let elementwise = match op {
+                        ReduceOp::Max => {
+                            format!("; for the larger of `x` and the index write `max(x, {dn})`")
+                        }
+                        ReduceOp::Min => {
+                            format!("; for the smaller of `x` and the index write `min(x, {dn})`")
+                        }
+                        _ => String::new(),
+                    };
+                    return Err(err(
+                        m,
+                        format!(
+                            "`{dn}` takes one index at a time (`each(…)` or `for {dn} in begin..end`), so there is \
+                             nothing to reduce along it; {how}{elementwise}"
+                        ),
+                    ));
+                }
+                let arg = Box::new(self.expr(&m.receiver)?);
+                return Ok(Expr::Reduce {
+                    op,
+                    arg,
+                    dim,
+                    at: self.at(m),
+                });
+            }
+        }
         let turbofish = match &m.turbofish {
             Some(t) => match t.args.first() {
                 Some(syn::GenericArgument::Type(ty)) => Some(dtype_of(ty)?),
@@ -970,72 +1276,91 @@ impl Builder {
             },
             None => None,
         };
-        let args: Vec<&SynExpr> = m.args.iter().collect();
-        // `.sum(t)`, `.max(t)`, `.min(t)` with a tile: a reduction along it
-        // (`.max(x)` with a value is the elementwise maximum).
-        let reduce = match name.as_str() {
-            "sum" => Some(ReduceOp::Sum),
-            "max" => Some(ReduceOp::Max),
-            "min" => Some(ReduceOp::Min),
-            _ => None,
-        };
-        if let (Some(op), [arg]) = (reduce, args.as_slice()) {
-            if let Ok(dim) = self.tile_ref(arg) {
-                return Ok(Expr::Reduce {
-                    op,
-                    arg: Box::new(recv),
-                    dim,
-                    at: src(m),
-                });
-            }
-        }
-        if name == "sum" {
+        if matches!(name.as_str(), "sum" | "prod") {
             return Err(err(
                 m,
-                "`.sum(t)` reduces along a tile `t` of an enclosing `tile()` loop, e.g. `x.sum(tn)`",
+                format!(
+                    "`.{name}(t)` reduces along a tile `t` of an enclosing `tile()` loop, e.g. `x.{name}(tn)`"
+                ),
             ));
         }
+        let recv = Box::new(self.expr(&m.receiver)?);
         Ok(match name.as_str() {
             "cast" | "to" => {
                 if !args.is_empty() {
                     return Err(err(m, "`.cast::<T>()` takes no arguments"));
                 }
                 Expr::Cast {
-                    arg: Box::new(recv),
+                    arg: recv,
                     dtype: turbofish,
                 }
             }
-            "min" | "max" => {
-                if args.len() != 1 {
-                    return Err(err(m, format!("`.{name}(other)` takes one argument")));
-                }
-                Expr::Binary {
-                    op: if name == "min" {
-                        BinOp::Min
-                    } else {
-                        BinOp::Max
-                    },
-                    lhs: Box::new(recv),
-                    rhs: Box::new(self.expr(args[0])?),
-                    at: src(m),
-                }
-            }
-            _ => match UnOp::from_name(&name) {
-                Some(op) if args.is_empty() => Expr::Unary {
-                    op,
-                    arg: Box::new(recv),
-                },
-                _ => {
+            _ => {
+                if let Some(op) = BinOp::from_function(&name) {
+                    let [arg] = args.as_slice() else {
+                        return Err(err(
+                            m,
+                            format!("`.{name}(other)` takes one argument: `a.{name}(b)`"),
+                        ));
+                    };
+                    Expr::Binary {
+                        op,
+                        lhs: recv,
+                        rhs: Box::new(self.expr(arg)?),
+                        at: self.at(m),
+                    }
+                } else if let Some(op) = UnOp::from_name(&name) {
+                    if !args.is_empty() {
+                        return Err(err(
+                            m,
+                            format!("`.{name}()` takes no arguments: `x.{name}()` or `{name}(x)`"),
+                        ));
+                    }
+                    Expr::Unary { op, arg: recv }
+                } else {
                     return Err(err(
                         &m.method,
                         format!(
-                            "unknown method `.{name}()` in device code; the DSL has {FUNCTIONS}"
+                            "unknown method `.{name}()` in device code; the DSL has {}",
+                            functions()
                         ),
-                    ))
+                    ));
                 }
-            },
+            }
         })
     }
+}
+
+fn bin_op(op: &SynBin) -> Option<BinOp> {
+    Some(match op {
+        SynBin::Add(_) => BinOp::Add,
+        SynBin::Sub(_) => BinOp::Sub,
+        SynBin::Mul(_) => BinOp::Mul,
+        SynBin::Div(_) => BinOp::Div,
+        SynBin::Rem(_) => BinOp::Rem,
+        SynBin::BitAnd(_) => BinOp::BitAnd,
+        SynBin::BitOr(_) => BinOp::BitOr,
+        SynBin::BitXor(_) => BinOp::BitXor,
+        SynBin::Shl(_) => BinOp::Shl,
+        SynBin::Shr(_) => BinOp::Shr,
+        // On masks (comparisons) `&&` and `||` are `&` and `|`: both sides
+        // are computed, there is no short circuit.
+        SynBin::And(_) => BinOp::BitAnd,
+        SynBin::Or(_) => BinOp::BitOr,
+        _ => return None,
+    })
+}
+
+fn cmp_op(op: &SynBin) -> Option<CmpOp> {
+    Some(match op {
+        SynBin::Eq(_) => CmpOp::Eq,
+        SynBin::Ne(_) => CmpOp::Ne,
+        SynBin::Lt(_) => CmpOp::Lt,
+        SynBin::Le(_) => CmpOp::Le,
+        SynBin::Gt(_) => CmpOp::Gt,
+        SynBin::Ge(_) => CmpOp::Ge,
+        _ => return None,
+    })
 }
 
 fn compound_op(op: &SynBin) -> Option<BinOp> {
@@ -1044,12 +1369,26 @@ fn compound_op(op: &SynBin) -> Option<BinOp> {
         SynBin::SubAssign(_) => BinOp::Sub,
         SynBin::MulAssign(_) => BinOp::Mul,
         SynBin::DivAssign(_) => BinOp::Div,
+        SynBin::RemAssign(_) => BinOp::Rem,
+        SynBin::BitAndAssign(_) => BinOp::BitAnd,
+        SynBin::BitOrAssign(_) => BinOp::BitOr,
+        SynBin::BitXorAssign(_) => BinOp::BitXor,
+        SynBin::ShlAssign(_) => BinOp::Shl,
+        SynBin::ShrAssign(_) => BinOp::Shr,
         _ => return None,
     })
 }
 
 fn is_fn(f: &SynExpr, name: &str) -> bool {
     matches!(f, SynExpr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == name))
+}
+
+/// The atomic operation a called function names (`atomic_add`), if it does.
+fn atomic_of(f: &SynExpr) -> Option<AtomicOp> {
+    match f {
+        SynExpr::Path(p) => AtomicOp::from_name(&p.path.segments.last()?.ident.to_string()),
+        _ => None,
+    }
 }
 
 fn literal(e: &SynExpr) -> Option<f64> {
@@ -1070,7 +1409,7 @@ fn literal(e: &SynExpr) -> Option<f64> {
     }
 }
 
-/// `bf16`, `half::bf16`, `f32`, … as a [`DType`].
+/// `bf16`, `half::bf16`, `f32`, `u8`, … as a [`DType`].
 pub fn dtype_of(ty: &syn::Type) -> syn::Result<DType> {
     if let syn::Type::Path(p) = ty {
         if let Some(seg) = p.path.segments.last() {
@@ -1079,8 +1418,12 @@ pub fn dtype_of(ty: &syn::Type) -> syn::Result<DType> {
             }
         }
     }
+    let names: Vec<&str> = DType::ALL.iter().map(|d| d.rust_name()).collect();
     Err(err(
         ty,
-        "element types are bf16, f16, f32, i32, u32 and i64",
+        format!(
+            "element types are {}; for an index use `i64`",
+            names.join(", ")
+        ),
     ))
 }

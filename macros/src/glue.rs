@@ -9,7 +9,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, FnArg, ItemFn, Pat, ReturnType, Stmt, Type};
 use tilefuse_codegen::dtype::DType;
 use tilefuse_codegen::spec::{ScalarKind, Spec, TensorSpec};
-use tilefuse_codegen::{default_config, lower, plan, Config};
+use tilefuse_codegen::{default_config, lower, CodegenError, Config, Kernel};
 
 /// `Tensor<T>` (behind any references) → `T`'s dtype.
 fn tensor_dtype_of_type(ty: &Type) -> Option<DType> {
@@ -76,14 +76,24 @@ fn returns_result(ret: &ReturnType) -> bool {
     }
 }
 
-pub fn expand(
-    pinned: Pinned,
-    attr_tokens: TokenStream,
-    mut func: ItemFn,
-) -> syn::Result<TokenStream> {
-    let name = func.sig.ident.clone();
-    let name_str = name.to_string();
+/// What the function's signature and body say: the kernel and the host
+/// values around it.
+pub(crate) struct Parsed {
+    pub builder: Builder,
+    /// `#[constexpr]` parameters, in `ConstId` order.
+    pub consts: Vec<syn::Ident>,
+    /// Tensor parameters whose rank the launch checks first.
+    pub tensor_params: Vec<syn::Ident>,
+    /// Names of float scalar parameters (the other scalars are integers).
+    pub float_params: Vec<String>,
+    /// Position of the grid loop in the body.
+    pub at: usize,
+}
 
+/// Reads the signature (dropping the `#[constexpr]` attributes it consumes)
+/// and turns the grid loop into the kernel's IR.
+pub(crate) fn parse(func: &mut ItemFn) -> syn::Result<Parsed> {
+    let name_str = func.sig.ident.to_string();
     // Signature: constexpr parameters, declared tensor dtypes, scalar kinds.
     let mut consts = Vec::new();
     let mut declared: HashMap<String, DType> = HashMap::new();
@@ -160,18 +170,85 @@ pub fn expand(
     let grid = is_grid_loop(&stmts[at])
         .ok_or_else(|| syn::Error::new_spanned(&stmts[at], "internal: grid loop"))?;
     let const_names: Vec<String> = consts.iter().map(|c| c.to_string()).collect();
-    let mut b = Builder::new(&name_str, const_names, declared);
-    b.grid_loop(grid)?;
+    let mut builder = Builder::new(&name_str, const_names, declared);
+    builder.grid_loop(grid)?;
+    Ok(Parsed {
+        builder,
+        consts,
+        tensor_params,
+        float_params,
+        at,
+    })
+}
+
+/// The argument facts of `kernel` when every tensor's dtype is declared in
+/// the source (constexprs taken as 0), for checking it at compile time.
+pub(crate) fn declared_spec(kernel: &Kernel, float_params: &[String]) -> Option<Spec> {
+    Some(Spec {
+        tensors: kernel
+            .tensors
+            .iter()
+            .map(|t| Some(TensorSpec::contiguous(t.declared?, t.rank)))
+            .collect::<Option<_>>()?,
+        scalars: kernel
+            .scalars
+            .iter()
+            .map(|s| {
+                if float_params.contains(&s.name) {
+                    ScalarKind::Float
+                } else {
+                    ScalarKind::Int
+                }
+            })
+            .collect(),
+        constexprs: vec![0; kernel.constexprs.len()],
+    })
+}
+
+pub fn expand(
+    pinned: Pinned,
+    attr_tokens: TokenStream,
+    mut func: ItemFn,
+) -> syn::Result<TokenStream> {
+    let name = func.sig.ident.clone();
+    let name_str = name.to_string();
+    let Parsed {
+        builder: b,
+        consts,
+        tensor_params,
+        float_params,
+        at,
+    } = parse(&mut func)?;
+    let stmts = &func.block.stmts;
     let kernel = b.kernel.clone();
 
-    // Checks that need no GPU: the kernel's form, and (when every dtype is known)
-    // its types and the lowering with the default or pinned config.
+    // Checks that need no GPU: when every dtype is known, the kernel's types
+    // and its lowering with the default or pinned config.
     let loop_span = stmts[at].span();
-    let mut cfg = default_config(&kernel);
     let pinned_given = pinned.block_sizes.is_some()
         || pinned.num_warps.is_some()
         || pinned.num_stages.is_some()
         || pinned.group_m.is_some();
+    // A config error points at the attribute that pinned it; an error about a
+    // place of the device code at that code (just the message: the span says
+    // where); other errors at the loop.
+    let to_syn = |e: CodegenError| match &e {
+        CodegenError::Config { .. } if pinned_given => {
+            syn::Error::new_spanned(&attr_tokens, e.to_string())
+        }
+        CodegenError::Type { at, message, .. } | CodegenError::Unsupported { at, message, .. } => {
+            match b.spans.iter().find(|(text, _)| text == at) {
+                Some((_, tokens)) => syn::Error::new_spanned(tokens, message),
+                None => syn::Error::new(loop_span, e.to_string()),
+            }
+        }
+        _ => syn::Error::new(loop_span, e.to_string()),
+    };
+    // The default of the kernel as checked below, with its compile-time `if`s
+    // decided (constexprs 0): a kernel whose branches all leave a GEMM gets
+    // the GEMM's default, as a launch does (`default_config_at` specializes).
+    let consts0 = vec![0; kernel.constexprs.len()];
+    let mut cfg = default_config(&*kernel.specialize(&consts0).map_err(to_syn)?);
     if let Some(bs) = pinned.block_sizes {
         cfg.block_sizes = bs;
     }
@@ -184,40 +261,13 @@ pub fn expand(
     if let Some(g) = pinned.group_m {
         cfg.group_m = g;
     }
-    // A config error points at the attribute that pinned it; other errors at the loop.
-    let to_syn = |e: tilefuse_codegen::CodegenError| match e {
-        tilefuse_codegen::CodegenError::Config { .. } if pinned_given => {
-            syn::Error::new_spanned(&attr_tokens, e.to_string())
-        }
-        other => syn::Error::new(loop_span, other.to_string()),
-    };
-    if kernel.tensors.iter().all(|t| t.declared.is_some()) {
+    if let Some(spec) = declared_spec(&kernel, &float_params) {
         // Every dtype is known: check types and lower with the default or pinned
         // config now, so mistakes are compile errors with the checker's message.
-        let spec = Spec {
-            tensors: kernel
-                .tensors
-                .iter()
-                .map(|t| TensorSpec::contiguous(t.declared.unwrap_or(DType::F32), t.rank))
-                .collect(),
-            scalars: kernel
-                .scalars
-                .iter()
-                .map(|s| {
-                    if float_params.contains(&s.name) {
-                        ScalarKind::Float
-                    } else {
-                        ScalarKind::Int
-                    }
-                })
-                .collect(),
-            constexprs: vec![0; kernel.constexprs.len()],
-        };
         lower(&kernel, &spec, &cfg).map_err(to_syn)?;
-    } else {
-        // Some dtypes are only known at launch: check the kernel's form now.
-        plan::classify(&kernel).map_err(to_syn)?;
     }
+    // Otherwise some dtypes are only known at launch, where the kernel is
+    // checked and lowered (every kernel the checker accepts has a lowering).
     let json = kernel.to_json();
     let pinned_tokens = if pinned_given {
         let cj = serde_json_config(&cfg);

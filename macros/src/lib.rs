@@ -9,6 +9,8 @@
 mod attr;
 mod device;
 mod glue;
+#[cfg(test)]
+mod tests;
 
 use proc_macro::TokenStream;
 

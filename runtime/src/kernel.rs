@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
-use tilefuse_codegen::ir::{Expr, Kernel, Stmt};
+use tilefuse_codegen::ir::Kernel;
 use tilefuse_codegen::{
     default_config, default_config_at, default_config_within, hopper_tiles, lower, Config,
     HopperTiles, Lowered, Param, Spec, TensorSpec,
@@ -91,66 +91,7 @@ impl std::ops::Deref for IrRef<'_> {
     }
 }
 
-/// One constraint between a tensor's size and a tile extent: `tensors[t].shape[axis] == extent(dim)`.
-struct SizeRule {
-    tensor: usize,
-    axis: usize,
-    dim: usize,
-    at: String,
-}
-
-fn size_rules(k: &Kernel) -> Vec<SizeRule> {
-    let mut rules: Vec<SizeRule> = Vec::new();
-    let mut add = |tensor: usize, index: &[usize], at: &str| {
-        for (axis, &dim) in index.iter().enumerate() {
-            if !rules
-                .iter()
-                .any(|r| r.tensor == tensor && r.axis == axis && r.dim == dim)
-            {
-                rules.push(SizeRule {
-                    tensor,
-                    axis,
-                    dim,
-                    at: at.to_string(),
-                });
-            }
-        }
-    };
-    let visit_expr = |e: &Expr, add: &mut dyn FnMut(usize, &[usize], &str)| {
-        e.walk(&mut |x| {
-            if let Expr::Load { tensor, index, at } = x {
-                add(*tensor, index, at);
-            }
-        })
-    };
-    k.walk_stmts(&mut |s| match s {
-        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => visit_expr(value, &mut add),
-        Stmt::Store {
-            tensor,
-            index,
-            value,
-            at,
-        } => {
-            add(*tensor, index, at);
-            visit_expr(value, &mut add);
-        }
-        Stmt::Wait {
-            index, end, value, ..
-        } => {
-            visit_expr(index, &mut add);
-            visit_expr(value, &mut add);
-            if let Some(end) = end {
-                visit_expr(end, &mut add);
-            }
-        }
-        Stmt::Signal { index, value, .. } => {
-            visit_expr(index, &mut add);
-            visit_expr(value, &mut add);
-        }
-        Stmt::Loop { .. } | Stmt::If { .. } => {}
-    });
-    rules
-}
+use tilefuse_codegen::rules::size_rules;
 
 impl KernelDef {
     /// Used by the macro: the kernel's name, its IR as JSON and an optional pinned config as JSON.
@@ -325,7 +266,7 @@ impl KernelDef {
                 .find(|(n, _)| std::ptr::eq(*n, self.name) || *n == self.name)
                 .map(|(_, r)| *r)
         });
-        if let (Some(rows), Ok(tilefuse_codegen::plan::Shape::Gemm(g))) =
+        if let (Some(rows), tilefuse_codegen::plan::Shape::Gemm(g)) =
             (cap, tilefuse_codegen::plan::classify(k))
         {
             let band =
@@ -430,11 +371,12 @@ impl KernelDef {
     fn check_sizes(&self, k: &Kernel, tensors: &[TensorArg], scalars: &[ScalarArg]) -> Result<()> {
         let ctx = || format!("kernel `{}`", k.name);
         for d in &k.dims {
-            if let ScalarArg::Int(v) = scalars[d.extent] {
+            let Some(e) = d.extent else { continue };
+            if let ScalarArg::Int(v) = scalars[e] {
                 if v < 0 {
                     return Err(argument(
                         ctx(),
-                        &k.scalars[d.extent].name,
+                        &k.scalars[e].name,
                         format!(
                             "is the extent of tile `{}` and must not be negative, got {v}",
                             d.name
@@ -445,7 +387,7 @@ impl KernelDef {
         }
         for r in size_rules(k) {
             let dim = &k.dims[r.dim];
-            let ScalarArg::Int(ext) = scalars[dim.extent] else {
+            let Some(ScalarArg::Int(ext)) = dim.extent.map(|e| scalars[e]) else {
                 continue;
             };
             let have = tensors[r.tensor].shape[r.axis] as i64;
@@ -455,7 +397,10 @@ impl KernelDef {
                     &k.tensors[r.tensor].name,
                     format!(
                         "dimension {} has size {have}, but `{}` indexes it with tile `{}`, which covers {} = {ext}",
-                        r.axis, r.at, dim.name, k.scalars[dim.extent].name
+                        r.axis,
+                        r.at,
+                        dim.name,
+                        dim.extent.map_or("?", |e| k.scalars[e].name.as_str())
                     ),
                 ));
             }
@@ -522,7 +467,7 @@ impl KernelDef {
             // Interpret mode: the pinned or default config's block sizes, no tuning.
             let ext = crate::autotune::extents(k, scalars);
             let default =
-                tilefuse_codegen::fit_rows_default(k, self.default_at(&dev, &spec, &ext)?, &ext);
+                tilefuse_codegen::fit_default(k, self.default_at(&dev, &spec, &ext)?, &ext);
             let config = self.group_rows_capped(k, default);
             let config =
                 tilefuse_codegen::fit_whole_dims(k, config, &crate::autotune::extents(k, scalars));

@@ -91,7 +91,7 @@ fn the_untuned_default_fits_its_tiles_to_the_sms() {
     let Some(dev) = hopper() else { return };
     let sms = dev.sm_count();
     let ir = mm_bf16::kernel().ir().unwrap();
-    let Ok(Shape::Gemm(g)) = classify(ir) else {
+    let Shape::Gemm(g) = classify(ir) else {
         panic!("mm_bf16 is a matmul")
     };
     // Ragged: 8 × sms/8 tiles of 128×256 (more than a wave of 128×128 ones).

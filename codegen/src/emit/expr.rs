@@ -2,21 +2,18 @@
 //!
 //! Every lowering evaluates elementwise code the same way: it picks, for each tile
 //! dimension, the C expression of the element's global index, and asks this module
-//! for the value. So a fused epilogue and a pointwise kernel share one meaning.
+//! for the value. So a fused epilogue, a row kernel and the general lowering
+//! share one meaning, the primitive tables' ([`crate::prims`]).
 
 use crate::check::Checked;
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
+use crate::prims::{binary, cast, unary};
 use crate::spec::{ScalarKind, Spec};
 use std::collections::HashMap;
 
-/// The C type an element value is computed in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CTy {
-    F32,
-    I64,
-}
+pub use crate::dtype::CTy;
 
 /// What the emitter needs to know about where it is.
 pub struct ElemCtx<'a> {
@@ -34,7 +31,7 @@ pub struct ElemCtx<'a> {
     pub precomputed: Vec<(Expr, String)>,
 }
 
-/// The C expression of `tensor[i0, i1, …]`'s address offset and its bounds mask.
+/// The C expression of `tensor[i0, i1, …]`'s address offset.
 pub fn tensor_offset(t: TensorId, index: &[String]) -> String {
     let terms: Vec<String> = index
         .iter()
@@ -54,29 +51,48 @@ pub fn tensor_mask(t: TensorId, index: &[String]) -> String {
     terms.join(" && ")
 }
 
+/// `0 <= coord < extent` for each index (a computed index may be negative).
+pub fn tensor_mask_signed(t: TensorId, index: &[String]) -> String {
+    let terms: Vec<String> = index
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("(unsigned long long)({c}) < (unsigned long long)t{t}_n{i}"))
+        .collect();
+    terms.join(" && ")
+}
+
 /// Converts a stored element (C storage type) to the type it is computed in.
 pub fn widen(dtype: DType, raw: &str) -> (String, CTy) {
     match dtype {
         DType::BF16 => (format!("tf_bf16_to_f32({raw})"), CTy::F32),
         DType::F16 => (format!("tf_f16_to_f32({raw})"), CTy::F32),
         DType::F32 => (raw.to_string(), CTy::F32),
-        DType::I32 | DType::U32 | DType::I64 => (format!("(long long)({raw})"), CTy::I64),
+        DType::Bool => (format!("({raw} != 0)"), CTy::Bool),
+        DType::I8 | DType::U8 | DType::I16 | DType::I32 => (format!("(int)({raw})"), CTy::I32),
+        DType::U32 => (format!("(unsigned int)({raw})"), CTy::U32),
+        DType::I64 => (format!("(long long)({raw})"), CTy::I64),
     }
 }
 
-/// Converts a computed value to the storage type of `dtype` (rounding to nearest even).
+/// Converts a computed value to the storage type of `dtype` (rounding to
+/// nearest even, saturating floats into integers: see [`cast`]).
 pub fn narrow(dtype: DType, value: &str, ty: CTy) -> String {
-    let as_f = || match ty {
-        CTy::F32 => value.to_string(),
-        CTy::I64 => format!("(float)({value})"),
-    };
+    let v = cast::cuda(value, ty, dtype);
     match dtype {
-        DType::BF16 => format!("tf_f32_to_bf16({})", as_f()),
-        DType::F16 => format!("tf_f32_to_f16({})", as_f()),
-        DType::F32 => as_f(),
-        DType::I32 => format!("(int)({value})"),
-        DType::U32 => format!("(unsigned int)({value})"),
-        DType::I64 => format!("(long long)({value})"),
+        DType::BF16 => format!("tf_f32_to_bf16({})", cast::cuda(value, ty, DType::F32)),
+        DType::F16 => format!("tf_f32_to_f16({})", cast::cuda(value, ty, DType::F32)),
+        _ => format!("({})({v})", dtype.c_storage()),
+    }
+}
+
+/// The C zero of a computed type (a masked load's value).
+pub fn zero(ty: CTy) -> &'static str {
+    match ty {
+        CTy::F32 => "0.0f",
+        CTy::Bool => "false",
+        CTy::I32 => "0",
+        CTy::U32 => "0u",
+        CTy::I64 => "0ll",
     }
 }
 
@@ -94,11 +110,39 @@ pub(crate) fn float_lit(v: f64) -> String {
     }
 }
 
-fn to_f32(e: (String, CTy)) -> String {
-    match e.1 {
-        CTy::F32 => e.0,
-        CTy::I64 => format!("(float)({})", e.0),
+/// An integer literal of a computed type.
+pub(crate) fn int_lit(v: i64, ty: CTy) -> String {
+    match ty {
+        CTy::F32 => float_lit(v as f64),
+        CTy::Bool => (v != 0).to_string(),
+        CTy::I32 => format!("(int){v}"),
+        CTy::U32 => format!("{}u", v as u32),
+        CTy::I64 if v == i64::MIN => "(-9223372036854775807ll - 1)".into(),
+        CTy::I64 => format!("{v}ll"),
     }
+}
+
+/// `e`, computed in `from`, as a value of `to`.
+pub(crate) fn convert(e: &str, from: CTy, to: CTy) -> String {
+    if from == to {
+        return e.to_string();
+    }
+    match to {
+        CTy::F32 => format!("(float)({e})"),
+        CTy::Bool => format!("({e} != 0)"),
+        CTy::I32 => format!("(int)({e})"),
+        CTy::U32 => format!("(unsigned int)({e})"),
+        CTy::I64 => format!("(long long)({e})"),
+    }
+}
+
+/// Fills `{x}` (and `{a}`, `{b}`) in a table's C template.
+pub(crate) fn fill(template: &str, args: &[(&str, &str)]) -> String {
+    let mut s = template.to_string();
+    for (k, v) in args {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    s
 }
 
 impl ElemCtx<'_> {
@@ -116,102 +160,126 @@ impl ElemCtx<'_> {
             })
     }
 
+    fn unsupported(&self, at: &str, message: impl Into<String>) -> CodegenError {
+        CodegenError::Unsupported {
+            kernel: self.k.name.clone(),
+            at: at.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The dtype `e` has by the checker's rules.
+    pub fn dtype_of(&self, e: &Expr) -> DType {
+        crate::check::type_of(self.k, self.spec, self.checked, e).map_or(DType::F32, |t| t.dtype)
+    }
+
     /// The C expression of one element of `e`, and its C type.
     pub fn emit(&self, e: &Expr, at: &str) -> Result<(String, CTy), CodegenError> {
         if let Some((_, name)) = self.precomputed.iter().find(|(x, _)| x == e) {
-            let ty = match e {
-                Expr::Load { tensor, .. } => widen(self.spec.tensors[*tensor].dtype, "").1,
-                _ => CTy::F32,
-            };
-            return Ok((name.clone(), ty));
+            return Ok((name.clone(), self.dtype_of(e).cty()));
         }
         Ok(match e {
             Expr::Var(v) => {
                 if let Some(name) = self.named_vars.get(v) {
-                    let ty = if self.checked.vars[*v].dtype.is_float() {
-                        CTy::F32
-                    } else {
-                        CTy::I64
-                    };
-                    (name.clone(), ty)
+                    (name.clone(), self.checked.vars[*v].dtype.cty())
                 } else if let Some(value) = self.inline_vars.get(v) {
                     let (c, ty) = self.emit(value, at)?;
                     (format!("({c})"), ty)
                 } else {
-                    return Err(CodegenError::Unsupported {
-                        kernel: self.k.name.clone(),
-                        at: at.to_string(),
-                        message: format!(
+                    return Err(self.unsupported(
+                        at,
+                        format!(
                             "`{}` cannot be used here: its value lives in another part of the kernel",
                             self.k.vars[*v].name
                         ),
-                    });
+                    ));
                 }
             }
             Expr::Load { tensor, index, at } => {
-                let coords = index
-                    .iter()
-                    .map(|d| self.coord(*d, at))
-                    .collect::<Result<Vec<_>, _>>()?;
                 let dtype = self.spec.tensors[*tensor].dtype;
+                let (coords, mask) = match plain_index(index) {
+                    // A tile's own indices: in the tensor where in the extent.
+                    Some(dims) => {
+                        let coords = dims
+                            .iter()
+                            .map(|d| self.coord(*d, at))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let mask = tensor_mask(*tensor, &coords);
+                        (coords, mask)
+                    }
+                    None => {
+                        let coords = index
+                            .iter()
+                            .map(|c| self.emit(c, at).map(|(x, t)| convert(&x, t, CTy::I64)))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let mask = tensor_mask_signed(*tensor, &coords);
+                        (coords, mask)
+                    }
+                };
                 let raw = format!("t{tensor}[{}]", tensor_offset(*tensor, &coords));
                 let (v, ty) = widen(dtype, &raw);
-                let zero = if ty == CTy::F32 { "0.0f" } else { "0ll" };
-                (
-                    format!("(({}) ? {v} : {zero})", tensor_mask(*tensor, &coords)),
-                    ty,
-                )
+                (format!("(({mask}) ? {v} : {})", zero(ty)), ty)
             }
-            Expr::Full { dtype, value, .. } => {
-                if dtype.is_float() {
-                    (float_lit(*value), CTy::F32)
-                } else {
-                    (format!("{}ll", *value as i64), CTy::I64)
-                }
-            }
+            Expr::Full { dtype, value, .. } => match cast::cpu(cast::Num::F(*value), *dtype) {
+                // The value as its dtype holds it (`full::<bf16>(…, 0.1)` is bf16's 0.1).
+                cast::Num::F(v) => (float_lit(v), CTy::F32),
+                cast::Num::I(v) => (int_lit(v, dtype.cty()), dtype.cty()),
+            },
             Expr::Addmm { at, .. } => {
-                return Err(CodegenError::Unsupported {
-                    kernel: self.k.name.clone(),
-                    at: at.clone(),
-                    message:
-                        "`addmm` is supported as `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`, \
-                              the only statement of an inner `tile()` loop"
-                            .into(),
-                })
+                return Err(self.unsupported(
+                    at,
+                    "`addmm` is supported as `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`, \
+                     the only statement of an inner `tile()` loop",
+                ))
             }
             Expr::Binary { op, lhs, rhs, at } => {
-                let l = self.emit(lhs, at)?;
-                let r = self.emit(rhs, at)?;
-                let float = l.1 == CTy::F32 || r.1 == CTy::F32;
-                let (a, b) = if float {
-                    (to_f32(l), to_f32(r))
+                let ty = self.dtype_of(e).cty();
+                let entry = op.entry();
+                let (a, b) = if entry.rule == binary::Rule::Shift {
+                    // The amount keeps its own value (as a `long long`): by the
+                    // width or more the helpers shift everything out.
+                    let (a, ta) = self.emit(lhs, at)?;
+                    let (b, tb) = self.emit(rhs, at)?;
+                    (convert(&a, ta, ty), convert(&b, tb, CTy::I64))
                 } else {
-                    (l.0, r.0)
+                    let operand_ty = if ty == CTy::Bool { CTy::Bool } else { ty };
+                    let (a, ta) = self.emit(lhs, at)?;
+                    let (b, tb) = self.emit(rhs, at)?;
+                    (convert(&a, ta, operand_ty), convert(&b, tb, operand_ty))
                 };
-                let code = match (op, float) {
-                    (BinOp::Add, _) => format!("({a} + {b})"),
-                    (BinOp::Sub, _) => format!("({a} - {b})"),
-                    (BinOp::Mul, _) => format!("({a} * {b})"),
-                    (BinOp::Div, true) => format!("tf_div({a}, {b})"),
-                    (BinOp::Div, false) => format!("({a} / {b})"),
-                    (BinOp::Rem, _) => format!("({a} % {b})"),
-                    (BinOp::Min, true) => format!("fminf({a}, {b})"),
-                    (BinOp::Max, true) => format!("fmaxf({a}, {b})"),
-                    (BinOp::Min, false) => format!("tf_min_i({a}, {b})"),
-                    (BinOp::Max, false) => format!("tf_max_i({a}, {b})"),
+                let template = match ty {
+                    CTy::F32 => entry.cuda,
+                    CTy::Bool => entry.cuda_bool,
+                    _ => entry.cuda_int,
                 };
-                (code, if float { CTy::F32 } else { CTy::I64 })
+                (fill(template, &[("a", &a), ("b", &b)]), ty)
             }
-            Expr::TileIndex(d) => (format!("(long long)({})", self.coord(*d, at)?), CTy::I64),
+            Expr::TileIndex(d) => {
+                if self.k.is_each(*d) {
+                    (format!("tb{d}"), CTy::I64)
+                } else {
+                    (format!("(long long)({})", self.coord(*d, at)?), CTy::I64)
+                }
+            }
             Expr::Compare { op, lhs, rhs, at } => {
                 let l = self.emit(lhs, at)?;
                 let r = self.emit(rhs, at)?;
-                let (a, b) = if l.1 == CTy::F32 || r.1 == CTy::F32 {
-                    (to_f32(l), to_f32(r))
-                } else {
-                    (l.0, r.0)
-                };
-                (format!("(({a} {} {b}) ? 1ll : 0ll)", op.symbol()), CTy::I64)
+                let lt = crate::check::type_of(self.k, self.spec, self.checked, lhs);
+                let rt = crate::check::type_of(self.k, self.spec, self.checked, rhs);
+                let ty = match (lt, rt) {
+                    (Some(a), Some(b)) => crate::check::meet(&a, &b),
+                    _ => DType::F32,
+                }
+                .cty();
+                (
+                    format!(
+                        "({} {} {})",
+                        convert(&l.0, l.1, ty),
+                        op.symbol(),
+                        convert(&r.0, r.1, ty)
+                    ),
+                    CTy::Bool,
+                )
             }
             Expr::Select {
                 mask,
@@ -219,88 +287,104 @@ impl ElemCtx<'_> {
                 otherwise,
                 at,
             } => {
-                let (m, _) = self.emit(mask, at)?;
+                let ty = self.dtype_of(e).cty();
+                let (m, mt) = self.emit(mask, at)?;
                 let a = self.emit(then, at)?;
                 let b = self.emit(otherwise, at)?;
-                if a.1 == CTy::F32 || b.1 == CTy::F32 {
-                    (format!("(({m}) != 0 ? {} : {})", to_f32(a), to_f32(b)), CTy::F32)
-                } else {
-                    (format!("(({m}) != 0 ? {} : {})", a.0, b.0), CTy::I64)
-                }
+                (
+                    format!(
+                        "({} ? {} : {})",
+                        convert(&m, mt, CTy::Bool),
+                        convert(&a.0, a.1, ty),
+                        convert(&b.0, b.1, ty)
+                    ),
+                    ty,
+                )
             }
             Expr::Unary { op, arg } => {
-                if let (UnOp::Exp, Expr::Binary {
-                    op: BinOp::Sub,
-                    lhs,
-                    rhs,
-                    ..
-                }) = (op, &**arg)
+                // exp(a - b) as one FFMA and an ex2 (a softmax's shape).
+                if let (
+                    UnOp::Exp,
+                    Expr::Binary {
+                        op: BinOp::Sub,
+                        lhs,
+                        rhs,
+                        ..
+                    },
+                ) = (op, &**arg)
                 {
-                    let (a, b) = (self.emit(lhs, at)?, self.emit(rhs, at)?);
-                    if a.1 == CTy::F32 || b.1 == CTy::F32 {
-                        let code = format!("tf_exp_diff({}, {})", to_f32(a), to_f32(b));
+                    if self.dtype_of(arg) == DType::F32 {
+                        let (a, ta) = self.emit(lhs, at)?;
+                        let (b, tb) = self.emit(rhs, at)?;
+                        let code = format!(
+                            "tf_exp_diff({}, {})",
+                            convert(&a, ta, CTy::F32),
+                            convert(&b, tb, CTy::F32)
+                        );
                         return Ok((code, CTy::F32));
                     }
                 }
-                let x = self.emit(arg, at)?;
-                if x.1 == CTy::I64 {
-                    match op {
-                        UnOp::Neg => return Ok((format!("(-{})", x.0), CTy::I64)),
-                        UnOp::Abs => return Ok((format!("tf_abs_i({})", x.0), CTy::I64)),
-                        UnOp::Relu => return Ok((format!("tf_max_i({}, 0ll)", x.0), CTy::I64)),
-                        _ => {}
-                    }
-                }
-                let f = to_f32(x);
-                let code = match op {
-                    UnOp::Neg => format!("(-{f})"),
-                    UnOp::Exp => format!("tf_exp({f})"),
-                    UnOp::Log => format!("logf({f})"),
-                    UnOp::Sqrt => format!("sqrtf({f})"),
-                    UnOp::Rsqrt => format!("rsqrtf({f})"),
-                    UnOp::Abs => format!("fabsf({f})"),
-                    UnOp::Relu => format!("fmaxf({f}, 0.0f)"),
-                    UnOp::Gelu => format!("tf_gelu({f})"),
-                    UnOp::GeluTanh => format!("tf_gelu_tanh({f})"),
-                    UnOp::Silu => format!("tf_silu({f})"),
-                    UnOp::Sigmoid => format!("tf_sigmoid({f})"),
-                    UnOp::Tanh => format!("tanhf({f})"),
-                    UnOp::ReluGrad => format!("({f} > 0.0f ? 1.0f : 0.0f)"),
-                    UnOp::GeluGrad => format!("tf_gelu_grad({f})"),
+                let ty = self.dtype_of(e).cty();
+                let (x, tx) = self.emit(arg, at)?;
+                let entry = op.entry();
+                let (template, x) = match (entry.rule, ty) {
+                    (_, CTy::F32) => (entry.cuda, convert(&x, tx, CTy::F32)),
+                    (unary::Rule::Bits, CTy::Bool) => (entry.cuda_bool, x),
+                    _ => (entry.cuda_int, convert(&x, tx, ty)),
                 };
-                (code, CTy::F32)
+                (fill(template, &[("x", &x)]), ty)
             }
             Expr::Cast { arg, dtype } => {
                 let x = self.emit(arg, at)?;
                 match dtype {
                     // `.cast()` at a store: the store rounds to the tensor's type.
                     None => x,
-                    Some(DType::BF16) => (format!("tf_round_bf16({})", to_f32(x)), CTy::F32),
-                    Some(DType::F16) => (format!("tf_round_f16({})", to_f32(x)), CTy::F32),
-                    Some(DType::F32) => (to_f32(x), CTy::F32),
-                    Some(DType::I32) => (format!("(long long)(int)({})", x.0), CTy::I64),
-                    Some(DType::U32) => (format!("(long long)(unsigned int)({})", x.0), CTy::I64),
-                    Some(DType::I64) => (format!("(long long)({})", x.0), CTy::I64),
+                    Some(t) => (cast::cuda(&x.0, x.1, *t), t.cty()),
                 }
             }
-            Expr::IfConst { at, .. } => {
-                return Err(CodegenError::Unsupported {
-                    kernel: self.k.name.clone(),
-                    at: at.clone(),
-                    message: "a compile-time `if` reached the lowering undecided".into(),
-                })
+            Expr::Rand {
+                kind,
+                seed,
+                offset,
+                at,
+            } => {
+                let (s, st) = self.emit(seed, at)?;
+                let (o, ot) = self.emit(offset, at)?;
+                let code = kind.cuda(&convert(&s, st, CTy::I64), &convert(&o, ot, CTy::U32));
+                let ty = if *kind == RandKind::Bits {
+                    CTy::U32
+                } else {
+                    CTy::F32
+                };
+                (code, ty)
             }
-            Expr::Reduce { op, at, .. } => {
-                return Err(CodegenError::Unsupported {
-                    kernel: self.k.name.clone(),
-                    at: at.clone(),
-                    message: format!(
-                        "`.{}()` reduces inside a kernel without `addmm` (a row kernel); in a matmul's epilogue it is not supported yet",
-                        op.name()
+            Expr::IfConst {
+                cond,
+                then,
+                otherwise,
+                at,
+            } => {
+                let ty = self.dtype_of(e).cty();
+                let c = self.cond(cond, at)?;
+                let a = self.emit(then, at)?;
+                let b = self.emit(otherwise, at)?;
+                (
+                    format!(
+                        "(({c}) ? {} : {})",
+                        convert(&a.0, a.1, ty),
+                        convert(&b.0, b.1, ty)
                     ),
-                })
+                    ty,
+                )
             }
-            Expr::Int(v) => (format!("{v}ll"), CTy::I64),
+            Expr::Reduce { op, at, .. } => return Err(self.unsupported(
+                at,
+                format!(
+                    "`.{}()` is computed by the lowering before the elementwise code that uses it",
+                    op.name()
+                ),
+            )),
+            Expr::Int(v) => (int_lit(*v, CTy::I64), CTy::I64),
             Expr::Float(v) => (float_lit(*v), CTy::F32),
             Expr::Scalar(s) => (
                 format!("s{s}"),
@@ -309,28 +393,67 @@ impl ElemCtx<'_> {
                     ScalarKind::Float => CTy::F32,
                 },
             ),
-            Expr::Const(c) => (format!("{}ll", self.spec.constexprs[*c]), CTy::I64),
+            Expr::Const(c) => (
+                int_lit(self.spec.constexprs.get(*c).copied().unwrap_or(0), CTy::I64),
+                CTy::I64,
+            ),
             Expr::TileBegin(d) => (format!("tb{d}"), CTy::I64),
             Expr::TileEnd(d) => (
-                format!(
-                    "tf_min_i(tb{d} + {}, s{})",
-                    self.block(*d),
-                    self.k.dims[*d].extent
-                ),
+                format!("tf_min_i(tb{d} + {}, {})", self.block(*d), self.end(*d)),
                 CTy::I64,
             ),
             Expr::TileSize(d) => (
                 format!(
-                    "(tf_min_i(tb{d} + {b}, s{e}) - tb{d})",
+                    "(tf_min_i(tb{d} + {b}, {e}) - tb{d})",
                     b = self.block(*d),
-                    e = self.k.dims[*d].extent
+                    e = self.end(*d)
                 ),
                 CTy::I64,
             ),
         })
     }
 
+    /// A runtime condition (scalars) as a C `bool` expression.
+    pub fn cond(&self, c: &Cond, at: &str) -> Result<String, CodegenError> {
+        Ok(match c {
+            Cond::Cmp { op, lhs, rhs } => {
+                let cmp = Expr::Compare {
+                    op: *op,
+                    lhs: Box::new(lhs.clone()),
+                    rhs: Box::new(rhs.clone()),
+                    at: at.to_string(),
+                };
+                self.emit(&cmp, at)?.0
+            }
+            Cond::Not(c) => format!("!({})", self.cond(c, at)?),
+            Cond::And(a, b) => format!("({} && {})", self.cond(a, at)?, self.cond(b, at)?),
+            Cond::Or(a, b) => format!("({} || {})", self.cond(a, at)?, self.cond(b, at)?),
+            Cond::NonZero(e) => {
+                let (x, t) = self.emit(e, at)?;
+                convert(&x, t, CTy::Bool)
+            }
+        })
+    }
+
     fn block(&self, d: DimId) -> String {
-        format!("B{d}")
+        if self.k.is_each(d) {
+            "1".into()
+        } else {
+            format!("B{d}")
+        }
+    }
+
+    /// The C bound of dimension `d`'s loop: its extent, or its range's end.
+    fn end(&self, d: DimId) -> String {
+        end_of(self.k, d)
+    }
+}
+
+/// The C bound of dimension `d`'s tiles: the host extent `s{n}`, or the
+/// `tf_end{d}` its loop's range sets.
+pub fn end_of(k: &Kernel, d: DimId) -> String {
+    match k.dims[d].extent {
+        Some(s) => format!("s{s}"),
+        None => format!("tf_end{d}"),
     }
 }

@@ -149,9 +149,9 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let shared = stages * (a_stage + b_stage);
 
     let (ext_m, ext_n, ext_k) = (
-        e.k.dims[g.m].extent,
-        e.k.dims[g.n].extent,
-        e.k.dims[g.k].extent,
+        e.host_extent(g.m)?,
+        e.host_extent(g.n)?,
+        e.host_extent(g.k)?,
     );
     let (dm, dn) = (g.m, g.n);
 
@@ -522,24 +522,15 @@ fn init_accumulator(
     let (c, ty) = e
         .ctx(&[(dm, "row".to_string()), (dn, "col".to_string())])
         .emit(init, "accumulator init")?;
-    let c = if ty == CTy::F32 {
-        c
-    } else {
-        format!("(float)({c})")
-    };
+    let c = crate::emit::expr::convert(&c, ty, CTy::F32);
     let _ = writeln!(e.out, "    acc[mi][ni][r] = {c};\n  }}");
     Ok(())
 }
 
 fn stmt_at(s: &Stmt) -> String {
     match s {
-        Stmt::Let { at, .. }
-        | Stmt::Assign { at, .. }
-        | Stmt::Store { at, .. }
-        | Stmt::Wait { at, .. }
-        | Stmt::Signal { at, .. }
-        | Stmt::If { at, .. } => at.clone(),
         Stmt::Loop { .. } => "an inner tile loop".into(),
+        _ => s.at_text().to_string(),
     }
 }
 
@@ -565,6 +556,7 @@ fn fragment_stores(
         else {
             continue;
         };
+        let index = &e.plain(index, at)?;
         let ts = &e.spec.tensors[*tensor];
         let mut e2 = e.ctx(&[(dm, "row".into()), (dn, "col".into())]);
         e2.named_vars.insert(g.acc, "acc[mi][ni][h * 2]".into());
@@ -588,7 +580,7 @@ fn fragment_stores(
         let (off0, off1) = (tensor_offset(*tensor, &i0), tensor_offset(*tensor, &i1));
         let (m0, m1) = (tensor_mask(*tensor, &i0), tensor_mask(*tensor, &i1));
         let (n0, n1) = (narrow(ts.dtype, "v0", t0), narrow(ts.dtype, "v1", t1));
-        let cty = |t: CTy| if t == CTy::F32 { "float" } else { "long long" };
+        let cty = |t: CTy| t.c();
         let _ = write!(
             body,
             "      {{  // {}\n        const {} v0 = {v0};\n        const {} v1 = {v1};\n",

@@ -155,9 +155,9 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     let shared = tiles_bytes + 2 * stages * 8 + ATOM;
     let threads = 128 * (consumers + 1);
     let (ext_m, ext_n, ext_k) = (
-        e.k.dims[g.m].extent,
-        e.k.dims[g.n].extent,
-        e.k.dims[g.k].extent,
+        e.host_extent(g.m)?,
+        e.host_extent(g.n)?,
+        e.host_extent(g.k)?,
     );
     let (dm, dn) = (g.m, g.n);
     let (ta, tb) = (g.a, g.b);

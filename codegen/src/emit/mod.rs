@@ -6,11 +6,13 @@ mod expr;
 mod gemm;
 mod gemm_hopper;
 mod gemm_mainloop;
+pub mod general;
 mod hopper;
-mod pointwise;
 pub mod prelude;
 mod rows;
 mod tma_store;
+
+pub(crate) use rows::takes as rows_take;
 
 pub use expr::CTy;
 /// The device helpers of the Hopper lowerings (after [`prelude::PRELUDE`]):
@@ -205,10 +207,10 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "a persistent grid is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `persistent`",
         ));
     }
-    let shape = classify(kernel)?;
+    let shape = classify(kernel);
     // Attention has a Hopper program too (`wgmma`), without the matmul's options.
     let attention = matches!(shape, Shape::Attention(_));
-    if matches!(shape, Shape::Pointwise | Shape::Rows | Shape::Attention(_))
+    if matches!(shape, Shape::General | Shape::Rows | Shape::Attention(_))
         && ((config.wgmma && !attention)
             || config.persistent
             || config.cluster_m != 1
@@ -234,7 +236,7 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "`occupancy` is an option of kernels that reduce tiles (`x.sum(t)`, `.max(t)`, `.min(t)`); leave it 0 here",
         ));
     }
-    if !matches!(shape, Shape::Attention(_)) {
+    if matches!(shape, Shape::Gemm(_) | Shape::Rows) {
         let mut bounded = None;
         kernel.walk_stmts(&mut |s| {
             if let Stmt::Loop {
@@ -259,9 +261,16 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
     let mut lowered = match shape {
         Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
         Shape::Gemm(g) => gemm::emit(&mut e, &g),
-        Shape::Pointwise => pointwise::emit(&mut e),
-        Shape::Rows => rows::emit(&mut e),
+        Shape::Rows => match rows::emit(&mut e) {
+            // A construct the row lowering's check let through: the general
+            // lowering takes every kernel.
+            Err(CodegenError::Unsupported { .. }) => {
+                general::emit(&mut Emitter::new(kernel, spec, &checked, config))
+            }
+            other => other,
+        },
         Shape::Attention(a) => attention::emit(&mut e, &a),
+        Shape::General => general::emit(&mut e),
     }?;
     lowered.staged = staged;
     Ok(lowered)
@@ -281,53 +290,7 @@ pub(crate) fn rewrite(e: &Expr, f: &mut impl FnMut(&Expr) -> Option<Expr>) -> Ex
     if let Some(r) = f(e) {
         return r;
     }
-    let mut sub = |x: &Expr| Box::new(rewrite(x, f));
-    match e {
-        Expr::Binary { op, lhs, rhs, at } => Expr::Binary {
-            op: *op,
-            lhs: sub(lhs),
-            rhs: sub(rhs),
-            at: at.clone(),
-        },
-        Expr::Compare { op, lhs, rhs, at } => Expr::Compare {
-            op: *op,
-            lhs: sub(lhs),
-            rhs: sub(rhs),
-            at: at.clone(),
-        },
-        Expr::Select {
-            mask,
-            then,
-            otherwise,
-            at,
-        } => Expr::Select {
-            mask: sub(mask),
-            then: sub(then),
-            otherwise: sub(otherwise),
-            at: at.clone(),
-        },
-        Expr::Unary { op, arg } => Expr::Unary {
-            op: *op,
-            arg: sub(arg),
-        },
-        Expr::Cast { arg, dtype } => Expr::Cast {
-            arg: sub(arg),
-            dtype: *dtype,
-        },
-        Expr::Reduce { op, arg, dim, at } => Expr::Reduce {
-            op: *op,
-            arg: sub(arg),
-            dim: *dim,
-            at: at.clone(),
-        },
-        Expr::Addmm { acc, a, b, at } => Expr::Addmm {
-            acc: sub(acc),
-            a: sub(a),
-            b: sub(b),
-            at: at.clone(),
-        },
-        other => other.clone(),
-    }
+    e.map_children(&mut |x| rewrite(x, f))
 }
 
 /// Whether `e` reads variable `v`.
@@ -402,6 +365,43 @@ impl<'a> Emitter<'a> {
         format!("tf_{}", self.k.name)
     }
 
+    /// The C bound of dimension `d`'s tiles (its extent, or its loop's end).
+    pub fn end(&self, d: DimId) -> String {
+        expr::end_of(self.k, d)
+    }
+
+    /// The host scalar holding dimension `d`'s extent: the fast paths take
+    /// only dimensions that have one.
+    pub fn host_extent(&self, d: DimId) -> Result<ScalarId, CodegenError> {
+        self.k.dims[d]
+            .extent
+            .ok_or_else(|| CodegenError::Unsupported {
+                kernel: self.k.name.clone(),
+                at: self.k.dims[d].name.clone(),
+                message: format!(
+                    "the {} lowering takes tiles over host extents only",
+                    self.path_name()
+                ),
+            })
+    }
+
+    /// The tile dimensions of a plain index (`t[(tm, tn)]`): the fast paths
+    /// take no other.
+    pub fn plain(&self, index: &[Expr], at: &str) -> Result<Vec<DimId>, CodegenError> {
+        plain_index(index).ok_or_else(|| CodegenError::Unsupported {
+            kernel: self.k.name.clone(),
+            at: at.to_string(),
+            message: format!(
+                "the {} lowering indexes tensors by tiles only (`t[(tm, tn)]`)",
+                self.path_name()
+            ),
+        })
+    }
+
+    fn path_name(&self) -> &'static str {
+        classify(self.k).name()
+    }
+
     /// An element context with the given dimension coordinates bound.
     pub fn ctx(&self, coords: &[(DimId, String)]) -> ElemCtx<'_> {
         ElemCtx {
@@ -458,7 +458,7 @@ impl<'a> Emitter<'a> {
             sig.push(decl.to_string());
         }
 
-        self.out.push_str(prelude::PRELUDE);
+        self.out.push_str(&prelude::prelude());
         self.out.push_str(helpers);
         let _ = writeln!(
             self.out,
@@ -492,7 +492,7 @@ impl<'a> Emitter<'a> {
         match s {
             Stmt::Let { var, value, at } if self.checked.vars[*var].dims.is_empty() => {
                 let (c, ty) = self.ctx(&[]).emit(value, at)?;
-                let cty = if ty == CTy::F32 { "float" } else { "long long" };
+                let cty = ty.c();
                 let name = format!("v{var}");
                 let _ = writeln!(
                     self.out,
@@ -540,7 +540,7 @@ impl<'a> Emitter<'a> {
                     .k
                     .grid
                     .iter()
-                    .map(|&d| format!(" && tb{d} < s{}", self.k.dims[d].extent))
+                    .map(|&d| format!(" && tb{d} < {}", self.end(d)))
                     .collect();
                 // Every storing thread's stores happen before the barrier; the
                 // system-scope fence after it is cumulative, so they are visible
@@ -618,8 +618,19 @@ impl<'a> Emitter<'a> {
 
     /// Binds a tile `let`: its expression with the current values of the other
     /// inlined variables substituted now, so later reassignments do not leak in.
+    /// The value is converted to the variable's dtype, as a variable holds
+    /// it (a bf16 variable assigned an f32 value holds it rounded).
     pub fn bind_inline(&mut self, var: VarId, value: &Expr) {
         let v = inline(value, &self.inline_vars);
+        let want = self.checked.vars[var].dtype;
+        let have = crate::check::type_of(self.k, self.spec, self.checked, &v).map(|t| t.dtype);
+        let v = match have {
+            Some(t) if t != want => Expr::Cast {
+                arg: Box::new(v),
+                dtype: Some(want),
+            },
+            _ => v,
+        };
         self.inline_vars.insert(var, v);
     }
 
@@ -630,11 +641,12 @@ impl<'a> Emitter<'a> {
         shared_bytes: usize,
         path: &'static str,
     ) -> Lowered {
+        // The checker gives every grid dimension a host extent.
         let grid = self
             .k
             .grid
             .iter()
-            .map(|&d| (self.k.dims[d].extent, self.cfg.block_sizes[d]))
+            .filter_map(|&d| Some((self.k.dims[d].extent?, self.cfg.block_sizes[d])))
             .collect();
         Lowered {
             entry: self.entry(),

@@ -38,7 +38,9 @@ const BOX_BYTES: usize = 64 * 128;
 pub(super) fn target(e: &Emitter, g: &GemmShape) -> Result<(TensorId, bool), String> {
     let rest = &e.k.body[g.k_loop + 1..];
     let Some((pos, t)) = rest.iter().enumerate().find_map(|(i, s)| match s {
-        Stmt::Store { tensor, index, .. } if index[..] == [g.m, g.n] => Some((i, *tensor)),
+        Stmt::Store { tensor, index, .. } if plain_index(index) == Some(vec![g.m, g.n]) => {
+            Some((i, *tensor))
+        }
         _ => None,
     }) else {
         return Err("the TMA-store epilogue stores a whole `[M, N]` output tile (`out[(tm, tn)] = ...`), and this kernel stores none; drop `tma_store`".into());

@@ -27,8 +27,29 @@ pub fn scalar(name: &str) -> ScalarParam {
 pub fn dim(name: &str, extent: ScalarId) -> TileDim {
     TileDim {
         name: name.into(),
+        extent: Some(extent),
+        whole: false,
+        each: false,
+    }
+}
+
+/// A dimension whose loop computes its bounds (`tile(a..b)`).
+pub fn range_dim(name: &str) -> TileDim {
+    TileDim {
+        name: name.into(),
+        extent: None,
+        whole: false,
+        each: false,
+    }
+}
+
+/// A dimension walked one index at a time (`each(n)`; `extent: None` for `for i in a..b`).
+pub fn each_dim(name: &str, extent: Option<ScalarId>) -> TileDim {
+    TileDim {
+        name: name.into(),
         extent,
         whole: false,
+        each: true,
     }
 }
 
@@ -42,8 +63,58 @@ pub fn var(name: &str, mutable: bool) -> Var {
 pub fn load(tensor: TensorId, index: &[DimId], at: &str) -> Expr {
     Expr::Load {
         tensor,
-        index: index.to_vec(),
+        index: tile_index(index),
         at: at.into(),
+    }
+}
+
+/// A load with any index components.
+pub fn load_ix(tensor: TensorId, index: Vec<Expr>, at: &str) -> Expr {
+    Expr::Load {
+        tensor,
+        index,
+        at: at.into(),
+    }
+}
+
+/// `d`'s own indices (`tn` in an index).
+pub fn ti(d: DimId) -> Expr {
+    Expr::TileIndex(d)
+}
+
+pub fn reduce(op: ReduceOp, arg: Expr, dim: DimId, at: &str) -> Expr {
+    Expr::Reduce {
+        op,
+        arg: Box::new(arg),
+        dim,
+        at: at.into(),
+    }
+}
+
+pub fn cmp(op: CmpOp, lhs: Expr, rhs: Expr) -> Expr {
+    Expr::Compare {
+        op,
+        lhs: Box::new(lhs),
+        rhs: Box::new(rhs),
+        at: String::new(),
+    }
+}
+
+pub fn select(mask: Expr, a: Expr, b: Expr) -> Expr {
+    Expr::Select {
+        mask: Box::new(mask),
+        then: Box::new(a),
+        otherwise: Box::new(b),
+        at: String::new(),
+    }
+}
+
+pub fn rand(kind: RandKind, seed: Expr, offset: Expr) -> Expr {
+    Expr::Rand {
+        kind,
+        seed: Box::new(seed),
+        offset: Box::new(offset),
+        at: String::new(),
     }
 }
 
@@ -106,9 +177,39 @@ pub fn assign(var: VarId, value: Expr, at: &str) -> Stmt {
 pub fn store(tensor: TensorId, index: &[DimId], value: Expr, at: &str) -> Stmt {
     Stmt::Store {
         tensor,
-        index: index.to_vec(),
+        index: tile_index(index),
         value,
         at: at.into(),
+    }
+}
+
+/// A store with any index components.
+pub fn store_ix(tensor: TensorId, index: Vec<Expr>, value: Expr, at: &str) -> Stmt {
+    Stmt::Store {
+        tensor,
+        index,
+        value,
+        at: at.into(),
+    }
+}
+
+pub fn atomic(op: AtomicOp, tensor: TensorId, index: Vec<Expr>, value: Expr, at: &str) -> Stmt {
+    Stmt::Atomic {
+        op,
+        tensor,
+        index,
+        value,
+        at: at.into(),
+    }
+}
+
+/// `for d in tile(begin..end)` (or `for d in begin..end` for an `each` dimension).
+pub fn range_loop(dim: DimId, begin: Expr, end: Expr, body: Vec<Stmt>) -> Stmt {
+    Stmt::Loop {
+        dim,
+        body,
+        until: None,
+        range: Some(Box::new(LoopRange { begin, end })),
     }
 }
 
@@ -117,6 +218,7 @@ pub fn loop_(dim: DimId, body: Vec<Stmt>) -> Stmt {
         dim,
         body,
         until: None,
+        range: None,
     }
 }
 

@@ -244,7 +244,7 @@ pub(crate) fn extents(kernel: &Kernel, scalars: &[ScalarArg]) -> Vec<Option<usiz
     kernel
         .dims
         .iter()
-        .map(|d| match scalars.get(d.extent) {
+        .map(|d| match d.extent.and_then(|e| scalars.get(e)) {
             Some(ScalarArg::Int(x)) => usize::try_from(*x).ok(),
             _ => None,
         })
@@ -257,9 +257,10 @@ fn shape_buckets(launch: &Launch) -> Vec<u64> {
         .kernel
         .dims
         .iter()
-        .map(|d| match launch.scalars[d.extent] {
-            ScalarArg::Int(x) => (x.max(1) as u64).next_power_of_two(),
-            ScalarArg::Float(_) => 0,
+        .map(|d| match d.extent.map(|e| launch.scalars[e]) {
+            Some(ScalarArg::Int(x)) => (x.max(1) as u64).next_power_of_two(),
+            // Bounds the program computes: not a shape of the launch.
+            _ => 0,
         })
         .collect()
 }
@@ -304,7 +305,7 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
 /// the cache, rank 0, or tuned now), or the default when tuning is off or fails.
 pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     let ext = extents(launch.kernel, launch.scalars);
-    let default = tilefuse_codegen::fit_rows_default(
+    let default = tilefuse_codegen::fit_default(
         launch.kernel,
         def.default_at(launch.dev, launch.spec, &ext)?,
         &ext,

@@ -277,6 +277,9 @@ fn to_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
             DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
             DType::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
             DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I8 => f64::from(c[0] as i8),
+            DType::U8 | DType::Bool => f64::from(c[0]),
+            DType::I16 => f64::from(i16::from_le_bytes([c[0], c[1]])),
             DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::U32 => f64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::I64 => i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64,
@@ -311,6 +314,6 @@ fn tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::BF16 | DType::F16 => 1e-2,
         DType::F32 => 1e-4,
-        DType::I32 | DType::U32 | DType::I64 => 0.0,
+        _ => 0.0,
     }
 }

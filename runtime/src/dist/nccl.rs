@@ -226,7 +226,7 @@ impl Nccl {
                 send.device_ptr() as *const c_void,
                 out.device_ptr() as *mut c_void,
                 send.numel(),
-                nccl_type(T::DTYPE),
+                nccl_type(ctx, T::DTYPE)?,
                 self.comm,
                 self.dev.stream()?.cu_stream() as _,
             )
@@ -256,7 +256,7 @@ impl Nccl {
                 send.device_ptr() as *const c_void,
                 out.device_ptr() as *mut c_void,
                 out.numel(),
-                nccl_type(T::DTYPE),
+                nccl_type(ctx, T::DTYPE)?,
                 ncs::ncclRedOp_t::ncclSum,
                 self.comm,
                 self.dev.stream()?.cu_stream() as _,
@@ -286,7 +286,7 @@ impl Nccl {
                 send.device_ptr() as *const c_void,
                 out.device_ptr() as *mut c_void,
                 send.numel(),
-                nccl_type(T::DTYPE),
+                nccl_type(ctx, T::DTYPE)?,
                 ncs::ncclRedOp_t::ncclSum,
                 self.comm,
                 self.dev.stream()?.cu_stream() as _,
@@ -306,13 +306,23 @@ impl Nccl {
     }
 }
 
-fn nccl_type(d: DType) -> ncs::ncclDataType_t {
-    match d {
+/// NCCL's type for `d`; NCCL has no 16-bit integer type.
+fn nccl_type(ctx: &str, d: DType) -> Result<ncs::ncclDataType_t> {
+    Ok(match d {
         DType::BF16 => ncs::ncclDataType_t::ncclBfloat16,
         DType::F16 => ncs::ncclDataType_t::ncclFloat16,
         DType::F32 => ncs::ncclDataType_t::ncclFloat32,
+        DType::I8 => ncs::ncclDataType_t::ncclInt8,
+        DType::U8 | DType::Bool => ncs::ncclDataType_t::ncclUint8,
         DType::I32 => ncs::ncclDataType_t::ncclInt32,
         DType::U32 => ncs::ncclDataType_t::ncclUint32,
         DType::I64 => ncs::ncclDataType_t::ncclInt64,
-    }
+        DType::I16 => {
+            return Err(crate::error::argument(
+                ctx,
+                "send",
+                "NCCL has no 16-bit integer type; convert the tensor to i32 first",
+            ))
+        }
+    })
 }

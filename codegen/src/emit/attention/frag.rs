@@ -10,7 +10,7 @@
 //! `[MI][2]`, the same in the four threads of a quad. Row reductions add a
 //! thread's elements, then the quad's with two shuffles.
 
-use super::super::expr::{CTy, ElemCtx};
+use super::super::expr::ElemCtx;
 use super::super::Emitter;
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -256,13 +256,20 @@ impl Frags<'_> {
                 ReduceOp::Sum => ("0.0f", "tf_a + tf_b"),
                 ReduceOp::Max => ("__int_as_float(0xff800000)", "fmaxf(tf_a, tf_b)"),
                 ReduceOp::Min => ("__int_as_float(0x7f800000)", "fminf(tf_a, tf_b)"),
+                ReduceOp::Prod => {
+                    return Err(Self::unsupported(
+                        e,
+                        at,
+                        "an attention kernel reduces by sum, max and min",
+                    ))
+                }
             };
             let name = format!("tf_r{}", self.temps);
             self.temps += 1;
             let cols = if l == Layout::Scores { g.ni } else { g.di };
             let (ext, col) = match l {
-                Layout::Scores => (format!("s{}", e.k.dims[g.n].extent), g.col(l)),
-                _ => (format!("s{}", e.k.dims[g.d].extent), g.col(l)),
+                Layout::Scores => (e.end(g.n), g.col(l)),
+                _ => (e.end(g.d), g.col(l)),
             };
             let take = if masked || l == Layout::Out {
                 format!("({col} < {ext}) ? ({x}) : {init}")
@@ -328,10 +335,7 @@ impl Frags<'_> {
         }
         self.reductions(e, value, pre)?;
         let (c, cty) = self.ctx(e, l, pre).emit(value, at)?;
-        let cty_name = match cty {
-            CTy::F32 => "float",
-            CTy::I64 => "long long",
-        };
+        let cty_name = cty.c();
         if declare {
             let _ = writeln!(
                 e.out,

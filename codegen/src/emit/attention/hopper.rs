@@ -151,6 +151,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         dim,
         body: kv_body,
         until,
+        ..
     } = &body[a.kv_loop]
     else {
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
@@ -247,7 +248,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         }
     }
     let conds = uniform_compares(e, kv_body, n, &g);
-    let mut fast = format!("tb{n} + B{n} <= s{}", e.k.dims[n].extent);
+    let mut fast = format!("tb{n} + B{n} <= {}", e.end(n));
     for (c, _) in &conds {
         let _ = write!(fast, " && {c}");
     }

@@ -95,16 +95,16 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
         "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
          \x20 const int tid = threadIdx.x;\n\
          \x20 long long tf_pid = blockIdx.x;\n\
-         \x20 const long long tf_mt = (s{mext} + B{m} - 1) / B{m};\n\
+         \x20 const long long tf_mt = ({mext} + B{m} - 1) / B{m};\n\
          \x20 const long long tb{m} = (tf_mt - 1 - tf_pid % tf_mt) * B{m};\n\
          \x20 tf_pid /= tf_mt;\n",
-        mext = e.k.dims[m].extent,
+        mext = e.end(m),
     );
     for &b in a.batch.iter().rev() {
-        let ext = e.k.dims[b].extent;
+        let ext = e.end(b);
         let _ = writeln!(
             e.out,
-            "  const long long tb{b} = tf_pid % s{ext};  // tile `{}`\n  tf_pid /= s{ext};",
+            "  const long long tb{b} = tf_pid % {ext};  // tile `{}`\n  tf_pid /= {ext};",
             e.k.dims[b].name
         );
     }
@@ -114,13 +114,13 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
 
 /// `tf_nt`: how many key tiles the loop over `dim` walks (up to its `until` bound).
 fn key_tiles(e: &mut Emitter, dim: DimId, until: Option<&Expr>) -> Result<(), CodegenError> {
-    let next = e.k.dims[dim].extent;
+    let next = e.end(dim);
     let end = match until {
         Some(u) => {
             let (c, _) = e.ctx(&[]).emit(u, "tile(…).until(…)")?;
-            format!("tf_min_i(s{next}, {c})")
+            format!("tf_min_i({next}, {c})")
         }
-        None => format!("s{next}"),
+        None => next,
     };
     let _ = writeln!(
         e.out,
@@ -354,7 +354,10 @@ fn outside(e: &mut Emitter, f: &mut Frags, s: &Stmt) -> Result<(), CodegenError>
             index,
             value,
             at,
-        } => f.store(e, *tensor, index, value, at),
+        } => {
+            let index = e.plain(index, at)?;
+            f.store(e, *tensor, &index, value, at)
+        }
         Stmt::Loop { .. } => Err(CodegenError::Unsupported {
             kernel: e.k.name.clone(),
             at: String::new(),
@@ -379,15 +382,18 @@ fn key_loop(
     f: &mut Frags,
     s: &Stmt,
 ) -> Result<(), CodegenError> {
-    let Stmt::Loop { dim, body, until } = s else {
+    let Stmt::Loop {
+        dim, body, until, ..
+    } = s
+    else {
         return Ok(());
     };
     let g = *f.geo;
     let n = *dim;
-    let next = e.k.dims[n].extent;
+    let next = e.end(n);
     key_tiles(e, n, until.as_ref())?;
     let conds = uniform_compares(e, body, n, &g);
-    let mut fast = format!("tb{n} + B{n} <= s{next}");
+    let mut fast = format!("tb{n} + B{n} <= {next}");
     for (c, _) in &conds {
         let _ = write!(fast, " && {c}");
     }
@@ -597,9 +603,9 @@ fn update(
     };
     let pc = if masked {
         format!(
-            "({} < s{}) ? ({pc}) : 0.0f",
+            "({} < {}) ? ({pc}) : 0.0f",
             g.col(Layout::Scores),
-            e.k.dims[g.n].extent
+            e.end(g.n)
         )
     } else {
         pc

@@ -20,7 +20,7 @@ use std::fmt::Write;
 pub(super) struct LoadKey {
     tensor: TensorId,
     index: Vec<Option<DimId>>,
-    extent: ScalarId,
+    extent: Option<ScalarId>,
     block: usize,
 }
 
@@ -61,8 +61,9 @@ fn loads_in(e: &Emitter, body: &[Stmt], cur: DimId, out: &mut Vec<LoadKey>) {
         };
         value.walk(&mut |x| {
             if let Expr::Load { tensor, index, .. } = x {
+                let index = plain_index(index).unwrap_or_default();
                 if index.contains(&cur) {
-                    let k = key(e, *tensor, index, cur);
+                    let k = key(e, *tensor, &index, cur);
                     if !out.contains(&k) {
                         out.push(k);
                     }
@@ -215,10 +216,10 @@ impl RowWriter {
                 if self.kept[n].filled {
                     // An earlier walk over these columns filled the registers; when
                     // its block covered the row, they hold this step's values.
-                    let ext = e.k.dims[cur].extent;
+                    let ext = e.end(cur);
                     let _ = writeln!(
                         e.out,
-                        "{ind}if (s{ext} > B{cur}) {{  // not one step: load again"
+                        "{ind}if ({ext} > B{cur}) {{  // not one step: load again"
                     );
                     self.fill(e, layout, t, index, &name, &format!("{ind}  "));
                     let _ = writeln!(e.out, "{ind}}}");

@@ -113,10 +113,12 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
             }
         };
         match s {
-            Stmt::Store { tensor, index, .. } => note(*tensor, index),
+            Stmt::Store { tensor, index, .. } => {
+                note(*tensor, &plain_index(index).unwrap_or_default())
+            }
             Stmt::Let { value, .. } | Stmt::Assign { value, .. } => value.walk(&mut |x| {
                 if let Expr::Load { tensor, index, .. } = x {
-                    note(*tensor, index)
+                    note(*tensor, &plain_index(index).unwrap_or_default())
                 }
             }),
             _ => {}
@@ -202,6 +204,71 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
     w.stmts(e, &body, 1)?;
     e.out.push_str("}\n");
     Ok(e.finish(params, nt, 0, "rows"))
+}
+
+/// Whether the row lowering takes `k` (a kernel without `addmm`, in the
+/// fast paths' plain form): one grid dimension (the rows), `tile()` loops
+/// directly inside the grid loop, reductions only inside them and along
+/// their tile, tensors indexed by the rows and the loop's tile, and a
+/// reduction somewhere. The general lowering takes the rest.
+pub(crate) fn takes(k: &Kernel) -> bool {
+    let [rd] = k.grid[..] else { return false };
+    if !k.grid_start.is_empty() {
+        return false;
+    }
+    let mut reduces = false;
+    // Every reduction is along `cur`, every index within {rows, cur}.
+    let fits = |e: &Expr, cur: Option<DimId>, reduces: &mut bool| {
+        let mut ok = true;
+        e.walk(&mut |x| match x {
+            Expr::Reduce { dim, .. } => {
+                *reduces = true;
+                ok &= Some(*dim) == cur;
+            }
+            Expr::Load { index, .. } => {
+                ok &= plain_index(index)
+                    .is_some_and(|ix| ix.iter().all(|d| *d == rd || Some(*d) == cur));
+            }
+            Expr::TileIndex(d) | Expr::TileBegin(d) | Expr::TileEnd(d) | Expr::TileSize(d) => {
+                ok &= *d == rd || Some(*d) == cur
+            }
+            Expr::Addmm { .. } | Expr::Rand { .. } => ok = false,
+            _ => {}
+        });
+        ok
+    };
+    let stmt_ok = |s: &Stmt, cur: Option<DimId>, reduces: &mut bool| match s {
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => fits(value, cur, reduces),
+        Stmt::Store { index, value, .. } => {
+            fits(value, cur, reduces)
+                && plain_index(index)
+                    .is_some_and(|ix| ix.iter().all(|d| *d == rd || Some(*d) == cur))
+        }
+        Stmt::Wait { .. } | Stmt::Signal { .. } => true,
+        _ => false,
+    };
+    for s in &k.body {
+        match s {
+            Stmt::Loop {
+                dim,
+                body,
+                until: None,
+                range: None,
+            } => {
+                for t in body {
+                    if !stmt_ok(t, Some(*dim), &mut reduces) {
+                        return false;
+                    }
+                }
+            }
+            other => {
+                if !stmt_ok(other, None, &mut reduces) {
+                    return false;
+                }
+            }
+        }
+    }
+    reduces
 }
 
 fn first_reduce_at(body: &[Stmt]) -> Option<String> {
@@ -349,9 +416,10 @@ impl RowWriter {
                         continue;
                     }
                     let pre = self.hoist(e, value, at, &ind)?;
-                    let (v, ty) = self.elem(e, &pre, value, at, p, &ind)?;
+                    let dtype = e.checked.vars[*var].dtype;
+                    let (v, ty) = self.elem(e, &pre, value, dtype, at, p, &ind)?;
                     let name = format!("v{var}");
-                    let cty = if ty == CTy::F32 { "float" } else { "long long" };
+                    let cty = ty.c();
                     let (decl, access) = self.shape(e, p);
                     // Declared before the loops that fill it.
                     let fill = e.out.split_off(v);
@@ -388,7 +456,8 @@ impl RowWriter {
                     let at_ = one_line(at);
                     let _ = writeln!(e.out, "{ind}// {at_}");
                     let start = e.out.len();
-                    self.elem(e, &pre, value, at, p, &ind)?;
+                    let dtype = e.checked.vars[*var].dtype;
+                    self.elem(e, &pre, value, dtype, at, p, &ind)?;
                     let fill = e.out.split_off(start);
                     e.out.push_str(&fill.replace("TF_DST", &name));
                 }
@@ -397,9 +466,15 @@ impl RowWriter {
                     index,
                     value,
                     at,
-                } => self.store(e, *tensor, index, value, at, &ind)?,
+                } => {
+                    let index = e.plain(index, at)?;
+                    self.store(e, *tensor, &index, value, at, &ind)?
+                }
                 Stmt::Loop {
-                    dim, body: inner, ..
+                    dim,
+                    body: inner,
+                    until: None,
+                    range: None,
                 } => {
                     if self.cur.is_some() {
                         return Err(CodegenError::Unsupported {
@@ -408,12 +483,12 @@ impl RowWriter {
                             message: "a kernel that reduces tiles takes one level of `tile()` loops inside the grid loop".into(),
                         });
                     }
-                    let ext = e.k.dims[*dim].extent;
+                    let ext = e.end(*dim);
                     self.declare_kept(e, *dim, inner, &ind);
                     let _ = writeln!(
                         e.out,
-                        "{ind}for (long long tb{dim} = 0; tb{dim} < s{ext}; tb{dim} += B{dim}) {{  // tile `{}`\n\
-                         {ind}  const int tf_rem{dim} = (int)max(0ll, min((long long)B{dim}, s{ext} - tb{dim}));  // columns in this step",
+                        "{ind}for (long long tb{dim} = 0; tb{dim} < {ext}; tb{dim} += B{dim}) {{  // tile `{}`\n\
+                         {ind}  const int tf_rem{dim} = (int)max(0ll, min((long long)B{dim}, {ext} - tb{dim}));  // columns in this step",
                         e.k.dims[*dim].name
                     );
                     self.cur = Some(*dim);
@@ -444,11 +519,16 @@ impl RowWriter {
     /// Emits the element loops computing `value` at `p` into `TF_DST` (replaced by
     /// the caller); returns where that code starts in the output, and the C type.
     #[allow(clippy::too_many_arguments)]
+    /// Emits the element loops computing `value` into `TF_DST` (replaced by
+    /// the caller), converted to the variable's `dtype` (a bf16 variable holds
+    /// bf16 values); returns where that code starts in the output, and the C type.
+    #[allow(clippy::too_many_arguments)]
     fn elem(
         &self,
         e: &mut Emitter,
         pre: &[(Expr, String)],
         value: &Expr,
+        dtype: crate::dtype::DType,
         at: &str,
         p: Place,
         ind: &str,
@@ -457,10 +537,11 @@ impl RowWriter {
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre.to_vec();
         let (v, ty) = ctx.emit(value, at)?;
+        let v = crate::prims::cast::cuda(&v, ty, dtype);
         let n = self.open(e, p, ind);
         let _ = writeln!(e.out, "{ind}  TF_DST = {v};");
         Self::close(e, n, ind);
-        Ok((start, ty))
+        Ok((start, dtype.cty()))
     }
 
     /// Computes the reductions and column loads inside `value` into registers
@@ -481,9 +562,12 @@ impl RowWriter {
             }
             match x {
                 Expr::Load { tensor, index, .. }
-                    if self.cur.is_some_and(|c| index.contains(&c)) =>
+                    if self
+                        .cur
+                        .is_some_and(|c| plain_index(index).is_some_and(|i| i.contains(&c))) =>
                 {
-                    let access = self.load(e, *tensor, index, ind);
+                    let index = e.plain(index, at)?;
+                    let access = self.load(e, *tensor, &index, ind);
                     pre.push((x.clone(), access));
                 }
                 Expr::Reduce { op, arg, dim, at } => {
@@ -514,42 +598,9 @@ impl RowWriter {
     }
 }
 
-/// The tile dimensions of `x`'s value.
+/// The tile dimensions of `x`'s value, by the checker's rules.
 fn dims_of(e: &Emitter, x: &Expr) -> Vec<DimId> {
-    match x {
-        Expr::Var(v) => e.checked.vars[*v].dims.clone(),
-        Expr::Load { index, .. } => index.clone(),
-        Expr::Full { dims, .. } => dims.clone(),
-        Expr::Binary { lhs, rhs, .. } => {
-            let mut d = dims_of(e, lhs);
-            for x in dims_of(e, rhs) {
-                if !d.contains(&x) {
-                    d.push(x);
-                }
-            }
-            d
-        }
-        Expr::Compare { lhs, rhs, .. } => {
-            let mut d = dims_of(e, lhs);
-            d.extend(dims_of(e, rhs));
-            d
-        }
-        Expr::Select {
-            mask,
-            then,
-            otherwise,
-            ..
-        } => {
-            let mut d = dims_of(e, mask);
-            d.extend(dims_of(e, then));
-            d.extend(dims_of(e, otherwise));
-            d
-        }
-        Expr::TileIndex(d) => vec![*d],
-        Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => dims_of(e, arg),
-        Expr::Reduce { arg, dim, .. } => dims_of(e, arg).into_iter().filter(|d| d != dim).collect(),
-        _ => Vec::new(),
-    }
+    crate::check::dims_of(e.k, e.spec, e.checked, x)
 }
 
 fn post_order<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {

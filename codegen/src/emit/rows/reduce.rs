@@ -26,20 +26,24 @@ impl RowWriter {
         let name = format!("tf_red{}", self.temps);
         self.temps += 1;
         let has_row = dims_of(e, arg).contains(&self.g.rd);
+        let unsupported = || CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at: at.to_string(),
+            message: "the row lowering reduces floats by sum, max and min".into(),
+        };
         let (identity, comb) = match op {
             ReduceOp::Sum => ("0.0f", "({A} + {B})"),
             ReduceOp::Max => ("__int_as_float(0xff800000)", "fmaxf({A}, {B})"),
             ReduceOp::Min => ("__int_as_float(0x7f800000)", "fminf({A}, {B})"),
+            ReduceOp::Prod => return Err(unsupported()),
         };
         let f = |a: &str, b: &str| comb.replace("{A}", a).replace("{B}", b);
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre.to_vec();
         let (v, ty) = ctx.emit(arg, at)?;
-        let v = if ty == CTy::I64 {
-            format!("(float)({v})")
-        } else {
-            v
-        };
+        if ty != CTy::F32 {
+            return Err(unsupported());
+        }
         let rpt = if has_row { self.g.rpt } else { 1 };
         let _ = writeln!(
             e.out,

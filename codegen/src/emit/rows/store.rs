@@ -59,7 +59,7 @@ impl RowWriter {
             Place::Scalar => "tid == 0",
         };
         let n = self.open(e, p, ind);
-        let cty = if ty == CTy::F32 { "float" } else { "long long" };
+        let cty = ty.c();
         let _ = writeln!(
             e.out,
             "{ind}  if ({owner} && {}) {{ const {cty} v = {v}; t{t}[{}] = {}; }}",
@@ -93,7 +93,7 @@ impl RowWriter {
         let cv = self.g.c * vec;
         let cd = self.cur.unwrap_or(0);
         let vec_ok = self.vec_ok(e, t, &[self.g.rd, cd]);
-        let cty = if ty == CTy::F32 { "float" } else { "long long" };
+        let cty = ty.c();
         let bits = |x: &str| match dtype {
             DType::BF16 => format!("(tf_u32)tf_f32_to_bf16({x})"),
             DType::F16 => format!("(tf_u32)tf_f32_to_f16({x})"),

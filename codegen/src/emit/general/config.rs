@@ -1,0 +1,243 @@
+//! The general lowering's configs: its untuned default, fitted to the extents
+//! of a launch where they are known, and the space the autotuner searches.
+//!
+//! A block size is per tile dimension (powers of two; `each` dimensions 1,
+//! `whole` ones fitted to their extent). The default aims at about 4096
+//! elements per scope (32 per thread of 4 warps: four 16-byte loads of bf16
+//! in flight per tensor), the dimensions that are some access's contiguous
+//! last index first.
+
+use super::memory::affine_dim;
+use crate::config::Config;
+use crate::ir::{DimId, Expr, Kernel, Stmt};
+use crate::space::Axis;
+
+/// Elements of one scope's tile a program aims at.
+const BUDGET: usize = 4096;
+/// The largest block a contiguous dimension takes untuned.
+const MAX_CONTIGUOUS: usize = 4096;
+
+/// Dimensions some load or store indexes its contiguous last axis with.
+fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
+    let mut out = Vec::new();
+    let mut note = |index: &[Expr]| {
+        if let Some(d) = index.last().and_then(|c| affine_dim(k, c)) {
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+    };
+    k.walk_stmts(&mut |s| {
+        if let Stmt::Store { index, .. } | Stmt::Atomic { index, .. } = s {
+            note(index);
+        }
+    });
+    k.walk_exprs(&mut |e| {
+        if let Expr::Load { index, .. } = e {
+            note(index);
+        }
+    });
+    out
+}
+
+/// The tile dimensions active together in some scope: one list per path from
+/// the grid to an innermost loop.
+fn paths(k: &Kernel) -> Vec<Vec<DimId>> {
+    fn go(k: &Kernel, stmts: &[Stmt], active: &[DimId], out: &mut Vec<Vec<DimId>>) {
+        let mut leaf = true;
+        walk_level(k, stmts, &mut |dim, body| {
+            leaf = false;
+            let mut inner = active.to_vec();
+            inner.push(dim);
+            go(k, body, &inner, out);
+        });
+        if leaf {
+            out.push(active.to_vec());
+        }
+    }
+    let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
+    let mut out = Vec::new();
+    go(k, &k.body, &active, &mut out);
+    out
+}
+
+/// Calls `f` on each tile loop (not `each`) reached from `stmts` without
+/// entering another tile loop.
+fn walk_level<'a>(k: &Kernel, stmts: &'a [Stmt], f: &mut dyn FnMut(DimId, &'a [Stmt])) {
+    for s in stmts {
+        match s {
+            Stmt::Loop { dim, body, .. } if k.is_each(*dim) => walk_level(k, body, f),
+            Stmt::Loop { dim, body, .. } => f(*dim, body),
+            Stmt::If {
+                then, otherwise, ..
+            } => {
+                walk_level(k, then, f);
+                walk_level(k, otherwise, f);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The untuned config of a kernel the general lowering takes, for extents
+/// `extents[d]` where known: 4 warps; each path of scopes gets about
+/// [`BUDGET`] elements, the contiguous dimensions first (up to the extent,
+/// rounded up to a power of two), then the others from the innermost loop out.
+pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
+    let n = k.dims.len();
+    let cap = |d: DimId, most: usize| -> usize {
+        match extents.get(d).copied().flatten() {
+            Some(e) => e.max(1).next_power_of_two().min(most),
+            None => most,
+        }
+    };
+    let mut bs = vec![0usize; n];
+    for (d, dim) in k.dims.iter().enumerate() {
+        if dim.each {
+            bs[d] = 1;
+        } else if dim.whole {
+            bs[d] = cap(d, 16).max(16);
+        }
+    }
+    let paths = paths(k);
+    let room = |bs: &[usize], d: DimId| -> usize {
+        paths
+            .iter()
+            .filter(|p| p.contains(&d))
+            .map(|p| {
+                let used: usize = p.iter().map(|&x| bs[x].max(1)).product();
+                (BUDGET / used).max(1)
+            })
+            .min()
+            .unwrap_or(BUDGET)
+    };
+    let contiguous = contiguous_dims(k);
+    // Contiguous dimensions first, a quarter of the budget at most each so the
+    // rows of a 2-D tile still get some.
+    for &d in &contiguous {
+        if bs[d] == 0 {
+            bs[d] = cap(d, (BUDGET / 4).min(room(&bs, d))).max(1);
+        }
+    }
+    // The others, innermost first.
+    let mut order: Vec<DimId> = Vec::new();
+    for p in &paths {
+        for &d in p.iter().rev() {
+            if !order.contains(&d) {
+                order.push(d);
+            }
+        }
+    }
+    for d in order {
+        if bs[d] == 0 {
+            bs[d] = cap(d, room(&bs, d)).max(1);
+        }
+    }
+    // What is left grows the contiguous dimensions (a 1-D kernel's block).
+    for &d in &contiguous {
+        if !k.dims[d].whole && !k.dims[d].each {
+            let grow = room(&bs, d);
+            bs[d] = cap(d, (bs[d] * grow).min(MAX_CONTIGUOUS)).max(bs[d]);
+        }
+    }
+    for b in &mut bs {
+        if *b == 0 {
+            *b = 1;
+        }
+        *b = b.next_power_of_two();
+    }
+    Config::new(&bs).num_warps(4)
+}
+
+/// What the tuner may change: each tunable dimension's block (powers of two
+/// from 1 to 8192) and the warps.
+pub fn axes(k: &Kernel) -> Vec<Axis> {
+    let contiguous = contiguous_dims(k);
+    let mut axes = Vec::new();
+    for (dim, d) in k.dims.iter().enumerate() {
+        if d.each || d.whole {
+            continue;
+        }
+        let values = if contiguous.contains(&dim) {
+            vec![64, 128, 256, 512, 1024, 2048, 4096, 8192]
+        } else {
+            vec![1, 2, 4, 8, 16, 32, 64]
+        };
+        let axis = Axis::Block { dim, values };
+        if contiguous.contains(&dim) {
+            axes.insert(0, axis);
+        } else {
+            axes.push(axis);
+        }
+    }
+    axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
+    axes
+}
+
+/// Starting points around the default: the contiguous blocks halved and
+/// doubled, 2 and 8 warps.
+pub fn seeds(k: &Kernel, default: &Config) -> Vec<Config> {
+    let mut out = Vec::new();
+    let contiguous = contiguous_dims(k);
+    for w in [4, 8, 2] {
+        for f in [1.0, 2.0, 0.5] {
+            let mut c = default.clone().num_warps(w);
+            for &d in &contiguous {
+                if !k.dims[d].whole && !k.dims[d].each {
+                    let b = (c.block_sizes[d] as f64 * f) as usize;
+                    c.block_sizes[d] = b.clamp(1, 8192).next_power_of_two();
+                }
+            }
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::*;
+
+    fn dim(name: &str, extent: usize) -> TileDim {
+        TileDim {
+            name: name.into(),
+            extent: Some(extent),
+            whole: false,
+            each: false,
+        }
+    }
+
+    #[test]
+    fn a_2d_elementwise_kernel_takes_long_rows_of_a_few_rows() {
+        let k = Kernel {
+            name: "add".into(),
+            tensors: vec![TensorParam {
+                name: "x".into(),
+                rank: 2,
+                declared: None,
+            }],
+            scalars: vec![
+                ScalarParam { name: "m".into() },
+                ScalarParam { name: "n".into() },
+            ],
+            constexprs: vec![],
+            dims: vec![dim("tm", 0), dim("tn", 1)],
+            grid: vec![0, 1],
+            grid_start: vec![],
+            vars: vec![],
+            body: vec![Stmt::Store {
+                tensor: 0,
+                index: tile_index(&[0, 1]),
+                value: Expr::Float(1.0),
+                at: String::new(),
+            }],
+        };
+        let c = default_config(&k, &[Some(16384), Some(8192)]);
+        assert_eq!(c.block_sizes, vec![4, 1024]);
+        let small = default_config(&k, &[Some(16384), Some(100)]);
+        assert_eq!(small.block_sizes, vec![32, 128]);
+    }
+}

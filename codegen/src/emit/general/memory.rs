@@ -1,0 +1,733 @@
+//! Loads, stores and atomics of the general lowering.
+//!
+//! Each index component addresses its axis in one of three ways: a tile's
+//! own index plus a scalar offset (`tn`, `tn + n1`), a scalar (`b`,
+//! `offsets[b]`), or a computed integer per element (a gather, `ids[tt]`).
+//! An element is read or written only where every tile is inside its extent
+//! and every index inside the tensor (a tile's own index needs no test: the
+//! launch checks that the tensor's size is the tile's extent); a masked load
+//! reads zero. Where the last component is a tile's index that runs along
+//! the layout's vectors and nothing else depends on it, a thread's run of
+//! elements is contiguous in memory and moves in 16-byte pieces (8 or 4 where
+//! the alignment allows no more), element by element at ragged edges.
+
+use super::{Gen, Val};
+use crate::dtype::DType;
+use crate::emit::expr::{convert, narrow, widen, zero, CTy};
+use crate::error::CodegenError;
+use crate::ir::*;
+use crate::prims::AtomicOp;
+
+/// How one index component addresses its axis.
+#[derive(Clone, Debug)]
+enum Comp {
+    /// Dimension `d`'s index plus an offset (a C scalar), if any.
+    Affine { d: DimId, off: Option<String> },
+    /// The same index for every element (a C scalar).
+    Scalar(String),
+    /// An index per element.
+    Gather(Val),
+}
+
+/// The tile dimension `c` runs along as a tile's own index, plus or minus a
+/// scalar: `tn`, `tn + off`, `off + tn`, `tn - off` (`None` for anything else).
+pub(super) fn affine_dim(k: &Kernel, c: &Expr) -> Option<DimId> {
+    affine_parts(k, c).map(|(d, _)| d)
+}
+
+/// `(d, offset)`: see [`affine_dim`]; the offset negated for `tn - off`.
+fn affine_parts(k: &Kernel, c: &Expr) -> Option<(DimId, Option<Expr>)> {
+    let scalarish = |x: &Expr| {
+        let mut ok = true;
+        x.walk(&mut |y| match y {
+            Expr::TileIndex(d) => ok &= k.is_each(*d),
+            Expr::Var(_) | Expr::Load { .. } | Expr::Full { .. } | Expr::Reduce { .. } => {
+                ok = false
+            }
+            _ => {}
+        });
+        ok
+    };
+    match c {
+        Expr::TileIndex(d) if !k.is_each(*d) => Some((*d, None)),
+        Expr::Binary {
+            op: BinOp::Add,
+            lhs,
+            rhs,
+            at,
+        } => match (&**lhs, &**rhs) {
+            (Expr::TileIndex(d), x) | (x, Expr::TileIndex(d)) if !k.is_each(*d) && scalarish(x) => {
+                let _ = at;
+                Some((*d, Some(x.clone())))
+            }
+            _ => None,
+        },
+        Expr::Binary {
+            op: BinOp::Sub,
+            lhs,
+            rhs,
+            at,
+        } => match &**lhs {
+            Expr::TileIndex(d) if !k.is_each(*d) && scalarish(rhs) => {
+                let _ = at;
+                Some((
+                    *d,
+                    Some(Expr::Unary {
+                        op: UnOp::Neg,
+                        arg: rhs.clone(),
+                    }),
+                ))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The C bits of element `j` of a run of `dtype` values loaded as chunks
+/// `tf_w{i}` of `chunk` bytes (`uint4`, `uint2` or `unsigned int`), widened.
+fn unpack(dtype: DType, chunk: usize, j: usize) -> String {
+    let es = dtype.size();
+    let byte = j * es;
+    let (ci, within) = (byte / chunk, byte % chunk);
+    let word = |w: usize| -> String {
+        match chunk {
+            16 => format!("tf_w{ci}.{}", ["x", "y", "z", "w"][w]),
+            8 => format!("tf_w{ci}.{}", ["x", "y"][w]),
+            _ => format!("tf_w{ci}"),
+        }
+    };
+    let (wi, bi) = (within / 4, within % 4);
+    let w = word(wi);
+    match dtype {
+        DType::F32 => format!("__uint_as_float({w})"),
+        DType::I32 => format!("(int)({w})"),
+        DType::U32 => w,
+        DType::BF16 => format!("tf_bf16_to_f32((tf_u16)({w} >> {}))", bi * 8),
+        DType::F16 => format!("tf_f16_to_f32((tf_u16)({w} >> {}))", bi * 8),
+        DType::I16 => format!("(int)(short)({w} >> {})", bi * 8),
+        DType::I8 => format!("(int)(signed char)({w} >> {})", bi * 8),
+        DType::U8 => format!("(int)(({w} >> {}) & 0xffu)", bi * 8),
+        DType::Bool => format!("((({w} >> {}) & 0xffu) != 0u)", bi * 8),
+        DType::I64 => format!(
+            "(long long)(((unsigned long long){} << 32) | (unsigned long long){w})",
+            word(wi + 1)
+        ),
+    }
+}
+
+/// Element `f` (a C index) of an array `name` of raw 32-bit words holding
+/// `dtype` values, widened ([`super::Val::raw`]).
+pub(super) fn unpack_word(dtype: DType, name: &str, f: &str) -> String {
+    let es = dtype.size();
+    if es == 8 {
+        return format!(
+            "(long long)(((unsigned long long){name}[({f}) * 2 + 1] << 32) | (unsigned long long){name}[({f}) * 2])"
+        );
+    }
+    let per = 4 / es;
+    let w = if per == 1 {
+        format!("{name}[{f}]")
+    } else {
+        format!("({name}[({f}) / {per}] >> ((({f}) % {per}) * {}))", es * 8)
+    };
+    match dtype {
+        DType::F32 => format!("__uint_as_float({w})"),
+        DType::I32 => format!("(int)({w})"),
+        DType::U32 => w,
+        DType::BF16 => format!("tf_bf16_to_f32((tf_u16){w})"),
+        DType::F16 => format!("tf_f16_to_f32((tf_u16){w})"),
+        DType::I16 => format!("(int)(short){w}"),
+        DType::I8 => format!("(int)(signed char){w}"),
+        DType::U8 => format!("(int)({w} & 0xffu)"),
+        DType::Bool => format!("(({w} & 0xffu) != 0u)"),
+        DType::I64 => unreachable!("handled above"),
+    }
+}
+
+/// The 32-bit pattern (`unsigned int`) of a stored element's bits `s` (the
+/// storage type), placed at byte `b` of its word.
+fn bits(dtype: DType, s: &str, b: usize) -> String {
+    match dtype.size() {
+        4 => match dtype {
+            DType::F32 => format!("__float_as_uint({s})"),
+            _ => format!("(unsigned int)({s})"),
+        },
+        2 => format!("((unsigned int)(unsigned short)({s}) << {})", b * 8),
+        _ => format!("((unsigned int)(unsigned char)({s}) << {})", b * 8),
+    }
+}
+
+impl Gen<'_, '_> {
+    /// `(d, offset C)` when `c` is a tile's index plus a scalar.
+    fn affine(
+        &self,
+        c: &Expr,
+        l: usize,
+        at: &str,
+    ) -> Result<Option<(DimId, Option<String>)>, CodegenError> {
+        let Some((d, off)) = affine_parts(self.k(), c) else {
+            return Ok(None);
+        };
+        if self.ty(c).dims != vec![d] {
+            return Ok(None);
+        }
+        let off = match off {
+            Some(x) => {
+                let (c, t) = self.ctx(l, &[]).emit(&x, at)?;
+                Some(convert(&c, t, CTy::I64))
+            }
+            None => None,
+        };
+        Ok(Some((d, off)))
+    }
+
+    /// The components of `index`, with the gathered ones computed into registers.
+    fn comps(
+        &mut self,
+        index: &[Expr],
+        at: &str,
+        l: usize,
+        depth: usize,
+        pre: &[(Expr, Val)],
+    ) -> Result<Vec<Comp>, CodegenError> {
+        let mut out = Vec::new();
+        for c in index {
+            if let Some((d, off)) = self.affine(c, l, at)? {
+                out.push(Comp::Affine { d, off });
+            } else if self.ty(c).dims.is_empty() {
+                let (x, t) = self.ctx(l, pre).emit(c, at)?;
+                let name = self.temp("tf_i");
+                self.w(
+                    depth,
+                    format!("const long long {name} = {};", convert(&x, t, CTy::I64)),
+                );
+                out.push(Comp::Scalar(name));
+            } else {
+                out.push(Comp::Gather(self.materialize(c, at, l, depth, pre)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether axis `a` of `tensor`, addressed by `comp`, needs no bounds test:
+    /// a tile's own index (no offset) over a host extent, which the launch
+    /// checks to be the axis's size.
+    fn safe(&self, comp: &Comp) -> bool {
+        matches!(comp, Comp::Affine { d, off: None } if self.k().dims[*d].extent.is_some())
+    }
+
+    /// The C index along one axis for the current element (`j` added to a
+    /// vector run's start, when given).
+    fn comp_c(&self, comp: &Comp, l: usize) -> String {
+        match comp {
+            Comp::Affine { d, off } => {
+                let c = self.coord_c(l, *d);
+                match off {
+                    Some(o) => format!("({c} + {o})"),
+                    None => c,
+                }
+            }
+            Comp::Scalar(s) => s.clone(),
+            Comp::Gather(v) => format!("(long long)({})", self.access(v)),
+        }
+    }
+
+    /// The bounds test of the current element's index (unsafe components only).
+    fn bounds_c(&self, t: TensorId, comps: &[Comp], l: usize, skip: Option<usize>) -> Vec<String> {
+        comps
+            .iter()
+            .enumerate()
+            .filter(|(a, c)| Some(*a) != skip && !self.safe(c))
+            .map(|(a, c)| {
+                format!(
+                    "(unsigned long long)({}) < (unsigned long long)t{t}_n{a}",
+                    self.comp_c(c, l)
+                )
+            })
+            .collect()
+    }
+
+    /// The element offset of the current element in `tensor`.
+    fn offset_of(&self, t: TensorId, comps: &[Comp], l: usize) -> String {
+        let terms: Vec<String> = comps
+            .iter()
+            .enumerate()
+            .map(|(a, c)| format!("{} * t{t}_s{a}", self.comp_c(c, l)))
+            .collect();
+        terms.join(" + ")
+    }
+
+    /// The run a vectorized access moves along: the last component's
+    /// dimension, its position in layout `l`, and the chunk size in bytes.
+    fn vector_run(&self, t: TensorId, comps: &[Comp], l: usize) -> Option<(DimId, usize, usize)> {
+        let ts = &self.e.spec.tensors[t];
+        let Some(Comp::Affine { d, .. }) = comps.last() else {
+            return None;
+        };
+        let lay = &self.layouts[l];
+        let p = lay.pos(*d)?;
+        let run = lay.spt[p] * ts.dtype.size();
+        if !ts.last_contiguous || lay.spt[p] < 2 || run < 4 || lay.wraps(p) {
+            return None;
+        }
+        // Nothing else may depend on `d`: the run's other indices are fixed.
+        let others_free = comps[..comps.len() - 1].iter().all(|c| match c {
+            Comp::Affine { d: x, .. } => x != d,
+            Comp::Scalar(_) => true,
+            Comp::Gather(v) => !v.dims.contains(d),
+        });
+        let chunk = [16, 8, 4]
+            .into_iter()
+            .find(|&c| c <= run && run % c == 0 && ts.align >= c)?;
+        others_free.then_some((*d, p, chunk))
+    }
+
+    /// The uniform test that the runs of dimension `d` (plus `off`) start on
+    /// a chunk boundary: true for tiles from 0, tested for computed starts.
+    fn aligned_c(&self, d: DimId, off: &Option<String>, chunk_elems: usize) -> String {
+        let mut start = Vec::new();
+        if self.k().dims[d].extent.is_none() {
+            start.push(format!("tf_beg{d}"));
+        }
+        if let Some(o) = off {
+            start.push(o.clone());
+        }
+        if start.is_empty() || chunk_elems <= 1 {
+            "true".into()
+        } else {
+            format!("(({}) % {chunk_elems} == 0)", start.join(" + "))
+        }
+    }
+
+    /// Loads `x` (a `tensor[index]`) into registers of layout `l`.
+    pub(super) fn load(
+        &mut self,
+        x: &Expr,
+        at: &str,
+        l: usize,
+        depth: usize,
+        pre: &[(Expr, Val)],
+    ) -> Result<Val, CodegenError> {
+        let Expr::Load { tensor, index, .. } = x else {
+            return Err(self.unsupported(at, "internal: not a load"));
+        };
+        let t = *tensor;
+        let dtype = self.e.spec.tensors[t].dtype;
+        let mut v = Val {
+            name: self.temp("tf_l"),
+            dims: self.ty(x).dims,
+            cty: dtype.cty(),
+            layout: l,
+            raw: None,
+        };
+        // The index components first (a gather's indices are loads too).
+        let mut head = String::new();
+        std::mem::swap(&mut head, &mut self.body);
+        let comps = self.comps(index, at, l, depth + 1, pre)?;
+        std::mem::swap(&mut head, &mut self.body);
+        let run = self.vector_run(t, &comps, l);
+        // Runs along the value's last dimension are consecutive registers:
+        // they keep the raw words the vector loads bring.
+        if let Some((d, _, _)) = run {
+            if v.dims.last() == Some(&d) {
+                v.raw = Some(dtype);
+            }
+        }
+        let decl = self.decl(&v);
+        self.w(depth, format!("{decl};  // {}", crate::emit::one_line(at)));
+        self.w(depth, "{");
+        self.body.push_str(&head);
+        let d1 = depth + 1;
+        match run {
+            Some((d, p, chunk)) => self.load_runs(&v, t, &comps, d, p, chunk, d1),
+            None => {
+                let n = self.open(l, &v.dims, d1);
+                let mut mask = vec![self.live_c(l, &v.dims)];
+                mask.extend(self.bounds_c(t, &comps, l, None));
+                let raw = format!("t{t}[{}]", self.offset_of(t, &comps, l));
+                let (val, ty) = widen(dtype, &raw);
+                let access = self.access(&v);
+                self.w(
+                    d1 + n,
+                    format!("{access} = ({}) ? {val} : {};", mask.join(" && "), zero(ty)),
+                );
+                self.close(n, d1);
+            }
+        }
+        self.w(depth, "}");
+        Ok(v)
+    }
+
+    /// A vectorized load: per run of `spt` elements along `d`, whole chunks
+    /// where the run is inside the extent and the tensor, else element by element.
+    #[allow(clippy::too_many_arguments)]
+    fn load_runs(
+        &mut self,
+        v: &Val,
+        t: TensorId,
+        comps: &[Comp],
+        d: DimId,
+        p: usize,
+        chunk: usize,
+        depth: usize,
+    ) {
+        let l = v.layout;
+        let lay = self.layouts[l].clone();
+        let (spt, runs) = (lay.spt[p], lay.per_thread(p) / lay.spt[p]);
+        let dtype = self.e.spec.tensors[t].dtype;
+        let es = dtype.size();
+        let others: Vec<DimId> = v.dims.iter().copied().filter(|&x| x != d).collect();
+        let n = self.open(l, &others, depth);
+        let d1 = depth + n;
+        self.w(
+            d1,
+            format!(
+                "#pragma unroll\n{}for (int tf_q = 0; tf_q < {runs}; ++tf_q) {{",
+                super::indent(d1)
+            ),
+        );
+        let d2 = d1 + 1;
+        let Some(Comp::Affine { off, .. }) = comps.last() else {
+            return;
+        };
+        // The run's first element: register `tf_q * spt`.
+        self.rsub.insert(d, format!("(tf_q * {spt})"));
+        let off = off.clone();
+        let mut ok = vec![self.live_c(l, &others)];
+        ok.extend(self.bounds_c(t, comps, l, Some(comps.len() - 1)));
+        let c0 = self.comp_c(&comps[comps.len() - 1], l);
+        let last = comps.len() - 1;
+        let mut whole = vec![
+            format!("{} + {spt} <= {}", self.coord_c(l, d), self.e.end(d)),
+            self.aligned_c(d, &off, chunk / es),
+        ];
+        if !self.safe(&comps[last]) {
+            whole.push(format!("{c0} >= 0 && {c0} + {spt} <= t{t}_n{last}"));
+        }
+        let offset = self.offset_of(t, comps, l);
+        self.w(d2, format!("const bool tf_ok = {};", ok.join(" && ")));
+        self.w(
+            d2,
+            format!("const {}* tf_p = t{t} + ({offset});", dtype.c_storage()),
+        );
+        self.w(d2, format!("if (tf_ok && {}) {{", whole.join(" && ")));
+        let (ctype, nchunks) = (
+            match chunk {
+                16 => "uint4",
+                8 => "uint2",
+                _ => "unsigned int",
+            },
+            spt * es / chunk,
+        );
+        for c in 0..nchunks {
+            self.w(
+                d2 + 1,
+                format!(
+                    "const {ctype} tf_w{c} = *(const {ctype}*)(tf_p + {});",
+                    c * chunk / es
+                ),
+            );
+        }
+        if v.raw.is_some() {
+            // The run's first word, then the chunks' words in order.
+            let f = self.flat(l, &v.dims);
+            let f = f.trim_start_matches('[').trim_end_matches(']').to_string();
+            let fields: &[&str] = match chunk {
+                16 => &["x", "y", "z", "w"],
+                8 => &["x", "y"],
+                _ => &[""],
+            };
+            for c in 0..nchunks {
+                for (w, field) in fields.iter().enumerate() {
+                    let src = if field.is_empty() {
+                        format!("tf_w{c}")
+                    } else {
+                        format!("tf_w{c}.{field}")
+                    };
+                    let word = c * chunk / 4 + w;
+                    self.w(
+                        d2 + 1,
+                        format!("{}[({f}) * {es} / 4 + {word}] = {src};", v.name),
+                    );
+                }
+            }
+        } else {
+            for j in 0..spt {
+                self.rsub.insert(d, format!("(tf_q * {spt} + {j})"));
+                let access = self.access(v);
+                self.w(d2 + 1, format!("{access} = {};", unpack(dtype, chunk, j)));
+            }
+        }
+        self.rsub.insert(d, format!("(tf_q * {spt})"));
+        self.w(d2, "} else {");
+        let mut mask = format!("tf_ok && {} + tf_j < {}", self.coord_c(l, d), self.e.end(d));
+        if !self.safe(&comps[last]) {
+            let _ = std::fmt::Write::write_fmt(
+                &mut mask,
+                format_args!(
+                    " && (unsigned long long)({c0} + tf_j) < (unsigned long long)t{t}_n{last}"
+                ),
+            );
+        }
+        if v.raw.is_some() {
+            // Element by element into the run's words (zeros outside).
+            let f = self.flat(l, &v.dims);
+            let f = f.trim_start_matches('[').trim_end_matches(']').to_string();
+            let per = (4 / es).max(1);
+            let words = spt * es / 4;
+            self.w(
+                d2 + 1,
+                format!(
+                    "#pragma unroll\n{}for (int tf_k = 0; tf_k < {words}; ++tf_k) {}[({f}) * {es} / 4 + tf_k] = 0u;",
+                    super::indent(d2 + 1),
+                    v.name
+                ),
+            );
+            let mask_j = mask.replace("tf_j", "tf_e");
+            let bits = if es == 8 {
+                format!(
+                    "{{ const unsigned long long tf_b = ({mask_j}) ? (unsigned long long)tf_p[tf_e] : 0ull; \
+                     {n}[({f}) * 2 + tf_e * 2] = (unsigned int)tf_b; {n}[({f}) * 2 + tf_e * 2 + 1] = (unsigned int)(tf_b >> 32); }}",
+                    n = v.name
+                )
+            } else {
+                format!(
+                    "if ({mask_j}) {n}[(({f}) + tf_e) / {per}] |= ((unsigned int)({st})tf_p[tf_e]) << (((({f}) + tf_e) % {per}) * {bits});",
+                    n = v.name,
+                    st = match es {
+                        1 => "unsigned char",
+                        2 => "unsigned short",
+                        _ => "unsigned int",
+                    },
+                    bits = es * 8
+                )
+            };
+            self.w(
+                d2 + 1,
+                format!(
+                    "#pragma unroll\n{}for (int tf_e = 0; tf_e < {spt}; ++tf_e) {bits}",
+                    super::indent(d2 + 1)
+                ),
+            );
+        } else {
+            let (val, ty) = widen(dtype, "tf_p[tf_j]");
+            self.rsub.insert(d, format!("(tf_q * {spt} + tf_j)"));
+            let access = self.access(v);
+            self.w(
+                d2 + 1,
+                format!(
+                    "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) {access} = ({mask}) ? {val} : {};",
+                    super::indent(d2 + 1),
+                    zero(ty)
+                ),
+            );
+        }
+        self.rsub.remove(&d);
+        self.w(d2, "}");
+        self.w(d1, "}");
+        self.close(n, depth);
+    }
+
+    /// `tensor[index] = value` (or an atomic `op`), element by element of the
+    /// index's tiles, by one thread per element.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn store(
+        &mut self,
+        t: TensorId,
+        index: &[Expr],
+        value: &Expr,
+        op: Option<AtomicOp>,
+        at: &str,
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        let dtype = self.e.spec.tensors[t].dtype;
+        let mut pre = self.hoist(value, at, l, depth)?;
+        for c in index {
+            self.hoist_into(c, at, l, depth, &mut pre)?;
+        }
+        self.w(depth, "{");
+        let d1 = depth + 1;
+        let comps = self.comps(index, at, l, d1, &pre)?;
+        // The elements written: the index's tiles (the value broadcast over them).
+        let mut dims = self.ty(value).dims;
+        for c in index {
+            dims.extend(self.ty(c).dims);
+        }
+        dims.sort_unstable();
+        dims.dedup();
+        let owner = self.owner_c(l, &dims);
+        match (op, self.vector_run(t, &comps, l)) {
+            (None, Some((d, p, chunk))) if dims.contains(&d) => {
+                let value = (value, pre.as_slice(), at);
+                self.store_runs(t, &comps, &dims, (d, p, chunk), &owner, value, l, d1)?;
+            }
+            _ => {
+                let n = self.open(l, &dims, d1);
+                let mut mask = vec![owner.clone(), self.live_c(l, &dims)];
+                mask.extend(self.bounds_c(t, &comps, l, None));
+                let (v, ty) = self.stored(value, &pre, at, l)?;
+                let offset = self.offset_of(t, &comps, l);
+                let code = match op {
+                    None => format!("t{t}[{offset}] = {};", narrow(dtype, "tf_v", ty)),
+                    Some(op) => {
+                        let cv = convert("tf_v", ty, dtype.cty());
+                        format!("{};", op.cuda(dtype, &format!("t{t} + ({offset})"), &cv))
+                    }
+                };
+                self.w(
+                    d1 + n,
+                    format!(
+                        "if ({}) {{ const {} tf_v = {v}; {code} }}",
+                        mask.join(" && "),
+                        ty.c()
+                    ),
+                );
+                self.close(n, d1);
+            }
+        }
+        self.w(depth, "}");
+        Ok(())
+    }
+
+    /// The C of the current element of a stored `value` (a `.cast()` with no
+    /// type is the store's own narrowing).
+    fn stored(
+        &self,
+        value: &Expr,
+        pre: &[(Expr, Val)],
+        at: &str,
+        l: usize,
+    ) -> Result<(String, CTy), CodegenError> {
+        let ctx = self.ctx(l, pre);
+        match value {
+            Expr::Cast { arg, dtype: None } => ctx.emit(arg, at),
+            _ => ctx.emit(value, at),
+        }
+    }
+
+    /// A vectorized store (see [`Gen::load_runs`]): each run's values are
+    /// narrowed and packed into words, stored whole where the run is inside
+    /// the extent and the tensor, else element by element.
+    #[allow(clippy::too_many_arguments)]
+    fn store_runs(
+        &mut self,
+        t: TensorId,
+        comps: &[Comp],
+        dims: &[DimId],
+        (d, p, chunk): (DimId, usize, usize),
+        owner: &str,
+        (value, pre, at): (&Expr, &[(Expr, Val)], &str),
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        let lay = self.layouts[l].clone();
+        let (spt, runs) = (lay.spt[p], lay.per_thread(p) / lay.spt[p]);
+        let dtype = self.e.spec.tensors[t].dtype;
+        let es = dtype.size();
+        let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
+        let last = comps.len() - 1;
+        let Some(Comp::Affine { off, .. }) = comps.last() else {
+            return Ok(());
+        };
+        let off = off.clone();
+        let n = self.open(l, &others, depth);
+        let d1 = depth + n;
+        self.w(
+            d1,
+            format!(
+                "#pragma unroll\n{}for (int tf_q = 0; tf_q < {runs}; ++tf_q) {{",
+                super::indent(d1)
+            ),
+        );
+        let d2 = d1 + 1;
+        // The run's values, narrowed to the tensor's type.
+        self.w(d2, format!("{} tf_s[{spt}];", dtype.c_storage()));
+        self.w(
+            d2,
+            format!(
+                "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) {{",
+                super::indent(d2)
+            ),
+        );
+        self.rsub.insert(d, format!("(tf_q * {spt} + tf_j)"));
+        let (v, ty) = self.stored(value, pre, at, l)?;
+        self.w(d2 + 1, format!("const {} tf_v = {v};", ty.c()));
+        self.w(
+            d2 + 1,
+            format!("tf_s[tf_j] = {};", narrow(dtype, "tf_v", ty)),
+        );
+        self.w(d2, "}");
+        self.rsub.insert(d, format!("(tf_q * {spt})"));
+        let mut ok = vec![owner.to_string(), self.live_c(l, &others)];
+        ok.extend(self.bounds_c(t, comps, l, Some(last)));
+        let c0 = self.comp_c(&comps[last], l);
+        let mut whole = vec![
+            format!("{} + {spt} <= {}", self.coord_c(l, d), self.e.end(d)),
+            self.aligned_c(d, &off, chunk / es),
+        ];
+        if !self.safe(&comps[last]) {
+            whole.push(format!("{c0} >= 0 && {c0} + {spt} <= t{t}_n{last}"));
+        }
+        let offset = self.offset_of(t, comps, l);
+        self.w(d2, format!("const bool tf_ok = {};", ok.join(" && ")));
+        self.w(
+            d2,
+            format!("{}* tf_p = t{t} + ({offset});", dtype.c_storage()),
+        );
+        self.w(d2, format!("if (tf_ok && {}) {{", whole.join(" && ")));
+        let ctype = match chunk {
+            16 => "uint4",
+            8 => "uint2",
+            _ => "unsigned int",
+        };
+        for c in 0..(spt * es / chunk) {
+            let words: Vec<String> = (0..chunk / 4)
+                .map(|w| {
+                    let byte = c * chunk + w * 4;
+                    if es == 8 {
+                        format!(
+                            "(unsigned int)((unsigned long long)tf_s[{}] >> {})",
+                            byte / 8,
+                            (byte % 8) * 8
+                        )
+                    } else {
+                        (0..4 / es)
+                            .map(|b| bits(dtype, &format!("tf_s[{}]", byte / es + b), b * es))
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    }
+                })
+                .collect();
+            let value = if chunk == 4 {
+                format!("({})", words[0])
+            } else {
+                format!("make_{ctype}({})", words.join(", "))
+            };
+            self.w(
+                d2 + 1,
+                format!("*({ctype}*)(tf_p + {}) = {value};", c * chunk / es),
+            );
+        }
+        self.w(d2, "} else {");
+        let mut mask = format!("tf_ok && {} + tf_j < {}", self.coord_c(l, d), self.e.end(d));
+        if !self.safe(&comps[last]) {
+            mask.push_str(&format!(
+                " && (unsigned long long)({c0} + tf_j) < (unsigned long long)t{t}_n{last}"
+            ));
+        }
+        self.w(
+            d2 + 1,
+            format!(
+                "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) if ({mask}) tf_p[tf_j] = tf_s[tf_j];",
+                super::indent(d2 + 1)
+            ),
+        );
+        self.rsub.remove(&d);
+        self.w(d2, "}");
+        self.w(d1, "}");
+        self.close(n, depth);
+        Ok(())
+    }
+}

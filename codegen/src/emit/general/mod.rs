@@ -1,0 +1,1093 @@
+//! The general lowering: every kernel the checker accepts.
+//!
+//! A program is one CUDA block. Every tile value is a register tensor: each
+//! thread holds the elements a [`Layout`] gives it, in a C array indexed by
+//! compile-time constants once the element loops are unrolled. Each scope
+//! (the grid's body, each `tile()` loop's) has a layout over its active tile
+//! dimensions, chosen for its memory accesses: 16-byte runs along the
+//! contiguous dimension, lanes across it, warps across the others. A value
+//! over fewer dimensions is the layout sliced to them, so broadcasting is
+//! free. Values that enter a loop whose layout places them differently are
+//! converted through shared memory once, before the loop (and back after it
+//! if the loop assigns them).
+//!
+//! Statements lower one by one: an expression's loads, reductions and
+//! matmuls are computed first into temporaries (hoisted), then one unrolled
+//! loop over the result's elements evaluates the elementwise rest with the
+//! primitive tables' C ([`super::expr::ElemCtx`]). Loads and stores take any
+//! index (tile indices, offsets, gathered integers, scalars) with masks from
+//! the extents and the tensor's bounds, and move 16 bytes at a time where the
+//! index runs contiguously. Reductions combine a thread's registers, then
+//! lanes by shuffles, then warps through shared memory. `addmm` multiplies
+//! through shared memory with FMAs (the fast matmul paths are elsewhere).
+
+mod config;
+mod dot;
+mod layout;
+mod memory;
+mod reduce;
+
+pub use config::{axes, default_config, seeds};
+pub use layout::Layout;
+
+use super::expr::{convert, CTy, ElemCtx};
+use super::{config_err, one_line, Emitter, Lowered};
+use crate::error::CodegenError;
+use crate::ir::*;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// A value held in registers: a C array over `dims` in layout `layout` (a
+/// scalar when `dims` is empty).
+#[derive(Clone, Debug)]
+struct Val {
+    name: String,
+    dims: Vec<DimId>,
+    cty: CTy,
+    layout: usize,
+    /// The array holds a load's raw bits in 32-bit words (16-bit values two
+    /// to a register), widened where an element is used: a thread's loads
+    /// are all in flight before the first value is needed.
+    raw: Option<crate::dtype::DType>,
+}
+
+/// The lowering's state while it walks the kernel.
+struct Gen<'e, 'a> {
+    e: &'e mut Emitter<'a>,
+    /// Every layout used; `tf_o{l}_{p}` and `tf_u{l}_{p}` are their per-thread
+    /// offsets and copy flags.
+    layouts: Vec<Layout>,
+    /// The layout of each scope, by its statements' address.
+    scope_layouts: HashMap<usize, usize>,
+    /// The body being written (the header is written after it, once the
+    /// layouts are known).
+    body: String,
+    vars: HashMap<VarId, Val>,
+    /// Loads already in registers in this scope, until their tensor is written.
+    loaded: Vec<(Expr, Val)>,
+    temps: usize,
+    /// Bytes of shared memory the conversions and reductions need at most.
+    smem: usize,
+    threads: usize,
+    /// Register indices given by an expression instead of the loop variable
+    /// `r{d}` (an element of a vector run).
+    rsub: HashMap<DimId, String>,
+}
+
+/// Checks the config for this lowering: blocks that are powers of two (the
+/// layouts split them evenly) and 1 for `each` dimensions.
+fn check_config(e: &Emitter) -> Result<(), CodegenError> {
+    for (d, dim) in e.k.dims.iter().enumerate() {
+        let b = e.cfg.block_sizes[d];
+        if dim.each && b != 1 {
+            return Err(config_err(
+                e.k,
+                e.cfg,
+                format!(
+                    "`{}` takes one index at a time (`each`): its block must be 1, not {b}",
+                    dim.name
+                ),
+            ));
+        }
+        if !b.is_power_of_two() {
+            return Err(config_err(
+                e.k,
+                e.cfg,
+                format!(
+                    "the general lowering splits blocks over threads evenly: the block of `{}` ({b}) must be a power of two",
+                    dim.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
+    check_config(e)?;
+    let threads = e.cfg.threads();
+    let k = e.k;
+    let mut g = Gen {
+        e,
+        layouts: Vec::new(),
+        scope_layouts: HashMap::new(),
+        body: String::new(),
+        vars: HashMap::new(),
+        loaded: Vec::new(),
+        temps: 0,
+        smem: 0,
+        threads,
+        rsub: HashMap::new(),
+    };
+    let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
+    let root = g.scope_layout(&k.body, &active);
+    g.stmts(&k.body, &active, root, 1)?;
+    let body = std::mem::take(&mut g.body);
+    let (layouts, smem) = (g.layouts.clone(), g.smem);
+    let e = g.e;
+    let params = e.begin(threads, 1, "", &[]);
+    let _ = writeln!(
+        e.out,
+        "  const int tid = threadIdx.x, tf_lane = tid & 31, tf_warp = tid >> 5;\n  \
+         (void)tf_lane; (void)tf_warp;"
+    );
+    if smem > 0 {
+        e.out
+            .push_str("  extern __shared__ __align__(16) unsigned char tf_smem[];\n");
+    }
+    for (l, lay) in layouts.iter().enumerate() {
+        let names = |d: DimId| k.dims[d].name.clone();
+        let _ = writeln!(e.out, "  // layout {l}: {}", lay.describe(&names));
+        for p in 0..lay.dims.len() {
+            let base = lay.base_c(p);
+            if lay.wraps(p) {
+                let b = lay.block[p];
+                let _ = writeln!(
+                    e.out,
+                    "  [[maybe_unused]] const int tf_o{l}_{p} = ({base}) & {}; [[maybe_unused]] const bool tf_u{l}_{p} = ({base}) < {b};",
+                    b - 1
+                );
+            } else {
+                let _ = writeln!(e.out, "  [[maybe_unused]] const int tf_o{l}_{p} = {base};");
+            }
+        }
+    }
+    program_tiles(e)?;
+    e.out.push_str(&body);
+    e.out.push_str("}\n");
+    Ok(e.finish(params, threads, smem, "general"))
+}
+
+/// Decodes the program id into the grid tiles' first indices `tb{d}` (the last
+/// grid dimension moving fastest), honouring `starting_at`.
+fn program_tiles(e: &mut Emitter) -> Result<(), CodegenError> {
+    // The launch's grid has fewer than 2^31 programs, so every tile count
+    // and program number fits 32 bits (a 64-bit division costs ~100
+    // instructions; the blocks are powers of two).
+    let _ = writeln!(e.out, "  unsigned int tf_pid = blockIdx.x;");
+    for &d in &e.k.grid {
+        let _ = writeln!(e.out, "  long long tb{d};");
+    }
+    for (pos, &d) in e.k.grid.iter().enumerate().rev() {
+        let ext = e.end(d);
+        let b = if e.k.is_each(d) {
+            "1".to_string()
+        } else {
+            format!("B{d}")
+        };
+        let shift = match e.k.grid_start.get(pos) {
+            Some(&s) => {
+                if e.spec.scalars.get(s) != Some(&crate::spec::ScalarKind::Int) {
+                    return Err(CodegenError::Argument {
+                        kernel: e.k.name.clone(),
+                        arg: e.k.scalars[s].name.clone(),
+                        message: "a `starting_at` index must be an integer".into(),
+                    });
+                }
+                format!(" + (s{s} / {b}) % tf_t + tf_t")
+            }
+            None => String::new(),
+        };
+        // `starting_at` rotates the order, in 64 bits (the sum may pass 2^32).
+        let tile = if shift.is_empty() {
+            "tf_pid % tf_t".to_string()
+        } else {
+            format!("((long long)(tf_pid % tf_t){shift}) % tf_t")
+        };
+        let _ = writeln!(
+            e.out,
+            "  {{ const unsigned int tf_t = (unsigned int)(({ext} + {b} - 1) / {b});\n    tb{d} = (long long)({tile}) * {b};\n    tf_pid /= tf_t; }}"
+        );
+    }
+    Ok(())
+}
+
+fn indent(depth: usize) -> String {
+    "  ".repeat(depth)
+}
+
+/// The statements a scope runs at its own level: its own, and those of its
+/// runtime `if`s and `each` loops (which add no tile dimension).
+fn level_stmts<'s>(k: &Kernel, stmts: &'s [Stmt], out: &mut Vec<&'s Stmt>) {
+    for s in stmts {
+        out.push(s);
+        match s {
+            Stmt::If {
+                then, otherwise, ..
+            } => {
+                level_stmts(k, then, out);
+                level_stmts(k, otherwise, out);
+            }
+            Stmt::Loop { dim, body, .. } if k.is_each(*dim) => level_stmts(k, body, out),
+            _ => {}
+        }
+    }
+}
+
+impl Gen<'_, '_> {
+    fn k(&self) -> &Kernel {
+        self.e.k
+    }
+
+    fn block(&self, d: DimId) -> usize {
+        if self.k().is_each(d) {
+            1
+        } else {
+            self.e.cfg.block_sizes[d]
+        }
+    }
+
+    fn w(&mut self, depth: usize, line: impl AsRef<str>) {
+        let _ = writeln!(self.body, "{}{}", indent(depth), line.as_ref());
+    }
+
+    fn temp(&mut self, prefix: &str) -> String {
+        self.temps += 1;
+        format!("{prefix}{}", self.temps)
+    }
+
+    fn need_smem(&mut self, bytes: usize) {
+        self.smem = self.smem.max(bytes);
+    }
+
+    fn unsupported(&self, at: &str, message: impl Into<String>) -> CodegenError {
+        CodegenError::Unsupported {
+            kernel: self.k().name.clone(),
+            at: at.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The type `e` has by the checker's rules.
+    fn ty(&self, e: &Expr) -> crate::check::Ty {
+        crate::check::type_of(self.e.k, self.e.spec, self.e.checked, e)
+            .unwrap_or_else(|| crate::check::Ty::new(Vec::new(), crate::dtype::DType::F32))
+    }
+
+    /// The id of `layout` in [`Gen::layouts`], added if new.
+    fn intern(&mut self, layout: Layout) -> usize {
+        match self.layouts.iter().position(|l| *l == layout) {
+            Some(i) => i,
+            None => {
+                self.layouts.push(layout);
+                self.layouts.len() - 1
+            }
+        }
+    }
+
+    /// Elements of a value over `dims` a thread holds in layout `l`.
+    fn size(&self, l: usize, dims: &[DimId]) -> usize {
+        let lay = &self.layouts[l];
+        dims.iter()
+            .map(|&d| lay.pos(d).map_or(1, |p| lay.per_thread(p)))
+            .product()
+    }
+
+    /// The register index along `d` of the current element: the loop
+    /// variable `r{d}`, or what [`Gen::rsub`] says.
+    fn rname(&self, d: DimId) -> String {
+        self.rsub
+            .get(&d)
+            .cloned()
+            .unwrap_or_else(|| format!("r{d}"))
+    }
+
+    /// The register index of the current element (loop variables `r{d}`) in
+    /// a value over `dims` of layout `l`.
+    fn flat(&self, l: usize, dims: &[DimId]) -> String {
+        if dims.is_empty() {
+            return String::new();
+        }
+        let lay = &self.layouts[l];
+        let mut terms = Vec::new();
+        let mut stride = 1;
+        for &d in dims.iter().rev() {
+            let n = lay.pos(d).map_or(1, |p| lay.per_thread(p));
+            if n > 1 {
+                let r = self.rname(d);
+                terms.push(if stride == 1 {
+                    r
+                } else {
+                    format!("{r} * {stride}")
+                });
+            }
+            stride *= n;
+        }
+        if terms.is_empty() {
+            "[0]".into()
+        } else {
+            terms.reverse();
+            format!("[{}]", terms.join(" + "))
+        }
+    }
+
+    /// The C access of `v`'s current element.
+    fn access(&self, v: &Val) -> String {
+        let flat = self.flat(v.layout, &v.dims);
+        match v.raw {
+            None => format!("{}{flat}", v.name),
+            Some(dt) => {
+                let f = flat.trim_start_matches('[').trim_end_matches(']');
+                let f = if f.is_empty() { "0" } else { f };
+                memory::unpack_word(dt, &v.name, f)
+            }
+        }
+    }
+
+    /// The C declaration of a value's array (or scalar).
+    fn decl(&self, v: &Val) -> String {
+        if let Some(dt) = v.raw {
+            let words = (self.size(v.layout, &v.dims) * dt.size()).div_ceil(4);
+            return format!("unsigned int {}[{words}]", v.name);
+        }
+        if v.dims.is_empty() {
+            format!("{} {}", v.cty.c(), v.name)
+        } else {
+            format!("{} {}[{}]", v.cty.c(), v.name, self.size(v.layout, &v.dims))
+        }
+    }
+
+    /// The in-block offset of the current element along `d` (layout `l`).
+    fn offset_c(&self, l: usize, d: DimId) -> String {
+        let lay = &self.layouts[l];
+        let Some(p) = lay.pos(d) else {
+            return "0".into();
+        };
+        let (spt, e) = (lay.spt[p], lay.per_thread(p));
+        let r = self.rname(d);
+        let reg = if e == 1 {
+            String::new()
+        } else if spt == e {
+            format!(" + {r}")
+        } else if spt == 1 {
+            format!(" + {r} * {}", lay.span(p))
+        } else {
+            format!(" + ({r} / {spt}) * {} + ({r} % {spt})", lay.span(p))
+        };
+        format!("tf_o{l}_{p}{reg}")
+    }
+
+    /// The global index of the current element along `d`.
+    fn coord_c(&self, l: usize, d: DimId) -> String {
+        if self.k().is_each(d) {
+            return format!("tb{d}");
+        }
+        format!("(tb{d} + {})", self.offset_c(l, d))
+    }
+
+    /// Whether the current element along each of `dims` is inside its extent
+    /// and not a copy.
+    fn live_c(&self, l: usize, dims: &[DimId]) -> String {
+        let mut terms = Vec::new();
+        for &d in dims {
+            if self.k().is_each(d) {
+                continue;
+            }
+            terms.push(format!("{} < {}", self.coord_c(l, d), self.e.end(d)));
+            let lay = &self.layouts[l];
+            if let Some(p) = lay.pos(d).filter(|&p| lay.wraps(p)) {
+                terms.push(format!("tf_u{l}_{p}"));
+            }
+        }
+        if terms.is_empty() {
+            "true".into()
+        } else {
+            terms.join(" && ")
+        }
+    }
+
+    /// Whether this thread is the one that writes a value over `dims` (layout
+    /// `l`): not a copy along `dims`, and first along the layout's other
+    /// dimensions (every thread there holds the same elements).
+    fn owner_c(&self, l: usize, dims: &[DimId]) -> String {
+        let lay = &self.layouts[l];
+        let mut terms = Vec::new();
+        for (p, &d) in lay.dims.iter().enumerate() {
+            if dims.contains(&d) {
+                if lay.wraps(p) {
+                    terms.push(format!("tf_u{l}_{p}"));
+                }
+            } else if lay.tpw[p] * lay.wpc[p] > 1 {
+                terms.push(format!("tf_o{l}_{p} == 0"));
+                if lay.wraps(p) {
+                    terms.push(format!("tf_u{l}_{p}"));
+                }
+            }
+        }
+        if terms.is_empty() {
+            "true".into()
+        } else {
+            terms.join(" && ")
+        }
+    }
+
+    /// Opens unrolled loops over the registers of `dims` in layout `l`;
+    /// returns how many to close.
+    fn open(&mut self, l: usize, dims: &[DimId], depth: usize) -> usize {
+        let mut n = 0;
+        for &d in dims {
+            let lay = &self.layouts[l];
+            let count = lay.pos(d).map_or(1, |p| lay.per_thread(p));
+            self.w(
+                depth + n,
+                format!(
+                    "#pragma unroll\n{}for (int r{d} = 0; r{d} < {count}; ++r{d}) {{",
+                    indent(depth + n)
+                ),
+            );
+            n += 1;
+        }
+        n
+    }
+
+    fn close(&mut self, n: usize, depth: usize) {
+        for i in (0..n).rev() {
+            self.w(depth + i, "}");
+        }
+    }
+
+    /// An element context for the current element (layout `l`): coordinates
+    /// of every dimension of the layout, variables and hoisted values by
+    /// their register.
+    fn ctx(&self, l: usize, pre: &[(Expr, Val)]) -> ElemCtx<'_> {
+        let mut c = self.e.ctx(&[]);
+        for &d in &self.layouts[l].dims {
+            c.coords.insert(d, self.coord_c(l, d));
+        }
+        for d in 0..self.k().dims.len() {
+            if self.k().is_each(d) {
+                c.coords.insert(d, format!("tb{d}"));
+            }
+        }
+        for (v, val) in &self.vars {
+            c.named_vars.insert(*v, self.access(val));
+        }
+        c.precomputed = pre
+            .iter()
+            .map(|(x, val)| (x.clone(), self.access(val)))
+            .collect();
+        c
+    }
+
+    /// The layout of a scope running `stmts` with `active` tile dimensions:
+    /// its heaviest inner loop's when its own work is small next to it (a row
+    /// program's per-row values then sit where the loop over the row needs
+    /// them), else one made for its own loads and stores.
+    fn scope_layout(&mut self, stmts: &[Stmt], active: &[DimId]) -> usize {
+        let key = stmts.as_ptr() as usize;
+        if let Some(&l) = self.scope_layouts.get(&key) {
+            return l;
+        }
+        let k = self.e.k;
+        let mut level = Vec::new();
+        level_stmts(k, stmts, &mut level);
+        let own = self.own_volume(&level, active);
+        let mut best: Option<(usize, &[Stmt], Vec<DimId>)> = None;
+        for s in &level {
+            if let Stmt::Loop { dim, body, .. } = s {
+                if k.is_each(*dim) {
+                    continue;
+                }
+                let mut inner = active.to_vec();
+                inner.push(*dim);
+                let vol: usize = inner.iter().map(|&d| self.block(d)).product();
+                if best.as_ref().is_none_or(|b| vol > b.0) {
+                    best = Some((vol, body.as_slice(), inner));
+                }
+            }
+        }
+        let l = match best {
+            Some((vol, body, inner)) if own.saturating_mul(4) <= vol => {
+                self.scope_layout(body, &inner)
+            }
+            _ => {
+                let lay = self.make_layout(&level, active);
+                self.intern(lay)
+            }
+        };
+        self.scope_layouts.insert(key, l);
+        l
+    }
+
+    /// The most elements a load, store or atomic of this level moves.
+    fn own_volume(&self, level: &[&Stmt], active: &[DimId]) -> usize {
+        let mut most = 0;
+        let mut note = |dims: &[DimId]| {
+            let v: usize = dims
+                .iter()
+                .filter(|d| active.contains(d))
+                .map(|&d| self.block(d))
+                .product();
+            most = most.max(v);
+        };
+        for s in level {
+            if let Stmt::Store { index, value, .. } | Stmt::Atomic { index, value, .. } = s {
+                let mut dims = self.ty(value).dims;
+                for c in index {
+                    dims.extend(self.ty(c).dims);
+                }
+                note(&dims);
+            }
+            for e in s.exprs() {
+                e.walk(&mut |x| {
+                    if matches!(x, Expr::Load { .. }) {
+                        note(&self.ty(x).dims)
+                    }
+                });
+            }
+        }
+        most
+    }
+
+    /// A layout over `active` for the accesses of `level`: the contiguous
+    /// dimension is the one most bytes move along (the last index of
+    /// contiguous tensors), with runs of 16 bytes of the narrowest such type.
+    fn make_layout(&self, level: &[&Stmt], active: &[DimId]) -> Layout {
+        let k = self.k();
+        let mut dims: Vec<DimId> = active.to_vec();
+        dims.sort_unstable();
+        let block: Vec<usize> = dims.iter().map(|&d| self.block(d)).collect();
+        // Votes: bytes moved along each dimension as the last, contiguous index.
+        let mut votes: HashMap<DimId, (usize, usize)> = HashMap::new();
+        let mut vote = |t: TensorId, index: &[Expr], dims_of: &[DimId]| {
+            let ts = &self.e.spec.tensors[t];
+            if !ts.last_contiguous {
+                return;
+            }
+            if let Some(d) = index.last().and_then(|c| memory::affine_dim(k, c)) {
+                if active.contains(&d) {
+                    let vol: usize = dims_of.iter().map(|&x| self.block(x)).product();
+                    let e = votes.entry(d).or_insert((0, 16));
+                    e.0 += vol * ts.dtype.size();
+                    e.1 = e.1.min(ts.dtype.size());
+                }
+            }
+        };
+        for s in level {
+            if let Stmt::Store {
+                tensor,
+                index,
+                value,
+                ..
+            }
+            | Stmt::Atomic {
+                tensor,
+                index,
+                value,
+                ..
+            } = s
+            {
+                let mut ds = self.ty(value).dims;
+                for c in index {
+                    ds.extend(self.ty(c).dims);
+                }
+                vote(*tensor, index, &ds);
+            }
+            for e in s.exprs() {
+                e.walk(&mut |x| {
+                    if let Expr::Load { tensor, index, .. } = x {
+                        vote(*tensor, index, &self.ty(x).dims);
+                    }
+                });
+            }
+        }
+        let best = votes
+            .iter()
+            .max_by_key(|(d, (bytes, _))| (*bytes, usize::MAX - **d))
+            .map(|(d, (_, size))| (*d, *size));
+        let (contiguous, vec) = match best {
+            Some((d, size)) => (dims.iter().position(|&x| x == d), 16 / size.max(1)),
+            // No access to follow: the innermost dimension, one element a run.
+            None => (dims.iter().position(|&x| Some(&x) == active.last()), 1),
+        };
+        // The others, innermost loop first.
+        let others: Vec<usize> = active
+            .iter()
+            .rev()
+            .filter_map(|d| dims.iter().position(|x| x == d))
+            .collect();
+        let mut reduced = Vec::new();
+        for s in level {
+            for e in s.exprs() {
+                e.walk(&mut |x| {
+                    if let Expr::Reduce { dim, .. } = x {
+                        if let Some(p) = dims.iter().position(|d| d == dim) {
+                            reduced.push(p);
+                        }
+                    }
+                });
+            }
+        }
+        Layout::blocked(
+            &dims,
+            &block,
+            contiguous,
+            vec,
+            self.e.cfg.num_warps,
+            &others,
+            &reduced,
+        )
+    }
+
+    fn stmts(
+        &mut self,
+        stmts: &[Stmt],
+        active: &[DimId],
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        for s in stmts {
+            self.stmt(s, active, l, depth)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(
+        &mut self,
+        s: &Stmt,
+        active: &[DimId],
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        match s {
+            Stmt::Let { var, value, at } => {
+                let t = self.e.checked.vars[*var].clone();
+                let val = Val {
+                    name: format!("v{var}_{}", self.temps),
+                    dims: t.dims.clone(),
+                    cty: t.dtype.cty(),
+                    layout: l,
+                    raw: None,
+                };
+                self.temps += 1;
+                self.w(depth, format!("// {}", one_line(at)));
+                let decl = self.decl(&val);
+                self.w(depth, format!("{decl};"));
+                self.assign(&val, t.dtype, value, at, l, depth)?;
+                self.vars.insert(*var, val);
+            }
+            Stmt::Assign { var, value, at } => {
+                let Some(val) = self.vars.get(var).cloned() else {
+                    return Err(self.unsupported(
+                        at,
+                        format!(
+                            "`{}` is assigned before it has a value",
+                            self.k().vars[*var].name
+                        ),
+                    ));
+                };
+                self.w(depth, format!("// {}", one_line(at)));
+                let dtype = self.e.checked.vars[*var].dtype;
+                self.assign(&val, dtype, value, at, l, depth)?;
+                self.forget_written(std::slice::from_ref(s));
+            }
+            Stmt::Store {
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                self.w(depth, format!("// {}", one_line(at)));
+                self.store(*tensor, index, value, None, at, l, depth)?;
+                self.loaded
+                    .retain(|(x, _)| !matches!(x, Expr::Load { tensor: t, .. } if t == tensor));
+            }
+            Stmt::Atomic {
+                op,
+                tensor,
+                index,
+                value,
+                at,
+            } => {
+                self.w(depth, format!("// {}", one_line(at)));
+                self.store(*tensor, index, value, Some(*op), at, l, depth)?;
+                self.loaded
+                    .retain(|(x, _)| !matches!(x, Expr::Load { tensor: t, .. } if t == tensor));
+            }
+            Stmt::Wait { .. } | Stmt::Signal { .. } => {
+                self.forget_written(std::slice::from_ref(s));
+                // Block-level statements: every thread takes part (their barrier).
+                let out = std::mem::take(&mut self.e.out);
+                let vars = self.scalar_names();
+                let saved = std::mem::replace(&mut self.e.named_vars, vars);
+                let r = self.e.block_stmt(s, &indent(depth));
+                self.e.named_vars = saved;
+                let code = std::mem::replace(&mut self.e.out, out);
+                r?;
+                self.body.push_str(&code);
+            }
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+                at,
+            } => {
+                let c = self.ctx(l, &[]).cond(cond, at)?;
+                self.w(depth, format!("if ({c}) {{  // {}", one_line(at)));
+                self.branch(then, active, l, depth + 1)?;
+                if !otherwise.is_empty() {
+                    self.w(depth, "} else {");
+                    self.branch(otherwise, active, l, depth + 1)?;
+                }
+                self.w(depth, "}");
+            }
+            Stmt::Loop {
+                dim,
+                body,
+                until,
+                range,
+            } => self.lower_loop(
+                *dim,
+                body,
+                until.as_ref(),
+                range.as_deref(),
+                active,
+                l,
+                depth,
+            )?,
+        }
+        Ok(())
+    }
+
+    /// Scalar variables by their C names, for the block-level statements.
+    fn scalar_names(&self) -> HashMap<VarId, String> {
+        self.vars
+            .iter()
+            .filter(|(_, v)| v.dims.is_empty())
+            .map(|(k, v)| (*k, v.name.clone()))
+            .collect()
+    }
+
+    /// A branch's statements: its variables and loads die with it.
+    fn branch(
+        &mut self,
+        stmts: &[Stmt],
+        active: &[DimId],
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        let saved = (self.vars.clone(), self.loaded.clone());
+        self.stmts(stmts, active, l, depth)?;
+        (self.vars, self.loaded) = saved;
+        self.forget_written(stmts);
+        Ok(())
+    }
+
+    /// Drops the registers of loads that `stmts` may have made stale: loads
+    /// of a tensor they write, or that read a variable they assign; all of
+    /// them after a `wait` (the data it waited for changed).
+    fn forget_written(&mut self, stmts: &[Stmt]) {
+        let (mut written, mut assigned, mut waits) = (Vec::new(), Vec::new(), false);
+        walk_stmts(stmts, &mut |s| match s {
+            Stmt::Store { tensor, .. } | Stmt::Atomic { tensor, .. } => written.push(*tensor),
+            Stmt::Assign { var, .. } => assigned.push(*var),
+            Stmt::Wait { .. } => waits = true,
+            _ => {}
+        });
+        if waits {
+            self.loaded.clear();
+            return;
+        }
+        self.loaded.retain(|(x, _)| {
+            let mut keep = true;
+            x.walk(&mut |y| match y {
+                Expr::Load { tensor, .. } => keep &= !written.contains(tensor),
+                Expr::Var(v) => keep &= !assigned.contains(v),
+                _ => {}
+            });
+            keep
+        });
+    }
+
+    /// Computes `value` into `dst` (a variable of dtype `dtype`), element by element.
+    fn assign(
+        &mut self,
+        dst: &Val,
+        dtype: crate::dtype::DType,
+        value: &Expr,
+        at: &str,
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        let pre = self.hoist(value, at, l, depth)?;
+        let n = self.open(l, &dst.dims, depth);
+        let (c, ty) = self.ctx(l, &pre).emit(value, at)?;
+        let c = crate::prims::cast::cuda(&c, ty, dtype);
+        let c = convert(&c, dtype.cty(), dst.cty);
+        let access = self.access(dst);
+        self.w(depth + n, format!("{access} = {c};"));
+        self.close(n, depth);
+        Ok(())
+    }
+
+    /// Computes the loads, reductions and matmuls inside `value` into
+    /// registers (innermost first); returns them for the elementwise code.
+    fn hoist(
+        &mut self,
+        value: &Expr,
+        at: &str,
+        l: usize,
+        depth: usize,
+    ) -> Result<Vec<(Expr, Val)>, CodegenError> {
+        let mut pre: Vec<(Expr, Val)> = Vec::new();
+        self.hoist_into(value, at, l, depth, &mut pre)?;
+        Ok(pre)
+    }
+
+    fn hoist_into(
+        &mut self,
+        x: &Expr,
+        at: &str,
+        l: usize,
+        depth: usize,
+        pre: &mut Vec<(Expr, Val)>,
+    ) -> Result<(), CodegenError> {
+        if pre.iter().any(|(y, _)| y == x) {
+            return Ok(());
+        }
+        match x {
+            Expr::Load { .. } => {
+                if let Some((_, v)) = self.loaded.iter().find(|(y, _)| y == x) {
+                    pre.push((x.clone(), v.clone()));
+                    return Ok(());
+                }
+                let v = self.load(x, at, l, depth, pre)?;
+                self.loaded.push((x.clone(), v.clone()));
+                pre.push((x.clone(), v));
+            }
+            Expr::Reduce { op, arg, dim, at } => {
+                self.hoist_into(arg, at, l, depth, pre)?;
+                let v = self.reduce(*op, arg, *dim, at, l, depth, pre)?;
+                pre.push((x.clone(), v));
+            }
+            Expr::Addmm { acc, a, b, at } => {
+                for y in [acc, a, b] {
+                    self.hoist_into(y, at, l, depth, pre)?;
+                }
+                let v = self.addmm(acc, a, b, at, l, depth, pre)?;
+                pre.push((x.clone(), v));
+            }
+            _ => {
+                for c in x.children() {
+                    self.hoist_into(c, at, l, depth, pre)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes an elementwise expression over its own dimensions into a new
+    /// temporary (a gathered index, a reduction's argument).
+    fn materialize(
+        &mut self,
+        x: &Expr,
+        at: &str,
+        l: usize,
+        depth: usize,
+        pre: &[(Expr, Val)],
+    ) -> Result<Val, CodegenError> {
+        if let Some((_, v)) = pre.iter().find(|(y, _)| y == x) {
+            return Ok(v.clone());
+        }
+        let t = self.ty(x);
+        let v = Val {
+            name: self.temp("tf_x"),
+            dims: t.dims.clone(),
+            cty: t.dtype.cty(),
+            layout: l,
+            raw: None,
+        };
+        let decl = self.decl(&v);
+        self.w(depth, format!("{decl};"));
+        let n = self.open(l, &v.dims, depth);
+        let (c, ty) = self.ctx(l, pre).emit(x, at)?;
+        let access = self.access(&v);
+        self.w(depth + n, format!("{access} = {};", convert(&c, ty, v.cty)));
+        self.close(n, depth);
+        Ok(v)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lower_loop(
+        &mut self,
+        dim: DimId,
+        body: &[Stmt],
+        until: Option<&Expr>,
+        range: Option<&LoopRange>,
+        active: &[DimId],
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        let k = self.e.k;
+        let name = k.dims[dim].name.clone();
+        let each = k.is_each(dim);
+        let scalar = |g: &Self, x: &Expr| -> Result<String, CodegenError> {
+            let (c, t) = g.ctx(l, &[]).emit(x, &name)?;
+            Ok(convert(&c, t, CTy::I64))
+        };
+        let (begin, end) = match range {
+            Some(r) => (scalar(self, &r.begin)?, scalar(self, &r.end)?),
+            None => ("0ll".to_string(), self.e.end(dim)),
+        };
+        let stop = match until {
+            Some(u) => format!("tf_min_i({end}, {})", scalar(self, u)?),
+            None => end.clone(),
+        };
+        let mut inner = active.to_vec();
+        if !each {
+            inner.push(dim);
+        }
+        let li = if each {
+            l
+        } else {
+            self.scope_layout(body, &inner)
+        };
+        self.w(depth, format!("{{  // for {name} in …"));
+        let d1 = depth + 1;
+        if range.is_some() {
+            self.w(d1, format!("const long long tf_end{dim} = {end};"));
+        }
+        // Values this loop uses, moved to its layout where it differs.
+        let moved = self.enter(body, li, d1)?;
+        let step = if each {
+            "++tb{dim}".replace("{dim}", &dim.to_string())
+        } else {
+            format!("tb{dim} += B{dim}")
+        };
+        let bound = if range.is_some() && until.is_none() {
+            format!("tf_end{dim}")
+        } else {
+            stop
+        };
+        self.w(
+            d1,
+            format!("for (long long tb{dim} = {begin}; tb{dim} < {bound}; {step}) {{"),
+        );
+        let saved = (self.vars.clone(), std::mem::take(&mut self.loaded));
+        self.stmts(body, &inner, li, d1 + 1)?;
+        (self.vars, self.loaded) = saved;
+        self.forget_written(body);
+        self.w(d1, "}");
+        self.leave(moved, d1)?;
+        self.w(depth, "}");
+        Ok(())
+    }
+
+    /// Before a loop of layout `li`: each tile variable it reads or assigns
+    /// that sits elsewhere in `li` is copied into `li`'s registers. Returns the
+    /// moved ones (old and new value) to move back after the loop.
+    fn enter(
+        &mut self,
+        body: &[Stmt],
+        li: usize,
+        depth: usize,
+    ) -> Result<Vec<(VarId, Val, Val, bool)>, CodegenError> {
+        let mut used: Vec<VarId> = Vec::new();
+        let mut assigned: Vec<VarId> = Vec::new();
+        walk_stmts(body, &mut |s| {
+            if let Stmt::Assign { var, .. } = s {
+                assigned.push(*var);
+            }
+            for e in s.exprs() {
+                e.walk(&mut |x| {
+                    if let Expr::Var(v) = x {
+                        used.push(*v);
+                    }
+                });
+            }
+        });
+        used.extend(assigned.iter().copied());
+        used.sort_unstable();
+        used.dedup();
+        let mut moved = Vec::new();
+        for v in used {
+            let Some(old) = self.vars.get(&v).cloned() else {
+                continue;
+            };
+            if old.dims.is_empty() || old.layout == li {
+                continue;
+            }
+            let (a, b) = (&self.layouts[old.layout], &self.layouts[li]);
+            if a.same_slice(b, &old.dims, self.threads) {
+                // The same registers: only the layout's name changes.
+                let new = Val {
+                    layout: li,
+                    ..old.clone()
+                };
+                self.vars.insert(v, new.clone());
+                moved.push((v, old, new, false));
+                continue;
+            }
+            let new = Val {
+                name: self.temp("tf_m"),
+                layout: li,
+                raw: None,
+                ..old.clone()
+            };
+            let decl = self.decl(&new);
+            self.w(
+                depth,
+                format!(
+                    "{decl};  // `{}` in the loop's layout",
+                    self.k().vars[v].name
+                ),
+            );
+            self.convert(&old, &new, depth)?;
+            self.vars.insert(v, new.clone());
+            moved.push((v, old, new, assigned.contains(&v)));
+        }
+        Ok(moved)
+    }
+
+    /// After a loop: variables it assigned go back to their layout.
+    fn leave(
+        &mut self,
+        moved: Vec<(VarId, Val, Val, bool)>,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        for (v, old, new, back) in moved {
+            if back {
+                self.convert(&new, &old, depth)?;
+            }
+            self.vars.insert(v, old);
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into `dst` (the same dimensions, other layouts) through
+    /// shared memory: each element written at its place in the block, read
+    /// back where `dst` wants it.
+    fn convert(&mut self, src: &Val, dst: &Val, depth: usize) -> Result<(), CodegenError> {
+        let dims = src.dims.clone();
+        let blocks: Vec<usize> = dims.iter().map(|&d| self.block(d)).collect();
+        let elems: usize = blocks.iter().product();
+        let size = src.cty.size();
+        self.need_smem(elems * size);
+        let place = |g: &Self, l: usize| -> String {
+            let mut s = String::from("0");
+            let mut stride = 1;
+            for (&d, &b) in dims.iter().zip(&blocks).rev() {
+                let _ = write!(s, " + ({}) * {stride}", g.offset_c(l, d));
+                stride *= b;
+            }
+            s
+        };
+        let ty = src.cty.c();
+        self.w(depth, "__syncthreads();");
+        let n = self.open(src.layout, &dims, depth);
+        let (pw, live) = (place(self, src.layout), self.owner_c(src.layout, &dims));
+        let access = self.access(src);
+        self.w(
+            depth + n,
+            format!("if ({live}) (({ty}*)tf_smem)[{pw}] = {access};"),
+        );
+        self.close(n, depth);
+        self.w(depth, "__syncthreads();");
+        let n = self.open(dst.layout, &dims, depth);
+        let pr = place(self, dst.layout);
+        let access = self.access(dst);
+        self.w(depth + n, format!("{access} = (({ty}*)tf_smem)[{pr}];"));
+        self.close(n, depth);
+        Ok(())
+    }
+}

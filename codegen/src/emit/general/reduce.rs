@@ -1,0 +1,134 @@
+//! Reductions of the general lowering: a thread combines its own registers
+//! along the dimension, then the lanes that hold the rest combine by
+//! butterfly shuffles, then the warps through shared memory. Every thread
+//! ends with the result for its elements of the other dimensions (the
+//! reduced layout is the slice, so the result broadcasts back for free).
+//! Elements past the extent, and copies of a wrapped layout, count as the
+//! identity.
+
+use super::{Gen, Val};
+use crate::emit::expr::{convert, fill};
+use crate::error::CodegenError;
+use crate::ir::*;
+use std::fmt::Write;
+
+impl Gen<'_, '_> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduce(
+        &mut self,
+        op: ReduceOp,
+        arg: &Expr,
+        dim: DimId,
+        at: &str,
+        l: usize,
+        depth: usize,
+        pre: &[(Expr, Val)],
+    ) -> Result<Val, CodegenError> {
+        let t = self.ty(arg);
+        let cty = op.result(t.dtype).cty();
+        let out: Vec<DimId> = t.dims.iter().copied().filter(|&d| d != dim).collect();
+        let v = Val {
+            name: self.temp("tf_r"),
+            dims: out.clone(),
+            cty,
+            layout: l,
+            raw: None,
+        };
+        let lay = self.layouts[l].clone();
+        let Some(p) = lay.pos(dim) else {
+            return Err(self.unsupported(
+                at,
+                "internal: the reduced tile is not in the scope's layout",
+            ));
+        };
+        let identity = op.identity_c(cty);
+        let comb = |a: &str, b: &str| fill(op.entry().cuda, &[("a", a), ("b", b)]);
+        let decl = self.decl(&v);
+        self.w(depth, format!("{decl};  // {}", crate::emit::one_line(at)));
+        // 1. This thread's elements along `dim`.
+        self.w(depth, "{");
+        let depth = depth + 1;
+        let n = self.open(l, &out, depth);
+        let d1 = depth + n;
+        self.w(d1, format!("{{ {} tf_a = {identity};", cty.c()));
+        let count = lay.per_thread(p);
+        self.w(
+            d1,
+            format!(
+                "#pragma unroll\n{}for (int r{dim} = 0; r{dim} < {count}; ++r{dim}) {{",
+                super::indent(d1)
+            ),
+        );
+        let (x, xt) = self.ctx(l, pre).emit(arg, at)?;
+        let live = self.live_c(l, &[dim]);
+        let x = convert(&x, xt, cty);
+        self.w(d1 + 1, format!("if ({live}) tf_a = {};", comb("tf_a", &x)));
+        self.w(d1, "}");
+        let access = self.access(&v);
+        self.w(d1, format!("{access} = tf_a; }}"));
+        self.close(n, depth);
+        // 2. Across the lanes along `dim`.
+        if lay.tpw[p] > 1 {
+            let n = self.open(l, &out, depth);
+            let stride = lay.lane_stride(p);
+            let mut line = String::new();
+            let mut off = 1;
+            while off < lay.tpw[p] {
+                let _ = write!(
+                    line,
+                    "{access} = {}; ",
+                    comb(
+                        &access,
+                        &format!("__shfl_xor_sync(0xffffffffu, {access}, {})", off * stride)
+                    )
+                );
+                off *= 2;
+            }
+            self.w(depth + n, line.trim_end());
+            self.close(n, depth);
+        }
+        // 3. Across the warps along `dim`, through shared memory.
+        if lay.wpc[p] > 1 {
+            let blocks: Vec<usize> = out.iter().map(|&d| self.block(d)).collect();
+            let per: usize = blocks.iter().product();
+            let warps = lay.wpc[p];
+            self.need_smem(warps * per * cty.size());
+            let mut place = String::from("0");
+            let mut stride = 1;
+            for (&d, &b) in out.iter().zip(&blocks).rev() {
+                let _ = write!(place, " + ({}) * {stride}", self.offset_c(l, d));
+                stride *= b;
+            }
+            let wcoord = format!("((tf_warp / {}) % {warps})", lay.warp_stride(p));
+            let first_lane = format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
+            let ty = cty.c();
+            self.w(depth, "__syncthreads();");
+            let n = self.open(l, &out, depth);
+            self.w(
+                depth + n,
+                format!(
+                    "if ({first_lane}) (({ty}*)tf_smem)[{wcoord} * {per} + {place}] = {access};"
+                ),
+            );
+            self.close(n, depth);
+            self.w(depth, "__syncthreads();");
+            self.w(depth, "{");
+            let depth = depth + 1;
+            let n = self.open(l, &out, depth);
+            self.w(depth + n, format!("{ty} tf_a = {identity};"));
+            self.w(
+                depth + n,
+                format!(
+                    "#pragma unroll\n{}for (int tf_w = 0; tf_w < {warps}; ++tf_w) tf_a = {};",
+                    super::indent(depth + n),
+                    comb("tf_a", &format!("(({ty}*)tf_smem)[tf_w * {per} + {place}]"))
+                ),
+            );
+            self.w(depth + n, format!("{access} = tf_a;"));
+            self.close(n, depth);
+            self.w(depth - 1, "}");
+        }
+        self.w(depth - 1, "}");
+        Ok(v)
+    }
+}

@@ -1,0 +1,105 @@
+//! Conversions, `x.cast::<T>()` (and a store's implicit one): Rust's `as`.
+//! Float to float rounds to nearest even; float to integer truncates toward
+//! zero, saturates at the type's range and takes NaN to 0; integer to
+//! integer keeps the low bits; to `bool` tests `!= 0`; `bool` is 0 or 1.
+
+use crate::dtype::{CTy, DType};
+
+/// A number as interpret mode holds it: floats rounded to f32 (kept in f64),
+/// integers and masks exactly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Num {
+    F(f64),
+    I(i64),
+}
+
+impl Num {
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Num::F(v) => v,
+            Num::I(v) => v as f64,
+        }
+    }
+}
+
+/// Device functions the conversions call.
+pub const HELPERS: &str = r#"__device__ __forceinline__ int tf_f2i(float x, float lo, float hi) { return x != x ? 0 : (int)truncf(fminf(fmaxf(x, lo), hi)); }
+__device__ __forceinline__ unsigned int tf_f2u32(float x) { unsigned int r; asm("cvt.rzi.sat.u32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }
+__device__ __forceinline__ int tf_f2i32(float x) { int r; asm("cvt.rzi.sat.s32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }
+__device__ __forceinline__ long long tf_f2i64(float x) { long long r; asm("cvt.rzi.sat.s64.f32 %0, %1;" : "=l"(r) : "f"(x)); return r; }
+"#;
+
+/// C converting `x`, computed in `from`, to a value of dtype `to` (computed
+/// in `to.cty()`, rounded to `to`'s precision).
+pub fn cuda(x: &str, from: CTy, to: DType) -> String {
+    if from == CTy::F32 {
+        return match to {
+            DType::F32 => x.to_string(),
+            DType::BF16 => format!("tf_round_bf16({x})"),
+            DType::F16 => format!("tf_round_f16({x})"),
+            DType::I8 => format!("tf_f2i({x}, -128.0f, 127.0f)"),
+            DType::U8 => format!("tf_f2i({x}, 0.0f, 255.0f)"),
+            DType::I16 => format!("tf_f2i({x}, -32768.0f, 32767.0f)"),
+            DType::I32 => format!("tf_f2i32({x})"),
+            DType::U32 => format!("tf_f2u32({x})"),
+            DType::I64 => format!("tf_f2i64({x})"),
+            DType::Bool => format!("({x} != 0.0f)"),
+        };
+    }
+    match to {
+        DType::F32 => format!("(float)({x})"),
+        DType::BF16 => format!("tf_round_bf16((float)({x}))"),
+        DType::F16 => format!("tf_round_f16((float)({x}))"),
+        DType::I8 => format!("(int)(signed char)({x})"),
+        DType::U8 => format!("(int)(unsigned char)({x})"),
+        DType::I16 => format!("(int)(short)({x})"),
+        DType::I32 => format!("(int)({x})"),
+        DType::U32 => format!("(unsigned int)({x})"),
+        DType::I64 => format!("(long long)({x})"),
+        DType::Bool if from == CTy::Bool => x.to_string(),
+        DType::Bool => format!("({x} != 0)"),
+    }
+}
+
+/// What interpret mode converts: `v`, a value of dtype `from`, to `to`.
+pub fn cpu(v: Num, to: DType) -> Num {
+    match v {
+        Num::F(x) => match to {
+            DType::F32 => Num::F(super::f32r(x)),
+            DType::BF16 => Num::F(half::bf16::from_f64(x).to_f64()),
+            DType::F16 => Num::F(half::f16::from_f64(x).to_f64()),
+            DType::I8 => Num::I(i64::from(x as f32 as i8)),
+            DType::U8 => Num::I(i64::from(x as f32 as u8)),
+            DType::I16 => Num::I(i64::from(x as f32 as i16)),
+            DType::I32 => Num::I(i64::from(x as f32 as i32)),
+            DType::U32 => Num::I(i64::from(x as f32 as u32)),
+            DType::I64 => Num::I(x as f32 as i64),
+            DType::Bool => Num::I(i64::from(x != 0.0)),
+        },
+        Num::I(i) => {
+            if to.is_float() {
+                // Integer to f32 rounds once; to bf16/f16 rounds that again,
+                // as the GPU's `(float)` then its rounding do.
+                let f = i as f32;
+                cpu(Num::F(f64::from(f)), to)
+            } else {
+                Num::I(super::wrap_int(to, i128::from(i)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_to_int_saturates_and_nan_is_zero() {
+        assert_eq!(cpu(Num::F(300.7), DType::U8), Num::I(255));
+        assert_eq!(cpu(Num::F(-3.9), DType::I32), Num::I(-3));
+        assert_eq!(cpu(Num::F(f64::NAN), DType::I64), Num::I(0));
+        assert_eq!(cpu(Num::I(-1), DType::U32), Num::I(4294967295));
+        assert_eq!(cpu(Num::I(300), DType::I8), Num::I(44));
+        assert_eq!(cpu(Num::I(7), DType::Bool), Num::I(1));
+    }
+}

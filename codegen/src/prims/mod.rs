@@ -1,0 +1,60 @@
+//! The DSL's primitives, one table per family: each entry holds the name a
+//! user writes, its doc line, its type rule, its CUDA C and its CPU semantics
+//! (what interpret mode computes), side by side, so the checker, every
+//! lowering, the interpreter and the macro's messages read one definition.
+//! Adding an elementwise function or a reduction is one entry here.
+//!
+//! Integer semantics are C's with wrap-around: results are computed in the
+//! promoted type ([`DType::promote`]) and wrap to its width; integer division
+//! truncates toward zero and `%` takes the dividend's sign; a shift by the
+//! type's width or more gives 0 (or the sign, for `>>` of a negative signed
+//! value), as PTX's `shl`/`shr` do.
+
+pub mod atomic;
+pub mod binary;
+pub mod cast;
+pub mod compare;
+pub mod rand;
+pub mod reduce;
+pub mod unary;
+
+pub use atomic::AtomicOp;
+pub use binary::BinOp;
+pub use compare::CmpOp;
+pub use rand::RandKind;
+pub use reduce::ReduceOp;
+pub use unary::UnOp;
+
+use crate::dtype::DType;
+
+/// `v` (an integer computed exactly) wrapped to the width and signedness of
+/// `t`, as the GPU's registers hold it: the CPU semantics of every integer
+/// result. `bool` is 0 or 1.
+pub fn wrap_int(t: DType, v: i128) -> i64 {
+    match t {
+        DType::I8 => v as i8 as i64,
+        DType::U8 => v as u8 as i64,
+        DType::I16 => v as i16 as i64,
+        DType::I32 => v as i32 as i64,
+        DType::U32 => v as u32 as i64,
+        DType::Bool => i64::from(v != 0),
+        _ => v as i64,
+    }
+}
+
+/// `v` rounded to f32, the precision every float result has.
+pub fn f32r(v: f64) -> f64 {
+    f64::from(v as f32)
+}
+
+/// Every function and method name of device code, for messages: the
+/// tables' names and the DSL's other calls.
+pub fn function_names() -> String {
+    let mut names: Vec<&str> = vec![
+        "addmm", "zeros", "full", "select", "wait", "signal", "rand", "randn", "randint",
+    ];
+    names.extend(atomic::AtomicOp::ALL.iter().map(|o| o.name()));
+    names.extend(binary::BinOp::ALL.iter().filter_map(|o| o.function()));
+    names.extend(unary::UnOp::ALL.iter().map(|o| o.name()));
+    names.join(", ")
+}

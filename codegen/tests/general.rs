@@ -1,0 +1,525 @@
+//! The general lowering: kernels of every shape the fast paths do not take
+//! (gathers, offsets, jagged and nested loops, atomics, reductions anywhere,
+//! random numbers, integers and bits) lower, with the layouts, vector accesses
+//! and masks they need. NVRTC compiles these sources in `tests/nvrtc.rs` (with
+//! the macro's kernels); `TILEFUSE_DUMP_DIR` writes them out here too.
+
+mod common;
+use common::*;
+
+/// Lowers `k` for `spec` and `cfg` through the general lowering.
+fn general(k: &Kernel, spec: &Spec, cfg: &Config) -> Lowered {
+    let l = lower(k, spec, cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    assert_eq!(l.path, "general", "{}", k.name);
+    if let Ok(dir) = std::env::var("TILEFUSE_DUMP_DIR") {
+        // The source and how to launch it (for running it outside the runtime).
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(format!("{dir}/{}.cu", k.name), &l.source);
+        let params: Vec<String> = l.params.iter().map(|p| format!("\"{p:?}\"")).collect();
+        let grid: Vec<String> = l.grid.iter().map(|(s, b)| format!("[{s}, {b}]")).collect();
+        let meta = format!(
+            "{{\"entry\": \"{}\", \"threads\": {}, \"shared\": {}, \"grid\": [{}], \"params\": [{}], \"config\": \"{cfg}\"}}",
+            l.entry,
+            l.threads,
+            l.shared_bytes,
+            grid.join(", "),
+            params.join(", ")
+        );
+        let _ = std::fs::write(format!("{dir}/{}.json", k.name), meta);
+    }
+    l
+}
+
+fn kernel(name: &str) -> Kernel {
+    Kernel {
+        name: name.into(),
+        tensors: vec![],
+        scalars: vec![],
+        constexprs: vec![],
+        dims: vec![],
+        grid: vec![],
+        grid_start: vec![],
+        vars: vec![],
+        body: vec![],
+    }
+}
+
+fn spec_of(k: &Kernel, scalars: &[ScalarKind]) -> Spec {
+    Spec {
+        tensors: k
+            .tensors
+            .iter()
+            .map(|t| TensorSpec::contiguous(t.declared.unwrap_or(DType::F32), t.rank))
+            .collect(),
+        scalars: scalars.to_vec(),
+        constexprs: vec![],
+    }
+}
+
+fn ints(n: usize) -> Vec<ScalarKind> {
+    vec![ScalarKind::Int; n]
+}
+
+#[test]
+fn elementwise_2d_moves_16_bytes_a_thread() {
+    let k = pointwise_2d();
+    let cfg = Config::new(&[4, 1024]);
+    let l = general(&k, &pointwise_2d_spec(), &cfg);
+    assert_eq!(l.threads, 128);
+    assert_eq!(l.grid, vec![(0, 4), (1, 1024)]);
+    assert_eq!(l.shared_bytes, 0);
+    let body = kernel_part(&l);
+    // Runs of 8 (16 bytes of the bf16 output): f32 x and y in two 16-byte
+    // pieces a run, the output in one.
+    assert!(
+        body.contains("const uint4 tf_w1 = *(const uint4*)(tf_p + 4);"),
+        "{body}"
+    );
+    assert!(body.contains("*(uint4*)(tf_p + 0) = make_uint4("), "{body}");
+    // Runs inside the extent go whole, the ragged edge element by element.
+    assert!(body.contains(" + 8 <= s1"), "{body}");
+    assert!(
+        body.contains("for (int tf_j = 0; tf_j < 8; ++tf_j)"),
+        "{body}"
+    );
+    // The launch checks sizes, so a tile's own index needs no bounds test.
+    assert!(
+        !body.contains("< t0_n1") && !body.contains("t0_n1)"),
+        "{body}"
+    );
+}
+
+#[test]
+fn an_offset_and_a_gather_are_masked_by_the_tensor() {
+    // out[(tt, td)] = w[(ids[tt], td)] + x[(tt, td + off)]
+    let mut k = kernel("embed_shift");
+    k.tensors = vec![
+        tensor("ids", 1, Some(DType::I32)),
+        tensor("w", 2, Some(DType::BF16)),
+        tensor("x", 2, Some(DType::BF16)),
+        tensor("out", 2, Some(DType::BF16)),
+    ];
+    k.scalars = vec![scalar("t"), scalar("d"), scalar("off")];
+    k.dims = vec![dim("tt", 0), dim("td", 1)];
+    k.grid = vec![0, 1];
+    let gathered = load_ix(1, vec![load(0, &[0], "ids[tt]"), ti(1)], "w[(ids[tt], td)]");
+    let shifted = load_ix(
+        2,
+        vec![ti(0), bin(BinOp::Add, ti(1), Expr::Scalar(2), "td + off")],
+        "x[(tt, td + off)]",
+    );
+    k.body = vec![store(
+        3,
+        &[0, 1],
+        bin(BinOp::Add, gathered, shifted, "+"),
+        "out[(tt, td)] = …",
+    )];
+    let l = general(&k, &spec_of(&k, &ints(3)), &Config::new(&[4, 256]));
+    let body = kernel_part(&l);
+    // The gathered row and the shifted column are tested against the tensor.
+    assert!(body.contains("< (unsigned long long)t1_n0"), "{body}");
+    assert!(body.contains("<= t2_n1"), "{body}");
+    // The shifted run is vectorized only where its start is aligned.
+    assert!(body.contains("% 8 == 0"), "{body}");
+}
+
+/// `for b in each(nb)`: a jagged sum of the rows `offsets[b]..offsets[b + 1]`.
+fn jagged_sum() -> Kernel {
+    let mut k = kernel("jagged_sum");
+    k.tensors = vec![
+        tensor("offsets", 1, Some(DType::I64)),
+        tensor("x", 2, Some(DType::F32)),
+        tensor("out", 2, Some(DType::F32)),
+    ];
+    k.scalars = vec![scalar("nb"), scalar("d")];
+    k.dims = vec![each_dim("b", Some(0)), dim("td", 1), range_dim("tr")];
+    k.grid = vec![0, 1];
+    k.vars = vec![var("acc", true)];
+    let b = || ti(0);
+    let begin = load_ix(0, vec![b()], "offsets[b]");
+    let end = load_ix(
+        0,
+        vec![bin(BinOp::Add, b(), Expr::Int(1), "b + 1")],
+        "offsets[b + 1]",
+    );
+    k.body = vec![
+        let_(0, zeros(&[1]), "let mut acc = zeros([td])"),
+        range_loop(
+            2,
+            begin,
+            end,
+            vec![assign(
+                0,
+                bin(
+                    BinOp::Add,
+                    Expr::Var(0),
+                    reduce(
+                        ReduceOp::Sum,
+                        load(1, &[2, 1], "x[(tr, td)]"),
+                        2,
+                        "x.sum(tr)",
+                    ),
+                    "acc + x.sum(tr)",
+                ),
+                "acc = acc + x[(tr, td)].sum(tr)",
+            )],
+        ),
+        store_ix(2, vec![b(), ti(1)], Expr::Var(0), "out[(b, td)] = acc"),
+    ];
+    k
+}
+
+#[test]
+fn a_jagged_loop_walks_bounds_the_program_loads() {
+    let k = jagged_sum();
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[1, 128, 32]));
+    let body = kernel_part(&l);
+    assert!(body.contains("const long long tf_end2 = "), "{body}");
+    assert!(body.contains("tb2 < tf_end2; tb2 += B2"), "{body}");
+    // The rows of a range are tested against the tensor (no size rule covers them).
+    assert!(body.contains("t1_n0"), "{body}");
+    // The sum along `tr` stays in each thread: the warps spread over `td`.
+    assert!(!body.contains("__shfl_xor_sync"), "{body}");
+}
+
+/// A histogram: `atomic_add(counts[bins[ti]], 1)` from every program.
+fn histogram() -> Kernel {
+    let mut k = kernel("histogram");
+    k.tensors = vec![
+        tensor("bins", 1, Some(DType::I32)),
+        tensor("counts", 1, Some(DType::I32)),
+    ];
+    k.scalars = vec![scalar("n")];
+    k.dims = vec![dim("ti", 0)];
+    k.grid = vec![0];
+    k.body = vec![atomic(
+        AtomicOp::Add,
+        1,
+        vec![load(0, &[0], "bins[ti]")],
+        Expr::Int(1),
+        "atomic_add(counts[bins[ti]], 1)",
+    )];
+    k
+}
+
+#[test]
+fn atomics_are_masked_and_done_once_per_element() {
+    let k = histogram();
+    let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[1024]));
+    let body = kernel_part(&l);
+    assert!(body.contains("tf_atomic_add(t1 + ("), "{body}");
+    assert!(body.contains("< (unsigned long long)t1_n0"), "{body}");
+    // A block smaller than the layout's reach: copies skip the atomic.
+    let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[64]));
+    assert!(kernel_part(&l).contains("tf_u0_0"), "{}", kernel_part(&l));
+}
+
+/// A column sum `out[tn] = x[(tm, tn)].sum(tm)` over a loop of rows, and a
+/// whole-tensor sum into one scalar with an atomic.
+fn column_and_total_sums() -> Kernel {
+    let mut k = kernel("sums");
+    k.tensors = vec![
+        tensor("x", 2, Some(DType::BF16)),
+        tensor("cols", 1, Some(DType::F32)),
+        tensor("total", 1, Some(DType::F32)),
+    ];
+    k.scalars = vec![scalar("n"), scalar("m")];
+    k.dims = vec![dim("tn", 0), dim("tm", 1)];
+    k.grid = vec![0];
+    k.vars = vec![var("acc", true)];
+    k.body = vec![
+        let_(0, zeros(&[0]), "let mut acc = zeros([tn])"),
+        loop_(
+            1,
+            vec![assign(
+                0,
+                bin(
+                    BinOp::Add,
+                    Expr::Var(0),
+                    reduce(
+                        ReduceOp::Sum,
+                        cast(load(0, &[1, 0], "x[(tm, tn)]"), Some(DType::F32)),
+                        1,
+                        "x.sum(tm)",
+                    ),
+                    "+",
+                ),
+                "acc = acc + x[(tm, tn)].sum(tm)",
+            )],
+        ),
+        store(1, &[0], Expr::Var(0), "cols[tn] = acc"),
+        atomic(
+            AtomicOp::Add,
+            2,
+            vec![Expr::Int(0)],
+            reduce(ReduceOp::Sum, Expr::Var(0), 0, "acc.sum(tn)"),
+            "atomic_add(total[0], acc.sum(tn))",
+        ),
+    ];
+    k
+}
+
+#[test]
+fn reductions_along_any_tile() {
+    let k = column_and_total_sums();
+    let l = general(
+        &k,
+        &spec_of(&k, &ints(2)),
+        &Config::new(&[256, 16]).num_warps(4),
+    );
+    let body = kernel_part(&l);
+    // `acc.sum(tn)` crosses lanes and warps.
+    assert!(body.contains("__shfl_xor_sync(0xffffffffu"), "{body}");
+    assert!(body.contains("tf_smem"), "{body}");
+    assert!(l.shared_bytes > 0);
+}
+
+/// Dropout: `out = select(rand(seed, i) >= p, x / (1 - p), 0)`.
+fn dropout() -> Kernel {
+    let mut k = kernel("dropout");
+    k.tensors = vec![
+        tensor("x", 1, Some(DType::BF16)),
+        tensor("out", 1, Some(DType::BF16)),
+    ];
+    k.scalars = vec![scalar("n"), scalar("seed"), scalar("p")];
+    k.dims = vec![dim("ti", 0)];
+    k.grid = vec![0];
+    let keep = cmp(
+        CmpOp::Ge,
+        rand(RandKind::Uniform, Expr::Scalar(1), ti(0)),
+        Expr::Scalar(2),
+    );
+    let scaled = bin(
+        BinOp::Div,
+        load(0, &[0], "x[ti]"),
+        bin(BinOp::Sub, Expr::Float(1.0), Expr::Scalar(2), "1 - p"),
+        "x / (1 - p)",
+    );
+    k.body = vec![store(
+        1,
+        &[0],
+        cast(select(keep, scaled, Expr::Float(0.0)), None),
+        "out[ti] = select(…).cast()",
+    )];
+    k
+}
+
+#[test]
+fn random_numbers_use_philox() {
+    let k = dropout();
+    let spec = spec_of(&k, &[ScalarKind::Int, ScalarKind::Int, ScalarKind::Float]);
+    let l = general(&k, &spec, &Config::new(&[2048]));
+    assert!(
+        kernel_part(&l).contains("tf_rand(s1, (unsigned int)("),
+        "{}",
+        kernel_part(&l)
+    );
+}
+
+/// Integer bits: `out = (x << 3) ^ (x >> 1) & 0xff` on u32, and a runtime if.
+fn bits() -> Kernel {
+    let mut k = kernel("bits");
+    k.tensors = vec![
+        tensor("x", 1, Some(DType::U32)),
+        tensor("out", 1, Some(DType::U32)),
+    ];
+    k.scalars = vec![scalar("n"), scalar("flip")];
+    k.dims = vec![dim("ti", 0)];
+    k.grid = vec![0];
+    let x = || load(0, &[0], "x[ti]");
+    let v = bin(
+        BinOp::BitXor,
+        bin(BinOp::Shl, x(), Expr::Int(3), "x << 3"),
+        bin(
+            BinOp::BitAnd,
+            bin(BinOp::Shr, x(), Expr::Int(1), "x >> 1"),
+            Expr::Int(255),
+            "& 0xff",
+        ),
+        "^",
+    );
+    k.body = vec![Stmt::If {
+        cond: Cond::NonZero(Expr::Scalar(1)),
+        then: vec![store(1, &[0], un(UnOp::Not, v.clone()), "out[ti] = !v")],
+        otherwise: vec![store(1, &[0], v, "out[ti] = v")],
+        at: "if flip != 0".into(),
+    }];
+    k
+}
+
+#[test]
+fn integers_keep_their_width_and_ifs_branch_at_run_time() {
+    let k = bits();
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[1024]));
+    let body = kernel_part(&l);
+    assert!(
+        body.contains("tf_shl(tf_l1[(tf_q * 4 + tf_j)], 3ll)"),
+        "{body}"
+    );
+    assert!(body.contains("if ((s1 != 0)) {"), "{body}");
+    assert!(body.contains("(~"), "{body}");
+}
+
+/// A batched softmax over a grid of two tiles, `tile([b, m])`, the row in one block.
+fn batched_softmax() -> Kernel {
+    let mut k = kernel("batched_softmax");
+    k.tensors = vec![
+        tensor("x", 3, Some(DType::BF16)),
+        tensor("out", 3, Some(DType::BF16)),
+    ];
+    k.scalars = vec![scalar("b"), scalar("m"), scalar("n")];
+    k.dims = vec![dim("tb", 0), dim("tm", 1), dim("tn", 2)];
+    k.grid = vec![0, 1];
+    k.vars = vec![var("v", false), var("mx", false), var("e", false)];
+    let x = load(0, &[0, 1, 2], "x[(tb, tm, tn)]");
+    k.body = vec![loop_(
+        2,
+        vec![
+            let_(0, cast(x, Some(DType::F32)), "let v = …"),
+            let_(
+                1,
+                reduce(ReduceOp::Max, Expr::Var(0), 2, "v.max(tn)"),
+                "let mx = …",
+            ),
+            let_(
+                2,
+                un(
+                    UnOp::Exp,
+                    bin(BinOp::Sub, Expr::Var(0), Expr::Var(1), "v - mx"),
+                ),
+                "let e = exp(v - mx)",
+            ),
+            store(
+                1,
+                &[0, 1, 2],
+                cast(
+                    bin(
+                        BinOp::Div,
+                        Expr::Var(2),
+                        reduce(ReduceOp::Sum, Expr::Var(2), 2, "e.sum(tn)"),
+                        "e / e.sum(tn)",
+                    ),
+                    None,
+                ),
+                "out[(tb, tm, tn)] = (e / e.sum(tn)).cast()",
+            ),
+        ],
+    )];
+    k
+}
+
+#[test]
+fn a_reduction_in_a_kernel_of_several_grid_dimensions() {
+    let k = batched_softmax();
+    // The row in one block: the store is inside the loop, indexed by `tn`.
+    let l = general(&k, &spec_of(&k, &ints(3)), &Config::new(&[1, 4, 1024]));
+    let body = kernel_part(&l);
+    assert!(body.contains("tf_exp_diff("), "{body}");
+    assert!(body.contains("__shfl_xor_sync"), "{body}");
+}
+
+#[test]
+fn storing_one_blocks_partial_reduction_in_its_loop_is_an_error() {
+    // for tn in tile(n) { out[tm] = x[(tm, tn)].sum(tn) } keeps the last block only.
+    let mut k = rows_inner_loop();
+    k.tensors[1].rank = 1;
+    let Stmt::Loop { body, .. } = &mut k.body[0] else {
+        unreachable!()
+    };
+    *body = vec![store(
+        1,
+        &[0],
+        reduce(
+            ReduceOp::Sum,
+            load(0, &[0, 1], "x[(tr, tc)]"),
+            1,
+            "x.sum(tc)",
+        ),
+        "out[tr] = x[(tr, tc)].sum(tc)",
+    )];
+    let mut spec = declared_spec(&k);
+    spec.tensors[1].rank = 1;
+    let msg = expect_type_err(check(&k, &spec), &["`tc`", "last block"]);
+    assert!(msg.contains("accumulate"), "{msg}");
+}
+
+#[test]
+fn general_configs_need_powers_of_two_and_each_blocks_of_one() {
+    let k = pointwise_2d();
+    expect_config_err(
+        lower(&k, &pointwise_2d_spec(), &Config::new(&[4, 1000])),
+        "power of two",
+    );
+    let k = jagged_sum();
+    expect_config_err(
+        lower(&k, &spec_of(&k, &ints(2)), &Config::new(&[2, 128, 32])),
+        "must be 1",
+    );
+}
+
+#[test]
+fn the_default_fits_the_extents() {
+    let k = histogram();
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(1_000_000)]);
+    assert_eq!(c.block_sizes, vec![4096]);
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(100)]);
+    assert_eq!(c.block_sizes, vec![128]);
+    let k = jagged_sum();
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[None, Some(64), None]);
+    assert_eq!(c.block_sizes[0], 1);
+    assert_eq!(c.block_sizes[1], 64);
+    general(&k, &spec_of(&k, &ints(2)), &c);
+}
+
+/// `out = x + y` on bf16, the elementwise benchmark's kernel, at several blocks.
+#[test]
+fn add_lowers_at_the_tuning_seeds() {
+    let mut k = kernel("add");
+    k.tensors = vec![
+        tensor("x", 2, Some(DType::BF16)),
+        tensor("y", 2, Some(DType::BF16)),
+        tensor("out", 2, Some(DType::BF16)),
+    ];
+    k.scalars = vec![scalar("m"), scalar("n")];
+    k.dims = vec![dim("tm", 0), dim("tn", 1)];
+    k.grid = vec![0, 1];
+    k.body = vec![store(
+        2,
+        &[0, 1],
+        cast(
+            bin(
+                BinOp::Add,
+                load(0, &[0, 1], "x"),
+                load(1, &[0, 1], "y"),
+                "x + y",
+            ),
+            None,
+        ),
+        "out[(tm, tn)] = (x + y).cast()",
+    )];
+    let spec = spec_of(&k, &ints(2));
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(16384), Some(8192)]);
+    for seed in tilefuse_codegen::emit::general::seeds(&k, &c) {
+        lower(&k, &spec, &seed).unwrap_or_else(|e| panic!("{seed}: {e}"));
+    }
+    general(&k, &spec, &c);
+    // Named variants, for measuring them outside the runtime.
+    if std::env::var("TILEFUSE_DUMP_DIR").is_ok() {
+        for (bm, bn, w) in [
+            (4, 1024, 4),
+            (8, 1024, 4),
+            (4, 2048, 4),
+            (8, 2048, 8),
+            (2, 2048, 4),
+            (1, 4096, 4),
+            (16, 512, 4),
+            (8, 1024, 8),
+            (4, 1024, 2),
+            (2, 1024, 4),
+        ] {
+            let mut v = k.clone();
+            v.name = format!("add_{bm}x{bn}_w{w}");
+            general(&v, &spec, &Config::new(&[bm, bn]).num_warps(w));
+        }
+    }
+}
