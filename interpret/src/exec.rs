@@ -205,14 +205,8 @@ pub fn run_with(
         else {
             continue;
         };
-        if *have as i64 != want {
-            return Err(arg(
-                &k.tensors[r.tensor].name,
-                format!(
-                    "dimension {} has size {have}, but `{}` indexes it with tile `{}`, whose extent is {want}",
-                    r.axis, r.at, k.dims[r.dim].name
-                ),
-            ));
+        if let Some(message) = r.broken(k, *have as i64, want) {
+            return Err(arg(&k.tensors[r.tensor].name, message));
         }
     }
     // `each` dimensions take one index at a time whatever the config says

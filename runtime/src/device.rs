@@ -154,6 +154,25 @@ impl Device {
         }
     }
 
+    /// Interpret mode's host in any process, a GPU process too: tensors made on
+    /// it ([`crate::Tensor::empty_on`]) live in host memory and kernels launched
+    /// on them run in the interpreter, so one program can run a kernel both
+    /// ways on the same inputs and compare.
+    ///
+    /// ```no_run
+    /// # use tilefuse_runtime::{Device, Tensor};
+    /// let host = Device::interpreter();
+    /// let x = Tensor::<f32>::from_slice_on(&host, &[1.0, 2.0], [2])?;
+    /// assert!(x.device().is_host());
+    /// # Ok::<(), tilefuse_runtime::Error>(())
+    /// ```
+    pub fn interpreter() -> Arc<Device> {
+        static HOST: OnceLock<Arc<Device>> = OnceLock::new();
+        // Its own ordinal, so caches keyed by device never mix it with a GPU.
+        HOST.get_or_init(|| Arc::new(Device::host(usize::MAX)))
+            .clone()
+    }
+
     /// Whether this is the host of interpret mode rather than a GPU.
     pub fn is_host(&self) -> bool {
         self.gpu.is_none()

@@ -391,18 +391,8 @@ impl KernelDef {
                 continue;
             };
             let have = tensors[r.tensor].shape[r.axis] as i64;
-            if have != ext {
-                return Err(argument(
-                    ctx(),
-                    &k.tensors[r.tensor].name,
-                    format!(
-                        "dimension {} has size {have}, but `{}` indexes it with tile `{}`, which covers {} = {ext}",
-                        r.axis,
-                        r.at,
-                        dim.name,
-                        dim.extent.map_or("?", |e| k.scalars[e].name.as_str())
-                    ),
-                ));
+            if let Some(message) = r.broken(k, have, ext) {
+                return Err(argument(ctx(), &k.tensors[r.tensor].name, message));
             }
         }
         Ok(())

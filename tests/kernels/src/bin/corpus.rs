@@ -1,0 +1,92 @@
+//! The corpus as a program: `corpus` checks every case on the current device
+//! against float64; `corpus --bench` times each at its benchmark shape on the
+//! GPU (CUDA events, warm-up, median of 50, L2 flushed) and prints one line
+//! per case: milliseconds, GB/s and the share of the device-to-device copy
+//! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says.
+//! A name filter may follow (`corpus --bench softmax`).
+//!
+//! ```text
+//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench] [FILTER]
+//! ```
+
+use std::process::ExitCode;
+use tilefuse::{time_gpu, Device};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let bench = args.iter().any(|a| a == "--bench");
+    let filter = args.iter().find(|a| !a.starts_with("--")).cloned();
+    let dev = match Device::current() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut ok = true;
+    let cases = tilefuse_kernels::cases()
+        .into_iter()
+        .filter(|c| filter.as_deref().is_none_or(|f| c.name.contains(f)));
+    if !bench {
+        for case in cases {
+            match (case.check)(&dev, 7) {
+                Ok(outs) => {
+                    for o in outs {
+                        let err = o.err();
+                        let pass = err <= o.tol;
+                        ok &= pass;
+                        println!(
+                            "check {} `{}`: rel err {err:.2e} ({})",
+                            case.name,
+                            o.name,
+                            if pass { "ok" } else { "FAILED" }
+                        );
+                    }
+                }
+                Err(e) => {
+                    ok = false;
+                    println!("check {}: error: {e}", case.name);
+                }
+            }
+        }
+        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+    if let Err(e) = dev.require_gpu("the corpus benchmark") {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let copy = match tilefuse::runtime::timing::copy_bandwidth_gbs(&dev, 1 << 30) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("device: {}; device-to-device copy {copy:.0} GB/s", dev.name());
+    for case in cases {
+        let run = (case.bench)(&dev).and_then(|mut b| {
+            let t = time_gpu(&dev, 5, 50, true, &mut b.run)?;
+            Ok((b.shape, b.bytes, t))
+        });
+        match run {
+            Ok((shape, bytes, t)) => {
+                let gbs = bytes as f64 / t.median_ms / 1e6;
+                println!(
+                    "bench {} {shape}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy",
+                    case.name,
+                    t.median_ms,
+                    100.0 * gbs / copy
+                );
+            }
+            Err(e) => {
+                ok = false;
+                println!("bench {}: error: {e}", case.name);
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

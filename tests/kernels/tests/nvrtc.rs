@@ -1,0 +1,57 @@
+//! Every kernel of the corpus compiles with NVRTC for sm_90a and sm_80, at its
+//! default config and the first tuning seeds, with no warning (NVRTC's or
+//! ptxas's). Needs libnvrtc only (no GPU): without it the test skips and says
+//! so, unless `TILEFUSE_REQUIRE_NVRTC=1` (CI) or `TILEFUSE_REQUIRE_GPU=1`.
+
+use tilefuse::codegen::{ConfigSpace, Target};
+
+#[test]
+fn every_kernel_compiles_for_sm_90a_and_sm_80() {
+    if !tilefuse::runtime::libs::nvrtc_present() {
+        let why = "NVRTC (libnvrtc.so.13) is not on the library path";
+        if std::env::var("TILEFUSE_REQUIRE_NVRTC").as_deref() == Ok("1")
+            || std::env::var("TILEFUSE_REQUIRE_GPU").as_deref() == Ok("1")
+        {
+            panic!("{why}, and TILEFUSE_REQUIRE_NVRTC/TILEFUSE_REQUIRE_GPU=1 forbids skipping");
+        }
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    // Compile for real: cubins cached by an earlier run would not test NVRTC.
+    std::env::set_var("TILEFUSE_SKIP_CACHE", "1");
+    let mut seen = std::collections::HashSet::new();
+    let mut failed = Vec::new();
+    for case in tilefuse_kernels::cases() {
+        for def in (case.kernels)() {
+            if !seen.insert(def.name()) {
+                continue;
+            }
+            let spec = def.declared_spec().expect("the corpus declares its dtypes");
+            let ir = def.ir().expect("IR");
+            let target = Target {
+                shared_limit: 227 * 1024,
+                wgmma: true,
+                sms: 132,
+            };
+            let space = ConfigSpace::new(ir, &spec, target);
+            let configs: Vec<_> = space.seeds(&spec, true).into_iter().take(2).collect();
+            for cfg in &configs {
+                for arch in ["sm_90a", "sm_80"] {
+                    let t = std::time::Instant::now();
+                    match def.compile(&spec, cfg, arch) {
+                        Ok(c) if c.log.lines().any(|l| l.contains("warning")) => failed.push(
+                            format!("{} {cfg} {arch}: warnings:\n{}", def.name(), c.log),
+                        ),
+                        Ok(_) => eprintln!(
+                            "{} {cfg} {arch}: {:.0} ms",
+                            def.name(),
+                            t.elapsed().as_secs_f64() * 1e3
+                        ),
+                        Err(e) => failed.push(format!("{} {cfg} {arch}: {e}", def.name())),
+                    }
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
