@@ -242,13 +242,15 @@ impl Checker<'_> {
                         ),
                     ))
                 }
-                None if k.grid.contains(&d) => return Err(self.err(
-                    &dim.name,
-                    format!(
+                None if k.grid.contains(&d) => {
+                    return Err(self.err(
+                        &dim.name,
+                        format!(
                         "the grid tile `{}` needs an extent computed on the host, e.g. `tile(n)`",
                         dim.name
                     ),
-                )),
+                    ))
+                }
                 _ => {}
             }
         }

@@ -25,7 +25,11 @@ impl SizeRule {
     /// Why a tensor of size `have` along the axis breaks the rule for an
     /// extent `want`, or `None` when it keeps it.
     pub fn broken(&self, k: &Kernel, have: i64, want: i64) -> Option<String> {
-        let bad = if self.exact { have != want } else { have < want };
+        let bad = if self.exact {
+            have != want
+        } else {
+            have < want
+        };
         bad.then(|| {
             let d = &k.dims[self.dim];
             let n = d

@@ -460,10 +460,15 @@ fn general_configs_need_powers_of_two_and_each_blocks_of_one() {
 #[test]
 fn the_default_fits_the_extents() {
     let k = histogram();
-    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(1_000_000)]);
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(16_000_000)]);
     assert_eq!(c.block_sizes, vec![4096]);
+    // 4096 a program would give 245 programs: halved, for 489.
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(1_000_000)]);
+    assert_eq!(c.block_sizes, vec![2048]);
+    // A short extent: rounded up to a power of two, then halved toward more
+    // programs down to 64 elements.
     let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(100)]);
-    assert_eq!(c.block_sizes, vec![128]);
+    assert_eq!(c.block_sizes, vec![64]);
     let k = jagged_sum();
     let c = tilefuse_codegen::emit::general::default_config(&k, &[None, Some(64), None]);
     assert_eq!(c.block_sizes[0], 1);

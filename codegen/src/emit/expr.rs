@@ -377,13 +377,15 @@ impl ElemCtx<'_> {
                     ty,
                 )
             }
-            Expr::Reduce { op, at, .. } => return Err(self.unsupported(
-                at,
-                format!(
+            Expr::Reduce { op, at, .. } => {
+                return Err(self.unsupported(
+                    at,
+                    format!(
                     "`.{}()` is computed by the lowering before the elementwise code that uses it",
                     op.name()
                 ),
-            )),
+                ))
+            }
             Expr::Int(v) => (int_lit(*v, CTy::I64), CTy::I64),
             Expr::Float(v) => (float_lit(*v), CTy::F32),
             Expr::Scalar(s) => (

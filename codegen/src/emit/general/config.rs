@@ -16,6 +16,11 @@ use crate::space::Axis;
 const BUDGET: usize = 4096;
 /// The largest block a contiguous dimension takes untuned.
 const MAX_CONTIGUOUS: usize = 4096;
+/// Programs a launch should have at least (about two per SM of an H100 or
+/// H200), where its extents allow: a grid tile is halved until there are
+/// (a contiguous one down to [`MIN_CONTIGUOUS`], 128 bytes of bf16 a row).
+const MIN_PROGRAMS: usize = 256;
+const MIN_CONTIGUOUS: usize = 64;
 
 /// Dimensions some load or store indexes its contiguous last axis with.
 fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
@@ -112,15 +117,56 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
             .unwrap_or(BUDGET)
     };
     let contiguous = contiguous_dims(k);
-    // Contiguous dimensions first, a quarter of the budget at most each so the
-    // rows of a 2-D tile still get some.
-    for &d in &contiguous {
-        if bs[d] == 0 {
-            bs[d] = cap(d, (BUDGET / 4).min(room(&bs, d))).max(1);
+    let grid: Vec<DimId> = k.grid.iter().copied().filter(|&d| bs[d] == 0).collect();
+    let programs = |bs: &[usize]| -> usize {
+        grid.iter()
+            .filter_map(|&d| {
+                extents
+                    .get(d)
+                    .copied()
+                    .flatten()
+                    .map(|e| e.div_ceil(bs[d].max(1)))
+            })
+            .product()
+    };
+    let known = grid
+        .iter()
+        .all(|&d| extents.get(d).copied().flatten().is_some());
+    // The grid's tiles first (contiguous ones up to a quarter of the budget,
+    // so the rows of a 2-D tile still get some), then halved until the
+    // launch has programs enough to fill the GPU.
+    for pass in [true, false] {
+        for &d in &grid {
+            if bs[d] == 0 && contiguous.contains(&d) == pass {
+                let most = if pass { BUDGET / 4 } else { BUDGET };
+                bs[d] = cap(d, most.min(room(&bs, d))).max(1);
+            }
         }
     }
-    // The others, innermost first.
-    let mut order: Vec<DimId> = Vec::new();
+    while known && programs(&bs) < MIN_PROGRAMS {
+        let floor = |d: DimId| {
+            if contiguous.contains(&d) {
+                MIN_CONTIGUOUS
+            } else {
+                1
+            }
+        };
+        // Rows before columns: a contiguous tile keeps its long vectors.
+        let Some(&d) = grid
+            .iter()
+            .filter(|&&d| bs[d] > floor(d))
+            .max_by_key(|&&d| (!contiguous.contains(&d), bs[d] / floor(d), usize::MAX - d))
+        else {
+            break;
+        };
+        bs[d] /= 2;
+    }
+    // The loops' tiles: contiguous ones first, then the others innermost first.
+    let mut order: Vec<DimId> = contiguous
+        .iter()
+        .copied()
+        .filter(|d| !grid.contains(d))
+        .collect();
     for p in &paths {
         for &d in p.iter().rev() {
             if !order.contains(&d) {
@@ -130,14 +176,24 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     }
     for d in order {
         if bs[d] == 0 {
-            bs[d] = cap(d, room(&bs, d)).max(1);
+            let most = if contiguous.contains(&d) {
+                BUDGET / 4
+            } else {
+                BUDGET
+            };
+            bs[d] = cap(d, most.min(room(&bs, d))).max(1);
         }
     }
-    // What is left grows the contiguous dimensions (a 1-D kernel's block).
+    // What is left grows the contiguous dimensions (a 1-D kernel's block),
+    // as long as the launch keeps its programs.
     for &d in &contiguous {
         if !k.dims[d].whole && !k.dims[d].each {
             let grow = room(&bs, d);
+            let before = bs[d];
             bs[d] = cap(d, (bs[d] * grow).min(MAX_CONTIGUOUS)).max(bs[d]);
+            while known && bs[d] > before && grid.contains(&d) && programs(&bs) < MIN_PROGRAMS {
+                bs[d] /= 2;
+            }
         }
     }
     for b in &mut bs {
@@ -239,5 +295,8 @@ mod tests {
         assert_eq!(c.block_sizes, vec![4, 1024]);
         let small = default_config(&k, &[Some(16384), Some(100)]);
         assert_eq!(small.block_sizes, vec![32, 128]);
+        // Few rows: the row tile halves until the launch has 256 programs.
+        let few = default_config(&k, &[Some(64), Some(8192)]);
+        assert_eq!(few.block_sizes, vec![2, 1024]);
     }
 }

@@ -551,12 +551,7 @@ impl Gen<'_, '_> {
         let d1 = depth + 1;
         let comps = self.comps(index, at, l, d1, &pre)?;
         // The elements written: the index's tiles (the value broadcast over them).
-        let mut dims = self.ty(value).dims;
-        for c in index {
-            dims.extend(self.ty(c).dims);
-        }
-        dims.sort_unstable();
-        dims.dedup();
+        let dims = self.access_dims(index, value);
         let owner = self.owner_c(l, &dims);
         match (op, self.vector_run(t, &comps, l)) {
             (None, Some((d, p, chunk))) if dims.contains(&d) => {

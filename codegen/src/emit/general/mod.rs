@@ -509,6 +509,17 @@ impl Gen<'_, '_> {
         l
     }
 
+    /// The tiles a store or atomic writes over: its index's and its value's.
+    fn access_dims(&self, index: &[Expr], value: &Expr) -> Vec<DimId> {
+        let mut dims = self.ty(value).dims;
+        for c in index {
+            dims.extend(self.ty(c).dims);
+        }
+        dims.sort_unstable();
+        dims.dedup();
+        dims
+    }
+
     /// The most elements a load, store or atomic of this level moves.
     fn own_volume(&self, level: &[&Stmt], active: &[DimId]) -> usize {
         let mut most = 0;
@@ -522,11 +533,7 @@ impl Gen<'_, '_> {
         };
         for s in level {
             if let Stmt::Store { index, value, .. } | Stmt::Atomic { index, value, .. } = s {
-                let mut dims = self.ty(value).dims;
-                for c in index {
-                    dims.extend(self.ty(c).dims);
-                }
-                note(&dims);
+                note(&self.access_dims(index, value));
             }
             for e in s.exprs() {
                 e.walk(&mut |x| {
@@ -577,11 +584,7 @@ impl Gen<'_, '_> {
                 ..
             } = s
             {
-                let mut ds = self.ty(value).dims;
-                for c in index {
-                    ds.extend(self.ty(c).dims);
-                }
-                vote(*tensor, index, &ds);
+                vote(*tensor, index, &self.access_dims(index, value));
             }
             for e in s.exprs() {
                 e.walk(&mut |x| {

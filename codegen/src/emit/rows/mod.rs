@@ -225,10 +225,7 @@ pub(crate) fn takes(k: &Kernel) -> bool {
                 *reduces = true;
                 ok &= Some(*dim) == cur;
             }
-            Expr::Load { index, .. } => {
-                ok &= plain_index(index)
-                    .is_some_and(|ix| ix.iter().all(|d| *d == rd || Some(*d) == cur));
-            }
+            Expr::Load { index, .. } => ok &= row_major(index, rd, cur),
             Expr::TileIndex(d) | Expr::TileBegin(d) | Expr::TileEnd(d) | Expr::TileSize(d) => {
                 ok &= *d == rd || Some(*d) == cur
             }
@@ -239,11 +236,7 @@ pub(crate) fn takes(k: &Kernel) -> bool {
     };
     let stmt_ok = |s: &Stmt, cur: Option<DimId>, reduces: &mut bool| match s {
         Stmt::Let { value, .. } | Stmt::Assign { value, .. } => fits(value, cur, reduces),
-        Stmt::Store { index, value, .. } => {
-            fits(value, cur, reduces)
-                && plain_index(index)
-                    .is_some_and(|ix| ix.iter().all(|d| *d == rd || Some(*d) == cur))
-        }
+        Stmt::Store { index, value, .. } => fits(value, cur, reduces) && row_major(index, rd, cur),
         Stmt::Wait { .. } | Stmt::Signal { .. } => true,
         _ => false,
     };
@@ -269,6 +262,17 @@ pub(crate) fn takes(k: &Kernel) -> bool {
         }
     }
     reduces
+}
+
+/// Whether `index` addresses a row's elements the way the row lowering
+/// loads them: by the rows (`x[tm]`), the loop's columns (`w[tn]`), or both
+/// with the columns last and contiguous (`x[(tm, tn)]`).
+fn row_major(index: &[Expr], rd: DimId, cur: Option<DimId>) -> bool {
+    match plain_index(index).as_deref() {
+        Some([d]) => *d == rd || Some(*d) == cur,
+        Some([r, c]) => *r == rd && Some(*c) == cur,
+        _ => false,
+    }
 }
 
 fn first_reduce_at(body: &[Stmt]) -> Option<String> {
