@@ -394,24 +394,8 @@ impl Gen<'_, '_> {
         // The run's first element: register `tf_q * spt`.
         self.rsub.insert(d, format!("(tf_q * {spt})"));
         let off = off.clone();
-        let mut ok = vec![self.live_c(l, &others)];
-        ok.extend(self.bounds_c(t, comps, l, Some(comps.len() - 1)));
-        let c0 = self.comp_c(&comps[comps.len() - 1], l);
-        let last = comps.len() - 1;
-        let mut whole = vec![
-            format!("{} + {spt} <= {}", self.coord_c(l, d), self.e.end(d)),
-            self.aligned_c(d, &off, chunk / es),
-        ];
-        if !self.safe(&comps[last]) {
-            whole.push(format!("{c0} >= 0 && {c0} + {spt} <= t{t}_n{last}"));
-        }
-        let offset = self.offset_of(t, comps, l);
-        self.w(d2, format!("const bool tf_ok = {};", ok.join(" && ")));
-        self.w(
-            d2,
-            format!("const {}* tf_p = t{t} + ({offset});", dtype.c_storage()),
-        );
-        self.w(d2, format!("if (tf_ok && {}) {{", whole.join(" && ")));
+        let ok = vec![self.live_c(l, &others)];
+        let mask = self.run_head(t, comps, (d, spt, chunk), &off, ok, "const ", l, d2);
         let (ctype, nchunks) = (
             match chunk {
                 16 => "uint4",
@@ -461,15 +445,6 @@ impl Gen<'_, '_> {
         }
         self.rsub.insert(d, format!("(tf_q * {spt})"));
         self.w(d2, "} else {");
-        let mut mask = format!("tf_ok && {} + tf_j < {}", self.coord_c(l, d), self.e.end(d));
-        if !self.safe(&comps[last]) {
-            let _ = std::fmt::Write::write_fmt(
-                &mut mask,
-                format_args!(
-                    " && (unsigned long long)({c0} + tf_j) < (unsigned long long)t{t}_n{last}"
-                ),
-            );
-        }
         if v.raw.is_some() {
             // Element by element into the run's words (zeros outside).
             let f = self.flat(l, &v.dims);
@@ -586,6 +561,51 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
+    /// Opens a vector run (its first register is [`Gen::rsub`]'s): `tf_ok`,
+    /// whether the run's other indices are in bounds (`ok` and the tensor's
+    /// sizes), `tf_p` (`qual`-qualified), its first element, and `if (…) {`
+    /// taking the run whole where it lies inside the extent and the tensor
+    /// and starts aligned. Returns the test of element `tf_j` of the run, for
+    /// the element-by-element branch.
+    #[allow(clippy::too_many_arguments)]
+    fn run_head(
+        &mut self,
+        t: TensorId,
+        comps: &[Comp],
+        (d, spt, chunk): (DimId, usize, usize),
+        off: &Option<String>,
+        mut ok: Vec<String>,
+        qual: &str,
+        l: usize,
+        depth: usize,
+    ) -> String {
+        let dtype = self.e.spec.tensors[t].dtype;
+        let last = comps.len() - 1;
+        ok.extend(self.bounds_c(t, comps, l, Some(last)));
+        let c0 = self.comp_c(&comps[last], l);
+        let coord = self.coord_c(l, d);
+        let end = self.e.end(d);
+        let mut whole = vec![
+            format!("{coord} + {spt} <= {end}"),
+            self.aligned_c(d, off, chunk / dtype.size()),
+        ];
+        let mut mask = format!("tf_ok && {coord} + tf_j < {end}");
+        if !self.safe(&comps[last]) {
+            whole.push(format!("{c0} >= 0 && {c0} + {spt} <= t{t}_n{last}"));
+            mask.push_str(&format!(
+                " && (unsigned long long)({c0} + tf_j) < (unsigned long long)t{t}_n{last}"
+            ));
+        }
+        let offset = self.offset_of(t, comps, l);
+        self.w(depth, format!("const bool tf_ok = {};", ok.join(" && ")));
+        self.w(
+            depth,
+            format!("{qual}{}* tf_p = t{t} + ({offset});", dtype.c_storage()),
+        );
+        self.w(depth, format!("if (tf_ok && {}) {{", whole.join(" && ")));
+        mask
+    }
+
     /// The C of the current element of a stored `value` (a `.cast()` with no
     /// type is the store's own narrowing).
     fn stored(
@@ -622,7 +642,6 @@ impl Gen<'_, '_> {
         let dtype = self.e.spec.tensors[t].dtype;
         let es = dtype.size();
         let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
-        let last = comps.len() - 1;
         let Some(Comp::Affine { off, .. }) = comps.last() else {
             return Ok(());
         };
@@ -655,23 +674,8 @@ impl Gen<'_, '_> {
         );
         self.w(d2, "}");
         self.rsub.insert(d, format!("(tf_q * {spt})"));
-        let mut ok = vec![owner.to_string(), self.live_c(l, &others)];
-        ok.extend(self.bounds_c(t, comps, l, Some(last)));
-        let c0 = self.comp_c(&comps[last], l);
-        let mut whole = vec![
-            format!("{} + {spt} <= {}", self.coord_c(l, d), self.e.end(d)),
-            self.aligned_c(d, &off, chunk / es),
-        ];
-        if !self.safe(&comps[last]) {
-            whole.push(format!("{c0} >= 0 && {c0} + {spt} <= t{t}_n{last}"));
-        }
-        let offset = self.offset_of(t, comps, l);
-        self.w(d2, format!("const bool tf_ok = {};", ok.join(" && ")));
-        self.w(
-            d2,
-            format!("{}* tf_p = t{t} + ({offset});", dtype.c_storage()),
-        );
-        self.w(d2, format!("if (tf_ok && {}) {{", whole.join(" && ")));
+        let ok = vec![owner.to_string(), self.live_c(l, &others)];
+        let mask = self.run_head(t, comps, (d, spt, chunk), &off, ok, "", l, d2);
         let ctype = match chunk {
             16 => "uint4",
             8 => "uint2",
@@ -706,12 +710,6 @@ impl Gen<'_, '_> {
             );
         }
         self.w(d2, "} else {");
-        let mut mask = format!("tf_ok && {} + tf_j < {}", self.coord_c(l, d), self.e.end(d));
-        if !self.safe(&comps[last]) {
-            mask.push_str(&format!(
-                " && (unsigned long long)({c0} + tf_j) < (unsigned long long)t{t}_n{last}"
-            ));
-        }
         self.w(
             d2 + 1,
             format!(
