@@ -65,8 +65,12 @@ impl<'a> Trial<'a> {
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         launch.kernel.walk_stmts(&mut |s| {
             match s {
-                // Counters a candidate signals are written too: it gets scratch ones.
-                Stmt::Store { tensor, .. } | Stmt::Signal { tensor, .. } => {
+                // Counters a candidate signals, and tensors it adds into
+                // atomically, are written too: it gets scratch ones, restored
+                // before each run (an atomic adds to what was there).
+                Stmt::Store { tensor, .. }
+                | Stmt::Signal { tensor, .. }
+                | Stmt::Atomic { tensor, .. } => {
                     stored.insert(*tensor);
                 }
                 Stmt::Wait { tensor, .. } => {
