@@ -11,7 +11,7 @@
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::spec::{ScalarKind, Spec};
+use crate::spec::Spec;
 
 /// The type of a tile value: its dimensions (sorted, no repeats) and dtype.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,7 +233,7 @@ impl Checker<'_> {
         }
         for (d, dim) in k.dims.iter().enumerate() {
             match dim.extent {
-                Some(e) if self.spec.scalars[e] != ScalarKind::Int => {
+                Some(e) if !self.spec.scalars[e].is_int() => {
                     return Err(arg_err(
                         &k.scalars[e].name,
                         format!(
@@ -780,10 +780,7 @@ impl Checker<'_> {
                     weak: a.weak && b.weak,
                 }
             }
-            Expr::Scalar(s) => Ty::scalar(match self.spec.scalars[*s] {
-                ScalarKind::Int => DType::I64,
-                ScalarKind::Float => DType::F32,
-            }),
+            Expr::Scalar(s) => Ty::scalar(self.spec.scalars[*s].dtype()),
         })
     }
 

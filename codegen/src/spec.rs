@@ -16,11 +16,33 @@ pub struct TensorSpec {
     pub align: usize,
 }
 
-/// How a runtime scalar is passed: as `long long` or as `float`.
+/// What a runtime scalar is: an integer of the host value's type (passed as
+/// a `long long`, typed in the kernel as its Rust type promotes: `u32` as u32,
+/// `i8`..`i32` and `u8`, `u16` as i32, 64-bit integers as i64), or a `float`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ScalarKind {
     Int,
     Float,
+    I32,
+    U32,
+}
+
+impl ScalarKind {
+    /// An integer of some width.
+    pub fn is_int(self) -> bool {
+        self != ScalarKind::Float
+    }
+
+    /// The dtype device code computes with the scalar in.
+    pub fn dtype(self) -> crate::dtype::DType {
+        use crate::dtype::DType;
+        match self {
+            ScalarKind::Int => DType::I64,
+            ScalarKind::Float => DType::F32,
+            ScalarKind::I32 => DType::I32,
+            ScalarKind::U32 => DType::U32,
+        }
+    }
 }
 
 /// Everything a launch knows that the kernel source does not.

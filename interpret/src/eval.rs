@@ -171,8 +171,8 @@ impl Program<'_> {
             Expr::Int(i) => self.scalar_tile(Num::I(*i), ty),
             Expr::Float(f) => self.scalar_tile(Num::F(f32r(*f)), ty),
             Expr::Scalar(s) => match self.scalars[*s] {
-                Scalar::Int(i) => self.scalar_tile(Num::I(i), ty),
                 Scalar::Float(f) => self.scalar_tile(Num::F(f64::from(f)), ty),
+                i => self.scalar_tile(Num::I(i.int().unwrap_or(0)), ty),
             },
             Expr::Const(c) => self.scalar_tile(Num::I(self.consts[*c]), ty),
             Expr::TileBegin(d) => self.scalar_tile(Num::I(self.range(*d)?.0), ty),

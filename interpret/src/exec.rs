@@ -17,8 +17,25 @@ use tilefuse_codegen::{CodegenError, Config, DType, ScalarKind, Spec, TensorSpec
 /// A runtime scalar argument, as the GPU launch takes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scalar {
+    /// A 64-bit integer (an extent, an `i64`/`u64`/`usize`).
     Int(i64),
     Float(f32),
+    /// An `i32` (or narrower signed, `u8`, `u16`): computed as i32.
+    I32(i32),
+    /// A `u32`: computed as u32.
+    U32(u32),
+}
+
+impl Scalar {
+    /// The value of an integer scalar.
+    pub fn int(self) -> Option<i64> {
+        match self {
+            Scalar::Int(v) => Some(v),
+            Scalar::I32(v) => Some(i64::from(v)),
+            Scalar::U32(v) => Some(i64::from(v)),
+            Scalar::Float(_) => None,
+        }
+    }
 }
 
 /// How a run waits, and on how many threads.
@@ -84,6 +101,8 @@ fn spec_of(tensors: &[HostTensor], scalars: &[Scalar], constexprs: &[i64]) -> Sp
             .map(|s| match s {
                 Scalar::Int(_) => ScalarKind::Int,
                 Scalar::Float(_) => ScalarKind::Float,
+                Scalar::I32(_) => ScalarKind::I32,
+                Scalar::U32(_) => ScalarKind::U32,
             })
             .collect(),
         constexprs: constexprs.to_vec(),
@@ -174,7 +193,7 @@ pub fn run_with(
     for (d, dim) in k.dims.iter().enumerate() {
         let Some(e) = dim.extent else { continue };
         match scalars[e] {
-            Scalar::Int(v) if v >= 0 => extents[d] = Some(v),
+            s if s.int().is_some_and(|v| v >= 0) => extents[d] = s.int(),
             other => {
                 return Err(arg(
                     &k.scalars[e].name,
@@ -247,7 +266,7 @@ pub fn run_with(
         .iter()
         .enumerate()
         .map(|(g, &d)| match k.grid_start.get(g).map(|&s| scalars[s]) {
-            Some(Scalar::Int(s)) => s / blocks[d],
+            Some(s) if s.int().is_some() => s.int().unwrap_or(0) / blocks[d],
             _ => 0,
         })
         .collect();

@@ -1083,3 +1083,55 @@ fn the_interpreter_refuses_what_the_gpu_refuses() {
     );
     assert_eq!(t[1].values(), [1.0, 1.0, 0.0]);
 }
+
+/// A `u32` host scalar is computed as u32 (`x ^ seed` then a wrapping
+/// multiply stays 32-bit), an `i32` one as i32, both on the GPU path too.
+#[test]
+fn host_scalars_keep_their_integer_type() {
+    let k = K {
+        tensors: vec![tensor("x", 1), tensor("out", 1)],
+        scalars: vec!["n", "seed"],
+        dims: vec![dim("t", Some(0))],
+        grid: vec![0],
+        vars: vec![],
+    }
+    .build(vec![store(
+        1,
+        vec![ti(0)],
+        bin(
+            BinOp::Mul,
+            bin(BinOp::BitXor, load(0, vec![ti(0)]), Expr::Scalar(1)),
+            Expr::Int(0x85eb_ca6b),
+        ),
+    )]);
+    let xs = [1i64, 0xffff_ffff, 12345];
+    let seed = 0xdead_beefu32;
+    let x = ints(DType::U32, &[3], &xs);
+    let out = ints(DType::U32, &[3], &[0, 0, 0]);
+    let t = [x, out];
+    run(
+        &k,
+        &Config::new(&[4]),
+        &[],
+        &t,
+        &[Scalar::Int(3), Scalar::U32(seed)],
+    )
+    .unwrap();
+    for (i, &xv) in xs.iter().enumerate() {
+        let want = ((xv as u32) ^ seed).wrapping_mul(0x85eb_ca6b);
+        assert_eq!(t[1].get_i64(&[i]), Some(i64::from(want)), "element {i}");
+    }
+    // The GPU path types it so too.
+    let spec = Spec {
+        tensors: vec![
+            TensorSpec::contiguous(DType::U32, 1),
+            TensorSpec::contiguous(DType::U32, 1),
+        ],
+        scalars: vec![ScalarKind::Int, ScalarKind::U32],
+        constexprs: vec![],
+    };
+    let src = tilefuse_codegen::lower(&k, &spec, &Config::new(&[4]))
+        .unwrap()
+        .source;
+    assert!(src.contains("(unsigned int)(s1)"), "{src}");
+}

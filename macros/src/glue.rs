@@ -85,7 +85,9 @@ pub(crate) struct Parsed {
     /// Tensor parameters whose rank the launch checks first.
     pub tensor_params: Vec<syn::Ident>,
     /// Names of float scalar parameters (the other scalars are integers).
-    pub float_params: Vec<String>,
+    /// The kinds of the scalar parameters that are not 64-bit integers
+    /// (`f32` → Float, `u32` → U32, narrower integers → I32).
+    pub scalar_kinds: HashMap<String, ScalarKind>,
     /// Position of the grid loop in the body.
     pub at: usize,
 }
@@ -97,7 +99,7 @@ pub(crate) fn parse(func: &mut ItemFn) -> syn::Result<Parsed> {
     // Signature: constexpr parameters, declared tensor dtypes, scalar kinds.
     let mut consts = Vec::new();
     let mut declared: HashMap<String, DType> = HashMap::new();
-    let mut float_params = Vec::new();
+    let mut scalar_kinds = HashMap::new();
     let mut tensor_params = Vec::new();
     for arg in func.sig.inputs.iter_mut() {
         let FnArg::Typed(pt) = arg else {
@@ -120,9 +122,16 @@ pub(crate) fn parse(func: &mut ItemFn) -> syn::Result<Parsed> {
         } else if let Some(d) = tensor_dtype_of_type(&pt.ty) {
             declared.insert(pname.clone(), d);
             tensor_params.push(pi.ident.clone());
-        } else if matches!(pt.ty.as_ref(), Type::Path(p) if p.path.is_ident("f32") || p.path.is_ident("f64"))
-        {
-            float_params.push(pname);
+        } else if let Type::Path(p) = pt.ty.as_ref() {
+            let kind = match p.path.get_ident().map(|i| i.to_string()).as_deref() {
+                Some("f32" | "f64") => Some(ScalarKind::Float),
+                Some("u32") => Some(ScalarKind::U32),
+                Some("i32" | "i16" | "i8" | "u16" | "u8") => Some(ScalarKind::I32),
+                _ => None,
+            };
+            if let Some(k) = kind {
+                scalar_kinds.insert(pname, k);
+            }
         }
     }
 
@@ -176,14 +185,17 @@ pub(crate) fn parse(func: &mut ItemFn) -> syn::Result<Parsed> {
         builder,
         consts,
         tensor_params,
-        float_params,
+        scalar_kinds,
         at,
     })
 }
 
 /// The argument facts of `kernel` when every tensor's dtype is declared in
 /// the source (constexprs taken as 0), for checking it at compile time.
-pub(crate) fn declared_spec(kernel: &Kernel, float_params: &[String]) -> Option<Spec> {
+pub(crate) fn declared_spec(
+    kernel: &Kernel,
+    scalar_kinds: &HashMap<String, ScalarKind>,
+) -> Option<Spec> {
     Some(Spec {
         tensors: kernel
             .tensors
@@ -194,11 +206,10 @@ pub(crate) fn declared_spec(kernel: &Kernel, float_params: &[String]) -> Option<
             .scalars
             .iter()
             .map(|s| {
-                if float_params.contains(&s.name) {
-                    ScalarKind::Float
-                } else {
-                    ScalarKind::Int
-                }
+                scalar_kinds
+                    .get(&s.name)
+                    .copied()
+                    .unwrap_or(ScalarKind::Int)
             })
             .collect(),
         constexprs: vec![0; kernel.constexprs.len()],
@@ -216,7 +227,7 @@ pub fn expand(
         builder: b,
         consts,
         tensor_params,
-        float_params,
+        scalar_kinds,
         at,
     } = parse(&mut func)?;
     let stmts = &func.block.stmts;
@@ -261,7 +272,7 @@ pub fn expand(
     if let Some(g) = pinned.group_m {
         cfg.group_m = g;
     }
-    if let Some(spec) = declared_spec(&kernel, &float_params) {
+    if let Some(spec) = declared_spec(&kernel, &scalar_kinds) {
         // Every dtype is known: check types and lower with the default or pinned
         // config now, so mistakes are compile errors with the checker's message.
         lower(&kernel, &spec, &cfg).map_err(to_syn)?;

@@ -52,11 +52,15 @@ impl<A: AsTensorArg + ?Sized> AsTensorArg for &mut A {
     }
 }
 
-/// A host value passed to the kernel: integers as `i64`, floats as `f32`.
+/// A host value passed to the kernel: integers as `i64` with the type device
+/// code computes them in ([`ScalarKind`]: a `u32` stays 32-bit and unsigned),
+/// floats as `f32`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ScalarArg {
     Int(i64),
     Float(f32),
+    I32(i32),
+    U32(u32),
 }
 
 impl ScalarArg {
@@ -64,6 +68,18 @@ impl ScalarArg {
         match self {
             ScalarArg::Int(_) => ScalarKind::Int,
             ScalarArg::Float(_) => ScalarKind::Float,
+            ScalarArg::I32(_) => ScalarKind::I32,
+            ScalarArg::U32(_) => ScalarKind::U32,
+        }
+    }
+
+    /// The value of an integer scalar (as the kernel's `long long` holds it).
+    pub fn int(self) -> Option<i64> {
+        match self {
+            ScalarArg::Int(v) => Some(v),
+            ScalarArg::I32(v) => Some(i64::from(v)),
+            ScalarArg::U32(v) => Some(i64::from(v)),
+            ScalarArg::Float(_) => None,
         }
     }
 }
@@ -74,16 +90,38 @@ pub trait IntoScalar {
 }
 
 macro_rules! int_scalar {
-    ($($t:ty),*) => {$(
+    ($variant:ident: $($t:ty),*) => {$(
         impl IntoScalar for $t {
             fn into_scalar(self) -> ScalarArg {
-                // Sizes and indices beyond i64 cannot address GPU memory; saturate.
-                ScalarArg::Int(i64::try_from(self).unwrap_or(i64::MAX))
+                ScalarArg::$variant(self.into())
             }
         }
     )*};
 }
-int_scalar!(usize, isize, i64, u64, i32, u32, i16, u16, i8, u8);
+int_scalar!(I32: i32, i16, u16, i8, u8);
+int_scalar!(U32: u32);
+int_scalar!(Int: i64);
+
+impl IntoScalar for usize {
+    fn into_scalar(self) -> ScalarArg {
+        // Sizes beyond i64 cannot address GPU memory; saturate.
+        ScalarArg::Int(i64::try_from(self).unwrap_or(i64::MAX))
+    }
+}
+
+impl IntoScalar for isize {
+    fn into_scalar(self) -> ScalarArg {
+        ScalarArg::Int(self as i64)
+    }
+}
+
+impl IntoScalar for u64 {
+    fn into_scalar(self) -> ScalarArg {
+        // Its 64 bits as they are (a random seed keeps all of them); values
+        // past i64::MAX read as negative i64s in the kernel.
+        ScalarArg::Int(self as i64)
+    }
+}
 
 impl IntoScalar for f32 {
     fn into_scalar(self) -> ScalarArg {

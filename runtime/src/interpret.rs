@@ -38,6 +38,8 @@ pub(crate) fn launch(
         .map(|s| match *s {
             ScalarArg::Int(v) => Scalar::Int(v),
             ScalarArg::Float(v) => Scalar::Float(v),
+            ScalarArg::I32(v) => Scalar::I32(v),
+            ScalarArg::U32(v) => Scalar::U32(v),
         })
         .collect();
     let options = Options {

@@ -372,7 +372,7 @@ impl KernelDef {
         let ctx = || format!("kernel `{}`", k.name);
         for d in &k.dims {
             let Some(e) = d.extent else { continue };
-            if let ScalarArg::Int(v) = scalars[e] {
+            if let Some(v) = scalars[e].int() {
                 if v < 0 {
                     return Err(argument(
                         ctx(),
@@ -387,7 +387,7 @@ impl KernelDef {
         }
         for r in size_rules(k) {
             let dim = &k.dims[r.dim];
-            let Some(ScalarArg::Int(ext)) = dim.extent.map(|e| scalars[e]) else {
+            let Some(ext) = dim.extent.and_then(|e| scalars[e].int()) else {
                 continue;
             };
             let have = tensors[r.tensor].shape[r.axis] as i64;
@@ -540,7 +540,7 @@ pub(crate) fn launch_variant(
 ) -> Result<()> {
     let mut blocks: u64 = 1;
     for &(s, b) in &v.lowered.grid {
-        let ScalarArg::Int(ext) = scalars[s] else {
+        let Some(ext) = scalars[s].int() else {
             continue;
         };
         blocks = blocks.saturating_mul((ext.max(0) as u64).div_ceil(b as u64));
@@ -572,10 +572,7 @@ pub(crate) fn launch_variant(
     // GEMMs: split the last, partial wave of tiles along K.
     let (mut split, mut scratch) = (SplitPlan::none(blocks), (0, 0));
     if let Some(st) = &v.lowered.split_tail {
-        let ext = |s: usize| match scalars[s] {
-            ScalarArg::Int(x) => x.max(0) as u64,
-            ScalarArg::Float(_) => 0,
-        };
+        let ext = |s: usize| scalars[s].int().map_or(0, |x| x.max(0) as u64);
         let k_tiles = ext(st.k).div_ceil(st.bk as u64);
         split = if st.stream_k {
             split_tail::stream_k_plan(blocks, k_tiles, wave)
@@ -623,8 +620,9 @@ pub(crate) fn launch_variant(
             Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
             Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
             Param::Scalar(s) => match scalars[s] {
-                ScalarArg::Int(x) => x as u64,
                 ScalarArg::Float(f) => u64::from(f.to_bits()),
+                // Integers of every kind travel as a `long long`.
+                i => i.int().unwrap_or(0) as u64,
             },
             Param::Status => status_ptr,
             Param::WaitTimeoutNs => timeout_ns,

@@ -388,13 +388,14 @@ impl ElemCtx<'_> {
             }
             Expr::Int(v) => (int_lit(*v, CTy::I64), CTy::I64),
             Expr::Float(v) => (float_lit(*v), CTy::F32),
-            Expr::Scalar(s) => (
-                format!("s{s}"),
-                match self.spec.scalars[*s] {
-                    ScalarKind::Int => CTy::I64,
-                    ScalarKind::Float => CTy::F32,
-                },
-            ),
+            Expr::Scalar(s) => match self.spec.scalars[*s] {
+                ScalarKind::Float => (format!("s{s}"), CTy::F32),
+                k => {
+                    // Passed as a `long long`; computed in its own type.
+                    let t = k.dtype().cty();
+                    (convert(&format!("s{s}"), CTy::I64, t), t)
+                }
+            },
             Expr::Const(c) => (
                 int_lit(self.spec.constexprs.get(*c).copied().unwrap_or(0), CTy::I64),
                 CTy::I64,

@@ -478,7 +478,7 @@ pub(super) fn grid_rotation(
     let mut out = String::new();
     for (pos, &d) in k.grid.iter().enumerate() {
         let s = k.grid_start[pos];
-        if e.spec.scalars.get(s) != Some(&crate::spec::ScalarKind::Int) {
+        if !e.spec.scalars.get(s).is_some_and(|k| k.is_int()) {
             return Err(CodegenError::Argument {
                 kernel: k.name.clone(),
                 arg: k.scalars[s].name.clone(),

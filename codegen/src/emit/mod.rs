@@ -443,8 +443,8 @@ impl<'a> Emitter<'a> {
         for (s, kind) in self.spec.scalars.iter().enumerate() {
             params.push(Param::Scalar(s));
             sig.push(match kind {
-                ScalarKind::Int => format!("long long s{s}"),
                 ScalarKind::Float => format!("float s{s}"),
+                _ => format!("long long s{s}"),
             });
         }
         params.push(Param::Status);

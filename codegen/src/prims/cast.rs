@@ -26,7 +26,8 @@ impl Num {
 pub const HELPERS: &str = r#"__device__ __forceinline__ int tf_f2i(float x, float lo, float hi) { return x != x ? 0 : (int)truncf(fminf(fmaxf(x, lo), hi)); }
 __device__ __forceinline__ unsigned int tf_f2u32(float x) { unsigned int r; asm("cvt.rzi.sat.u32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }
 __device__ __forceinline__ int tf_f2i32(float x) { int r; asm("cvt.rzi.sat.s32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }
-__device__ __forceinline__ long long tf_f2i64(float x) { long long r; asm("cvt.rzi.sat.s64.f32 %0, %1;" : "=l"(r) : "f"(x)); return r; }
+// cvt.rzi.sat.s64 gives i64::MIN for NaN (the 32-bit forms give 0): Rust's `as` gives 0.
+__device__ __forceinline__ long long tf_f2i64(float x) { long long r; asm("cvt.rzi.sat.s64.f32 %0, %1;" : "=l"(r) : "f"(x)); return x != x ? 0ll : r; }
 "#;
 
 /// C converting `x`, computed in `from`, to a value of dtype `to` (computed

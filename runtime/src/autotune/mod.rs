@@ -245,7 +245,7 @@ pub(crate) fn extents(kernel: &Kernel, scalars: &[ScalarArg]) -> Vec<Option<usiz
         .dims
         .iter()
         .map(|d| match d.extent.and_then(|e| scalars.get(e)) {
-            Some(ScalarArg::Int(x)) => usize::try_from(*x).ok(),
+            Some(s) if s.int().is_some() => s.int().and_then(|x| usize::try_from(x).ok()),
             _ => None,
         })
         .collect()
@@ -258,7 +258,9 @@ fn shape_buckets(launch: &Launch) -> Vec<u64> {
         .dims
         .iter()
         .map(|d| match d.extent.map(|e| launch.scalars[e]) {
-            Some(ScalarArg::Int(x)) => (x.max(1) as u64).next_power_of_two(),
+            Some(s) if s.int().is_some() => {
+                (s.int().unwrap_or(1).max(1) as u64).next_power_of_two()
+            }
             // Bounds the program computes: not a shape of the launch.
             _ => 0,
         })

@@ -22,14 +22,26 @@ const MAX_CONTIGUOUS: usize = 4096;
 const MIN_PROGRAMS: usize = 256;
 const MIN_CONTIGUOUS: usize = 64;
 
-/// Dimensions some load or store indexes its contiguous last axis with.
+/// Dimensions the widest loads and stores index their contiguous last axis
+/// with: `x[(tm, tn)]` makes `tn` one, and a row vector `s[tm]` beside it
+/// does not make `tm` one (an access of fewer dimensions only counts where
+/// no wider access shares its dimensions).
 fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
-    let mut out = Vec::new();
+    // (last index's dimension, the access's tile dimensions)
+    let mut seen: Vec<(DimId, Vec<DimId>)> = Vec::new();
     let mut note = |index: &[Expr]| {
         if let Some(d) = index.last().and_then(|c| affine_dim(k, c)) {
-            if !out.contains(&d) {
-                out.push(d);
+            let mut dims: Vec<DimId> = Vec::new();
+            for c in index {
+                c.walk(&mut |x| {
+                    if let Expr::TileIndex(t) = x {
+                        if !k.is_each(*t) && !dims.contains(t) {
+                            dims.push(*t);
+                        }
+                    }
+                });
             }
+            seen.push((d, dims));
         }
     };
     k.walk_stmts(&mut |s| {
@@ -42,6 +54,15 @@ fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
             note(index);
         }
     });
+    let mut out: Vec<DimId> = Vec::new();
+    for (d, dims) in &seen {
+        let wider = seen
+            .iter()
+            .any(|(e, w)| e != d && w.len() > dims.len() && dims.iter().all(|x| w.contains(x)));
+        if !wider && !out.contains(d) {
+            out.push(*d);
+        }
+    }
     out
 }
 
@@ -132,15 +153,18 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     let known = grid
         .iter()
         .all(|&d| extents.get(d).copied().flatten().is_some());
-    // The grid's tiles first (contiguous ones up to a quarter of the budget,
-    // so the rows of a 2-D tile still get some), then halved until the
-    // launch has programs enough to fill the GPU.
-    for pass in [true, false] {
-        for &d in &grid {
-            if bs[d] == 0 && contiguous.contains(&d) == pass {
-                let most = if pass { BUDGET / 4 } else { BUDGET };
-                bs[d] = cap(d, most.min(room(&bs, d))).max(1);
-            }
+    // The contiguous tiles first, the grid's then the loops' (each up to a
+    // quarter of the budget, so the rows of a 2-D tile still get some), then
+    // the grid's others, then halved until the launch has programs enough to
+    // fill the GPU.
+    for &d in grid.iter().chain(contiguous.iter()) {
+        if bs[d] == 0 && contiguous.contains(&d) {
+            bs[d] = cap(d, (BUDGET / 4).min(room(&bs, d))).max(1);
+        }
+    }
+    for &d in &grid {
+        if bs[d] == 0 {
+            bs[d] = cap(d, BUDGET.min(room(&bs, d))).max(1);
         }
     }
     while known && programs(&bs) < MIN_PROGRAMS {
@@ -161,12 +185,8 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         };
         bs[d] /= 2;
     }
-    // The loops' tiles: contiguous ones first, then the others innermost first.
-    let mut order: Vec<DimId> = contiguous
-        .iter()
-        .copied()
-        .filter(|d| !grid.contains(d))
-        .collect();
+    // The loops' other tiles, innermost first.
+    let mut order: Vec<DimId> = Vec::new();
     for p in &paths {
         for &d in p.iter().rev() {
             if !order.contains(&d) {
@@ -298,5 +318,24 @@ mod tests {
         // Few rows: the row tile halves until the launch has 256 programs.
         let few = default_config(&k, &[Some(64), Some(8192)]);
         assert_eq!(few.block_sizes, vec![2, 1024]);
+        // A row vector `s[tm]` beside `x[(tm, tn)]` does not make `tm` contiguous.
+        let mut k = k;
+        k.tensors.push(TensorParam {
+            name: "s".into(),
+            rank: 1,
+            declared: None,
+        });
+        k.body = vec![Stmt::Store {
+            tensor: 0,
+            index: tile_index(&[0, 1]),
+            value: Expr::Load {
+                tensor: 1,
+                index: tile_index(&[0]),
+                at: String::new(),
+            },
+            at: String::new(),
+        }];
+        let c = default_config(&k, &[Some(16384), Some(8192)]);
+        assert_eq!(c.block_sizes, vec![4, 1024]);
     }
 }

@@ -446,7 +446,9 @@ impl Gen<'_, '_> {
         self.rsub.insert(d, format!("(tf_q * {spt})"));
         self.w(d2, "} else {");
         if v.raw.is_some() {
-            // Element by element into the run's words (zeros outside).
+            // Element by element into the run's words (zeros outside): the
+            // elements' bits, read as unsigned integers of their size (an f32
+            // converted to an integer would lose them).
             let f = self.flat(l, &v.dims);
             let f = f.trim_start_matches('[').trim_end_matches(']').to_string();
             let per = (4 / es).max(1);
@@ -462,13 +464,13 @@ impl Gen<'_, '_> {
             let mask_j = mask.replace("tf_j", "tf_e");
             let bits = if es == 8 {
                 format!(
-                    "{{ const unsigned long long tf_b = ({mask_j}) ? (unsigned long long)tf_p[tf_e] : 0ull; \
+                    "{{ const unsigned long long tf_b = ({mask_j}) ? ((const unsigned long long*)tf_p)[tf_e] : 0ull; \
                      {n}[({f}) * 2 + tf_e * 2] = (unsigned int)tf_b; {n}[({f}) * 2 + tf_e * 2 + 1] = (unsigned int)(tf_b >> 32); }}",
                     n = v.name
                 )
             } else {
                 format!(
-                    "if ({mask_j}) {n}[(({f}) + tf_e) / {per}] |= ((unsigned int)({st})tf_p[tf_e]) << (((({f}) + tf_e) % {per}) * {bits});",
+                    "if ({mask_j}) {n}[(({f}) + tf_e) / {per}] |= ((unsigned int)((const {st}*)tf_p)[tf_e]) << (((({f}) + tf_e) % {per}) * {bits});",
                     n = v.name,
                     st = match es {
                         1 => "unsigned char",

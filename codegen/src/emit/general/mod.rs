@@ -177,7 +177,7 @@ fn program_tiles(e: &mut Emitter) -> Result<(), CodegenError> {
         };
         let shift = match e.k.grid_start.get(pos) {
             Some(&s) => {
-                if e.spec.scalars.get(s) != Some(&crate::spec::ScalarKind::Int) {
+                if !e.spec.scalars.get(s).is_some_and(|k| k.is_int()) {
                     return Err(CodegenError::Argument {
                         kernel: e.k.name.clone(),
                         arg: e.k.scalars[s].name.clone(),
@@ -948,6 +948,11 @@ impl Gen<'_, '_> {
         self.w(depth, format!("{{  // for {name} in …"));
         let d1 = depth + 1;
         if range.is_some() {
+            // The first tile's start (vector runs test its alignment) and the end.
+            self.w(
+                d1,
+                format!("[[maybe_unused]] const long long tf_beg{dim} = {begin};"),
+            );
             self.w(d1, format!("const long long tf_end{dim} = {end};"));
         }
         // Values this loop uses, moved to its layout where it differs.
@@ -961,6 +966,11 @@ impl Gen<'_, '_> {
             format!("tf_end{dim}")
         } else {
             stop
+        };
+        let begin = if range.is_some() {
+            format!("tf_beg{dim}")
+        } else {
+            begin
         };
         self.w(
             d1,
