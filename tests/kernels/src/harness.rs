@@ -87,9 +87,7 @@ pub fn input<T: Element>(
     scale: f64,
 ) -> Result<(Tensor<T>, Vec<f64>)> {
     let n: usize = shape.iter().product();
-    let data: Vec<T> = (0..n)
-        .map(|_| T::from_f64(rng.uniform() * scale))
-        .collect();
+    let data: Vec<T> = (0..n).map(|_| T::from_f64(rng.uniform() * scale)).collect();
     let f = data.iter().map(|&x| x.to_f64()).collect();
     Ok((Tensor::from_slice_on(dev, &data, shape)?, f))
 }

@@ -1,7 +1,386 @@
-//! (being written)
+//! Data movement by computed indices: gathers (embedding, index_select),
+//! scatters with atomics (embedding's backward), rotary embedding's halves,
+//! and dropout's recomputed random mask.
 
-use crate::harness::Case;
+use crate::harness::*;
+use std::sync::Arc;
+use tilefuse::codegen::prims::rand::{philox, uniform};
+use tilefuse::prelude::*;
+use tilefuse::verify::Rng;
+use tilefuse::Device;
+
+/// `out[t] = weight[ids[t]]`: one gathered row per token.
+#[fused_kernel]
+pub fn embedding(weight: &Tensor<bf16>, ids: &Tensor<i64>, out: &Tensor<bf16>) {
+    let [t] = ids.shape();
+    let [_, d] = weight.shape();
+    for (tt, td) in tile([t, d]) {
+        out[(tt, td)] = weight[(ids[tt], td)];
+    }
+}
+
+/// Embedding's backward: each token's gradient row added into its id's row
+/// of `dweight` (ids repeat, so the adds are atomic).
+#[fused_kernel]
+pub fn embedding_bwd(dout: &Tensor<bf16>, ids: &Tensor<i64>, dweight: &Tensor<f32>) {
+    let [t, d] = dout.shape();
+    for (tt, td) in tile([t, d]) {
+        atomic_add(dweight[(ids[tt], td)], dout[(tt, td)].cast::<f32>());
+    }
+}
+
+/// `out = x.index_select(1, idx)`: columns gathered by an i32 index.
+#[fused_kernel]
+pub fn index_select(x: &Tensor<bf16>, idx: &Tensor<i32>, out: &Tensor<bf16>) {
+    let [m, _] = x.shape();
+    let [n] = idx.shape();
+    for (tm, tn) in tile([m, n]) {
+        out[(tm, tn)] = x[(tm, idx[tn])];
+    }
+}
+
+/// Rotary embedding (the "rotate half" form) of `x` (`[batch, seq, heads,
+/// head_dim]`): each pair `(x[d], x[d + half])` rotated by the position's
+/// angle, `cos` and `sin` tables of `[seq, half]`.
+#[fused_kernel]
+pub fn rope(x: &Tensor<bf16>, cos: &Tensor<f32>, sin: &Tensor<f32>, out: &Tensor<bf16>) {
+    let [b, s, h, d] = x.shape();
+    let half = d / 2;
+    for (tb, ts, th, td) in tile([b, s, h, half]) {
+        let x1 = x[(tb, ts, th, td)];
+        let x2 = x[(tb, ts, th, td + half)];
+        let c = cos[(ts, td)];
+        let si = sin[(ts, td)];
+        out[(tb, ts, th, td)] = (x1 * c - x2 * si).cast();
+        out[(tb, ts, th, td + half)] = (x2 * c + x1 * si).cast();
+    }
+}
+
+/// Dropout: each element kept with probability `1 - p` and scaled by
+/// `1 / (1 - p)`, its coin `rand(seed, flat index)` (Philox, as `tl.rand`).
+#[fused_kernel]
+pub fn dropout(x: &Tensor<bf16>, out: &Tensor<bf16>, p: f32, seed: u64) {
+    let [m, n] = x.shape();
+    for (tm, tn) in tile([m, n]) {
+        let keep = rand(seed, tm.index() * n + tn.index()) > p;
+        out[(tm, tn)] = select(keep, x[(tm, tn)] / (1.0 - p), 0.0).cast();
+    }
+}
+
+/// Dropout's backward: the forward's mask, recomputed from the same seed
+/// and offsets rather than stored.
+#[fused_kernel]
+pub fn dropout_bwd(dout: &Tensor<bf16>, dx: &Tensor<bf16>, p: f32, seed: u64) {
+    let [m, n] = dout.shape();
+    for (tm, tn) in tile([m, n]) {
+        let keep = rand(seed, tm.index() * n + tn.index()) > p;
+        dx[(tm, tn)] = select(keep, dout[(tm, tn)] / (1.0 - p), 0.0).cast();
+    }
+}
+
+/// Token ids for a vocabulary of `v`, drawn from its first `distinct` ids so
+/// that they repeat, as a host vector and a tensor.
+fn token_ids(
+    dev: &Arc<Device>,
+    rng: &mut Rng,
+    t: usize,
+    distinct: usize,
+) -> Result<(Tensor<i64>, Vec<usize>)> {
+    let ids: Vec<i64> = (0..t)
+        .map(|_| (rng.next_u64() % distinct as u64) as i64)
+        .collect();
+    let host = ids.iter().map(|&i| i as usize).collect();
+    Ok((Tensor::from_slice_on(dev, &ids, [t])?, host))
+}
+
+fn embedding_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (v, d, t) = (1013, 200, 301);
+    let (w, wf) = input::<bf16>(dev, &mut rng, &[v, d], 1.0)?;
+    let (ids, idh) = token_ids(dev, &mut rng, t, v)?;
+    let out = poisoned::<bf16>(dev, &[t, d])?;
+    embedding(&w, &ids, &out)?;
+    let want = idh
+        .iter()
+        .flat_map(|&i| wf[i * d..(i + 1) * d].to_vec())
+        .collect();
+    Ok(vec![Output::new("out", host(&out)?, want, 0.0)])
+}
+
+/// Embedding's benchmark: 16384 tokens of a 32000-row table of 4096.
+const EMB: (usize, usize, usize) = (32000, 4096, 16384);
+
+fn embedding_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (v, d, t) = EMB;
+    let mut rng = Rng::new(1);
+    let (w, _) = input::<bf16>(dev, &mut rng, &[v, d], 1.0)?;
+    let (ids, _) = token_ids(dev, &mut rng, t, v)?;
+    let out = Tensor::<bf16>::empty_on(dev, [t, d])?;
+    Ok(Bench {
+        shape: format!("{t}x{d}/V{v}"),
+        // Each token's row read and written, and its id.
+        bytes: t * (2 * d * 2 + 8),
+        run: Box::new(move || embedding(&w, &ids, &out)),
+    })
+}
+
+fn embedding_bwd_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (v, d, t) = (97, 130, 1001);
+    // Ids from the first 60 only: every used id repeats, some rows stay zero.
+    let (ids, idh) = token_ids(dev, &mut rng, t, 60)?;
+    let (dout, df) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
+    let dw = zeros::<f32>(dev, &[v, d])?;
+    embedding_bwd(&dout, &ids, &dw)?;
+    let mut want = vec![0.0; v * d];
+    for (k, &i) in idh.iter().enumerate() {
+        for j in 0..d {
+            want[i * d + j] += df[k * d + j];
+        }
+    }
+    Ok(vec![Output::new("dweight", host(&dw)?, want, F32_TOL)])
+}
+
+fn embedding_bwd_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (v, d, t) = EMB;
+    let mut rng = Rng::new(1);
+    let (ids, idh) = token_ids(dev, &mut rng, t, v)?;
+    let (dout, _) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
+    let dw = zeros::<f32>(dev, &[v, d])?;
+    let mut rows = idh;
+    rows.sort_unstable();
+    rows.dedup();
+    Ok(Bench {
+        shape: format!("{t}x{d}/V{v}"),
+        // dout and the ids read, each row of dweight that a token touches
+        // written once.
+        bytes: t * (d * 2 + 8) + rows.len() * d * 4,
+        run: Box::new(move || embedding_bwd(&dout, &ids, &dw)),
+    })
+}
+
+/// Column indices in `0..n` (repeating, in no order).
+fn columns(
+    dev: &Arc<Device>,
+    rng: &mut Rng,
+    k: usize,
+    n: usize,
+) -> Result<(Tensor<i32>, Vec<usize>)> {
+    let idx: Vec<i32> = (0..k).map(|_| (rng.next_u64() % n as u64) as i32).collect();
+    let host = idx.iter().map(|&i| i as usize).collect();
+    Ok((Tensor::from_slice_on(dev, &idx, [k])?, host))
+}
+
+fn index_select_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (m, n, k) = (77, 1000, 301);
+    let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+    let (idx, ih) = columns(dev, &mut rng, k, n)?;
+    let out = poisoned::<bf16>(dev, &[m, k])?;
+    index_select(&x, &idx, &out)?;
+    let want = (0..m * k).map(|e| xf[(e / k) * n + ih[e % k]]).collect();
+    Ok(vec![Output::new("out", host(&out)?, want, 0.0)])
+}
+
+fn index_select_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n, k) = (16384, 8192, 4096);
+    let mut rng = Rng::new(1);
+    let (x, _) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+    let (idx, _) = columns(dev, &mut rng, k, n)?;
+    let out = Tensor::<bf16>::empty_on(dev, [m, k])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}->{k}"),
+        // The gathered elements read, the output written, the index.
+        bytes: 2 * m * k * 2 + k * 4,
+        run: Box::new(move || index_select(&x, &idx, &out)),
+    })
+}
+
+/// A rotary table: the f32 tensor `[s, d/2]` and its values.
+type Table = (Tensor<f32>, Vec<f64>);
+
+/// `cos` and `sin` of the angles `pos · base^(-2i/d)` (f32 tables, `[s, d/2]`).
+fn rope_tables(dev: &Arc<Device>, s: usize, d: usize) -> Result<(Table, Table)> {
+    let half = d / 2;
+    let (mut c, mut sn) = (Vec::with_capacity(s * half), Vec::with_capacity(s * half));
+    for pos in 0..s {
+        for i in 0..half {
+            let a = pos as f64 * 10000f64.powf(-2.0 * i as f64 / d as f64);
+            c.push(a.cos() as f32);
+            sn.push(a.sin() as f32);
+        }
+    }
+    let table = |v: Vec<f32>| -> Result<Table> {
+        let f = v.iter().map(|&e| f64::from(e)).collect();
+        Ok((Tensor::from_slice_on(dev, &v, [s, half])?, f))
+    };
+    Ok((table(c)?, table(sn)?))
+}
+
+fn rope_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (b, s, h, d) = (3, 37, 5, 46);
+    let half = d / 2;
+    let (x, xf) = input::<bf16>(dev, &mut rng, &[b, s, h, d], 2.0)?;
+    let ((cos, cf), (sin, sf)) = rope_tables(dev, s, d)?;
+    let out = poisoned::<bf16>(dev, &[b, s, h, d])?;
+    rope(&x, &cos, &sin, &out)?;
+    let mut want = vec![0.0; b * s * h * d];
+    for row in 0..b * s * h {
+        let pos = (row / h) % s;
+        for i in 0..half {
+            let (x1, x2) = (xf[row * d + i], xf[row * d + half + i]);
+            let (c, sn) = (cf[pos * half + i], sf[pos * half + i]);
+            want[row * d + i] = x1 * c - x2 * sn;
+            want[row * d + half + i] = x2 * c + x1 * sn;
+        }
+    }
+    Ok(vec![Output::new("out", host(&out)?, want, BF16_TOL)])
+}
+
+fn rope_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (b, s, h, d) = (4, 4096, 32, 128);
+    let (x, _) = input::<bf16>(dev, &mut Rng::new(1), &[b, s, h, d], 1.0)?;
+    let ((cos, _), (sin, _)) = rope_tables(dev, s, d)?;
+    let out = Tensor::<bf16>::empty_on(dev, [b, s, h, d])?;
+    Ok(Bench {
+        shape: format!("{b}x{s}x{h}x{d}"),
+        bytes: 2 * b * s * h * d * 2 + 2 * s * (d / 2) * 4,
+        run: Box::new(move || rope(&x, &cos, &sin, &out)),
+    })
+}
+
+/// Whether element `offset` is kept: Triton's `tl.rand(seed, offset) > p`,
+/// computed on the host from the same Philox stream.
+fn kept(seed: u64, offset: usize, p: f32) -> bool {
+    uniform(philox(seed, offset as u32)[0]) > p
+}
+
+/// Runs dropout forward and backward with one seed; `bwd` picks the
+/// backward's outputs (its values, its mask against the forward's) rather
+/// than the forward's (its values, its mask against Philox, the kept share).
+fn dropout_outputs(dev: &Arc<Device>, seed: u64, bwd: bool) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (m, n) = (77, 1000);
+    let p = 0.1 + 0.5 * (rng.uniform() as f32 + 1.0) / 2.0;
+    // Within i64's range: a u64 scalar above i64::MAX is saturated to
+    // i64::MAX on its way to the kernel (reported to the lead), which the
+    // host's Philox below would not see.
+    let key = rng.next_u64() >> 1;
+    let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+    let (dout, df) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+    let out = poisoned::<bf16>(dev, &[m, n])?;
+    let dx = poisoned::<bf16>(dev, &[m, n])?;
+    dropout(&x, &out, p, key)?;
+    dropout_bwd(&dout, &dx, p, key)?;
+    let scale = 1.0 / (1.0 - f64::from(p));
+    let mask: Vec<bool> = (0..m * n).map(|i| kept(key, i, p)).collect();
+    let pick = |v: &[f64]| -> Vec<f64> {
+        (0..m * n)
+            .map(|i| if mask[i] { v[i] * scale } else { 0.0 })
+            .collect()
+    };
+    let (got, gdx) = (host(&out)?, host(&dx)?);
+    // Which elements each pass kept (no input is exactly 0).
+    let nz = |v: &[f64]| -> Vec<f64> { v.iter().map(|&e| f64::from(u8::from(e != 0.0))).collect() };
+    let kept_frac = nz(&got).iter().sum::<f64>() / (m * n) as f64;
+    let pf = f64::from(p);
+    let sigma = (pf / ((1.0 - pf) * (m * n) as f64)).sqrt();
+    if bwd {
+        return Ok(vec![
+            Output::new("dx", gdx.clone(), pick(&df), BF16_TOL),
+            Output::new("bwd mask vs fwd mask", nz(&gdx), nz(&got), 0.0),
+        ]);
+    }
+    let philox_mask = mask.iter().map(|&k| f64::from(u8::from(k))).collect();
+    Ok(vec![
+        Output::new("out", got.clone(), pick(&xf), BF16_TOL),
+        // The mask exactly: one flipped element would hide in a bf16 tolerance.
+        Output::new("mask vs Philox", nz(&got), philox_mask, 0.0),
+        // 1 - p within 6 standard deviations of a binomial share:
+        // σ / (1 - p) = sqrt(p / ((1 - p)·N)) relative.
+        Output::new(
+            "kept fraction",
+            vec![kept_frac],
+            vec![1.0 - pf],
+            6.0 * sigma,
+        ),
+    ])
+}
+
+fn dropout_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    dropout_outputs(dev, seed, false)
+}
+
+fn dropout_bwd_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    dropout_outputs(dev, seed, true)
+}
+
+fn dropout_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n) = (16384, 8192);
+    let (x, _) = input::<bf16>(dev, &mut Rng::new(1), &[m, n], 1.0)?;
+    let out = Tensor::<bf16>::empty_on(dev, [m, n])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}"),
+        bytes: 2 * m * n * 2,
+        run: Box::new(move || dropout(&x, &out, 0.1, 1234)),
+    })
+}
+
+fn dropout_bwd_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n) = (16384, 8192);
+    let (dout, _) = input::<bf16>(dev, &mut Rng::new(1), &[m, n], 1.0)?;
+    let dx = Tensor::<bf16>::empty_on(dev, [m, n])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}"),
+        bytes: 2 * m * n * 2,
+        run: Box::new(move || dropout_bwd(&dout, &dx, 0.1, 1234)),
+    })
+}
 
 pub fn cases() -> Vec<Case> {
-    Vec::new()
+    vec![
+        Case {
+            name: "embedding",
+            covers: "gather rows by i64 ids (`w[(ids[tt], td)]`)",
+            kernels: || vec![embedding::kernel()],
+            check: embedding_check,
+            bench: embedding_bench,
+        },
+        Case {
+            name: "embedding_bwd",
+            covers: "scatter-add by repeated ids (atomic_add into f32 at a gathered index)",
+            kernels: || vec![embedding_bwd::kernel()],
+            check: embedding_bwd_check,
+            bench: embedding_bwd_bench,
+        },
+        Case {
+            name: "index_select",
+            covers: "gather columns by i32 indices (`x[(tm, idx[tn])]`)",
+            kernels: || vec![index_select::kernel()],
+            check: index_select_check,
+            bench: index_select_bench,
+        },
+        Case {
+            name: "rope",
+            covers: "a 4-d grid, a host value (`d / 2`), loads and stores at an offset, broadcast tables",
+            kernels: || vec![rope::kernel()],
+            check: rope_check,
+            bench: rope_bench,
+        },
+        Case {
+            name: "dropout",
+            covers: "rand(seed, flat offset), a runtime f32 scalar, select",
+            kernels: || vec![dropout::kernel()],
+            check: dropout_check,
+            bench: dropout_bench,
+        },
+        Case {
+            name: "dropout_bwd",
+            covers: "the forward's dropout mask recomputed from (seed, offset)",
+            kernels: || vec![dropout_bwd::kernel()],
+            check: dropout_bwd_check,
+            bench: dropout_bwd_bench,
+        },
+    ]
 }

@@ -16,7 +16,10 @@ fn every_case_matches_float64_and_interpret_mode_on_the_gpu() {
         Ok(d) if !d.is_host() => d,
         other => {
             if std::env::var("TILEFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("TILEFUSE_REQUIRE_GPU=1 but no GPU is usable: {:?}", other.err());
+                panic!(
+                    "TILEFUSE_REQUIRE_GPU=1 but no GPU is usable: {:?}",
+                    other.err()
+                );
             }
             eprintln!("SKIPPED (no GPU: this process runs in interpret mode)");
             return;

@@ -39,9 +39,8 @@ fn every_kernel_compiles_for_sm_90a_and_sm_80() {
                 for arch in ["sm_90a", "sm_80"] {
                     let t = std::time::Instant::now();
                     match def.compile(&spec, cfg, arch) {
-                        Ok(c) if c.log.lines().any(|l| l.contains("warning")) => failed.push(
-                            format!("{} {cfg} {arch}: warnings:\n{}", def.name(), c.log),
-                        ),
+                        Ok(c) if c.log.lines().any(|l| l.contains("warning")) => failed
+                            .push(format!("{} {cfg} {arch}: warnings:\n{}", def.name(), c.log)),
                         Ok(_) => eprintln!(
                             "{} {cfg} {arch}: {:.0} ms",
                             def.name(),

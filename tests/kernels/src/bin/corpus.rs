@@ -49,7 +49,11 @@ fn main() -> ExitCode {
                 }
             }
         }
-        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     if let Err(e) = dev.require_gpu("the corpus benchmark") {
         eprintln!("error: {e}");
@@ -62,7 +66,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("device: {}; device-to-device copy {copy:.0} GB/s", dev.name());
+    println!(
+        "device: {}; device-to-device copy {copy:.0} GB/s",
+        dev.name()
+    );
     for case in cases {
         let run = (case.bench)(&dev).and_then(|mut b| {
             let t = time_gpu(&dev, 5, 50, true, &mut b.run)?;
