@@ -55,7 +55,11 @@
 //! - `atomic_add(t[index], v);`, `atomic_max`, `atomic_min`: each element of `v`
 //!   combined into its place atomically (f32, bf16, f16, i32, u32, i64), masked as a
 //!   store: histograms, split reductions, a whole tensor's sum;
-//! - `zeros::<f32>([tm, tn])`, `full::<f32>([tm, tn], v)`: accumulators;
+//! - `zeros::<f32>([tm, tn])`, `full::<f32>([tm, tn], v)`: accumulators (`v` a number
+//!   literal or a bound a double holds exactly: `i32::MIN`, `u32::MAX`,
+//!   `f32::NEG_INFINITY`);
+//! - `let (a, b) = (x, y);` binds several values at once (all read first, so
+//!   `(b, a)` swaps);
 //! - `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])`: `acc + a·b` (bf16 or f16 operands,
 //!   f32 accumulation). It contracts by tile name, over the one tile both operands
 //!   have and `acc` lacks, so `addmm(s, q[(tb, tm, td)], k[(tb, tn, td)])` is `s + q·kᵀ`
@@ -107,7 +111,9 @@
 //! - `wait(flags, index, value);`: one thread spins until `flags[index] >= value`
 //!   (acquire, system scope), then the block continues. The spin is bounded
 //!   (`TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s): a timeout is reported by the next
-//!   synchronize as an error naming the site and the flag.
+//!   synchronize as an error naming the site and the flag. In a matmul's K loop
+//!   (before its `addmm`) it is tested per k-tile, before that k-tile's loads: an
+//!   all-gather in bands of columns feeds a GEMM that starts on the first ones.
 //!   `wait(flags, lo..hi, value)` (or `lo..=hi`) waits for every flag in the range,
 //!   e.g. every chunk a tile's rows touch:
 //!   `wait(progress, tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk, epoch)`.

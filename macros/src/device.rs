@@ -491,6 +491,9 @@ impl Builder {
 
     fn stmt(&mut self, s: &SynStmt, out: &mut Vec<Stmt>) -> syn::Result<()> {
         match s {
+            SynStmt::Local(local) if matches!(local.pat, Pat::Tuple(_)) => {
+                self.let_tuple(local, out)
+            }
             SynStmt::Local(local) => {
                 let (ident, mutable) = match &local.pat {
                     Pat::Ident(p) => (&p.ident, p.mutability.is_some()),
@@ -529,6 +532,61 @@ impl Builder {
                 format!("macros cannot be used in device code; {STATEMENTS}"),
             )),
         }
+    }
+
+    /// `let (a, mut b) = (x, y);`: every value first (so `(b, a)` swaps), then
+    /// one `let` per name.
+    fn let_tuple(&mut self, local: &syn::Local, out: &mut Vec<Stmt>) -> syn::Result<()> {
+        let Pat::Tuple(pats) = &local.pat else {
+            return Err(err(&local.pat, "expected a tuple pattern"));
+        };
+        let values = match local.init.as_ref().map(|i| (i.expr.as_ref(), &i.diverge)) {
+            Some((SynExpr::Tuple(t), None)) if t.elems.len() == pats.elems.len() => &t.elems,
+            _ => {
+                return Err(err(
+                    local,
+                    format!(
+                        "a device `let` of a tuple pattern takes a tuple of {} values: `let (a, b) = (x, y);`",
+                        pats.elems.len()
+                    ),
+                ))
+            }
+        };
+        let mut names = Vec::new();
+        for p in &pats.elems {
+            match p {
+                Pat::Ident(i) if i.subpat.is_none() && i.by_ref.is_none() => {
+                    names.push((i.ident.to_string(), i.mutability.is_some()))
+                }
+                other => {
+                    return Err(err(
+                        other,
+                        "each name of a device `let (…)` is a plain name",
+                    ))
+                }
+            }
+        }
+        let values = values
+            .iter()
+            .map(|v| self.expr(v))
+            .collect::<syn::Result<Vec<_>>>()?;
+        let at = self.at(local);
+        for ((name, mutable), value) in names.into_iter().zip(values) {
+            let var = self.kernel.vars.len();
+            self.kernel.vars.push(Var {
+                name: name.clone(),
+                mutable,
+            });
+            out.push(Stmt::Let {
+                var,
+                value,
+                at: at.clone(),
+            });
+            if let Some(sc) = self.scopes.last_mut() {
+                sc.insert(name, Binding::Var(var));
+            }
+        }
+        Ok(())
     }
 
     fn expr_stmt(&mut self, e: &SynExpr, out: &mut Vec<Stmt>) -> syn::Result<()> {
@@ -1121,8 +1179,12 @@ impl Builder {
             }
             "full" => {
                 arity(2, "full::<f32>([tm, tn], value)")?;
-                let value = literal(args[1])
-                    .ok_or_else(|| err(args[1], "the value of `full` is a number literal"))?;
+                let value = literal(args[1]).ok_or_else(|| {
+                    err(
+                        args[1],
+                        "the value of `full` is a number literal or a type's bound that a double holds exactly (`i32::MIN`, `u32::MAX`, `f32::NEG_INFINITY`; not `i64::MAX`)",
+                    )
+                })?;
                 Expr::Full {
                     dims: self.tile_list(args[0])?,
                     dtype: turbofish.unwrap_or(DType::F32),
@@ -1399,14 +1461,46 @@ fn literal(e: &SynExpr) -> Option<f64> {
             _ => None,
         },
         SynExpr::Unary(u) if matches!(u.op, SynUn::Neg(_)) => literal(&u.expr).map(|v| -v),
-        // `f32::INFINITY`, `f32::NEG_INFINITY` (a max's starting value).
-        SynExpr::Path(p) => match p.path.segments.last()?.ident.to_string().as_str() {
-            "INFINITY" => Some(f64::INFINITY),
-            "NEG_INFINITY" => Some(f64::NEG_INFINITY),
-            _ => None,
-        },
+        // `f32::INFINITY`, `f32::NEG_INFINITY` (a max's starting value), and the
+        // bounds of the types whose bounds a value holds exactly (`i32::MIN`, …).
+        SynExpr::Path(p) => {
+            let segs: Vec<String> = p
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect();
+            match segs
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .as_slice()
+            {
+                [.., "INFINITY"] => Some(f64::INFINITY),
+                [.., "NEG_INFINITY"] => Some(f64::NEG_INFINITY),
+                [ty, bound @ ("MIN" | "MAX")] => type_bound(ty, bound == &"MAX"),
+                _ => None,
+            }
+        }
         _ => None,
     }
+}
+
+/// `ty::MAX` (or `MIN`) where a number holds it exactly: not `i64::MAX`
+/// (2^63 − 1 has no exact double; write the value a kernel needs instead).
+fn type_bound(ty: &str, max: bool) -> Option<f64> {
+    let (lo, hi) = match ty {
+        "i8" => (i8::MIN as f64, i8::MAX as f64),
+        "i16" => (i16::MIN as f64, i16::MAX as f64),
+        "i32" => (i32::MIN as f64, i32::MAX as f64),
+        "u8" => (0.0, u8::MAX as f64),
+        "u16" => (0.0, u16::MAX as f64),
+        "u32" => (0.0, u32::MAX as f64),
+        "i64" if !max => (i64::MIN as f64, 0.0),
+        "f32" => (f32::MIN as f64, f32::MAX as f64),
+        _ => return None,
+    };
+    Some(if max { hi } else { lo })
 }
 
 /// `bf16`, `half::bf16`, `f32`, `u8`, … as a [`DType`].

@@ -771,3 +771,92 @@ fn checker_errors_keep_their_message() {
     );
     assert!(e.contains("this one holds u8"), "{e}");
 }
+
+#[test]
+fn full_takes_the_bounds_a_double_holds() {
+    let k = kernel(
+        r#"
+        fn bounds(x: &Tensor<i32>, out: &Tensor<i32>) {
+            for tm in tile(x.size(0)) {
+                let lo = full::<i32>([tm], i32::MIN);
+                let hi = full::<u32>([tm], u32::MAX);
+                out[tm] = max(x[tm], lo) + hi.cast::<i32>();
+            }
+        }
+    "#,
+    );
+    let values: Vec<f64> = exprs(&k)
+        .iter()
+        .filter_map(|e| match e {
+            Expr::Full { value, .. } => Some(*value),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(values, vec![i32::MIN as f64, u32::MAX as f64]);
+    let e = error(
+        r#"
+        fn big(out: &Tensor<i64>) {
+            for tm in tile(out.size(0)) {
+                out[tm] = full::<i64>([tm], i64::MAX);
+            }
+        }
+    "#,
+    );
+    assert!(e.contains("not `i64::MAX`"), "{e}");
+}
+
+#[test]
+fn a_tuple_let_binds_every_value_before_any_name() {
+    // `(b, a)` swaps: the values are read before the names are rebound.
+    let k = kernel(
+        r#"
+        fn swap(x: &Tensor<f32>, y: &Tensor<f32>, out: &Tensor<f32>) {
+            for tm in tile(x.size(0)) {
+                let (a, b) = (x[tm], y[tm]);
+                let (a, mut b) = (b, a);
+                b += 1.0;
+                out[tm] = a - b;
+            }
+        }
+    "#,
+    );
+    let names: Vec<(&str, bool)> = k
+        .vars
+        .iter()
+        .map(|v| (v.name.as_str(), v.mutable))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("a", false), ("b", false), ("a", false), ("b", true)]
+    );
+    // The grid's loop is the kernel's body. The second let's values are the
+    // first let's variables, crossed.
+    let body = &k.body;
+    assert!(matches!(
+        &body[2],
+        Stmt::Let {
+            var: 2,
+            value: Expr::Var(1),
+            ..
+        }
+    ));
+    assert!(matches!(
+        &body[3],
+        Stmt::Let {
+            var: 3,
+            value: Expr::Var(0),
+            ..
+        }
+    ));
+    let e = error(
+        r#"
+        fn bad(x: &Tensor<f32>, out: &Tensor<f32>) {
+            for tm in tile(x.size(0)) {
+                let (a, b) = x[tm];
+                out[tm] = a + b;
+            }
+        }
+    "#,
+    );
+    assert!(e.contains("takes a tuple of 2 values"), "{e}");
+}
