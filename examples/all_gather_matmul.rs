@@ -5,8 +5,15 @@
 //! ```text
 //! cargo build --release --workspace --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/all_gather_matmul [M N K] [--bench]
-//!     [--splits-per-rank S] [--config JSON]
+//!     [--chunks-along rows|cols] [--splits-per-rank S] [--config JSON]
 //! ```
+//!
+//! The all-gather cuts each shard into bands of rows (`--chunks-along rows`, S
+//! per rank: a GEMM of many waves runs this rank's own rows first while the
+//! peers' arrive) or of columns (`cols`, S bands: a GEMM of one wave, every tile
+//! started at once, waits per k-tile and runs on the first columns while the
+//! later ones arrive); by default, columns where the GEMM's tiles fit in one
+//! wave (`tilefuse::ops::chunks_along_k`), with 8 bands.
 //!
 //! Checks on every rank: the gathered A equals NCCL's all-gather bit for bit, and C
 //! matches NCCL all-gather + cuBLAS within bf16 tolerance. Across nodes (no
@@ -18,37 +25,110 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::runtime::dist::{AllGather, ProcessGroup};
+use tilefuse::runtime::dist::{AllGather, Chunks, ProcessGroup};
 use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
-/// C = A · B over the gathered A; each program first waits until every chunk
-/// holding its rows of A has arrived (flags reach `epoch`). The tile order
-/// starts at `first_row`, this rank's own rows, which need no copy.
+/// C = A · B over the gathered A, reading A only where the all-gather's
+/// progress flags say it has arrived (they reach `epoch`). Chunks along rows:
+/// each program first waits for every chunk holding its rows. Chunks along K
+/// (`along_k`; bands of `cols_per_chunk` columns of every rank's
+/// `rows_per_chunk` rows, flag `band * ranks + rank`): each waits per k-tile
+/// for the bands it reads. The tile order starts at `first_row`, this rank's
+/// own rows, which need no copy.
 #[fused_kernel]
+#[allow(clippy::too_many_arguments)]
 pub fn ag_matmul(
     a: &Tensor<bf16>,
     b: &Tensor<bf16>,
     out: &Tensor<bf16>,
     progress: &Tensor<u32>,
     rows_per_chunk: usize,
+    cols_per_chunk: usize,
+    ranks: usize,
     epoch: usize,
     first_row: usize,
+    #[constexpr] along_k: bool,
 ) {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]).starting_at([first_row, 0]) {
-        // Every chunk the tile's rows touch (a tile may span chunks and ranks,
-        // which arrive in rotation, not in row order).
-        wait(
-            progress,
-            tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk,
-            epoch,
-        );
+        if !along_k {
+            // Every chunk the tile's rows touch (a tile may span chunks and
+            // ranks, which arrive in rotation, not in row order).
+            wait(
+                progress,
+                tm.begin() / rows_per_chunk..=(tm.end() - 1) / rows_per_chunk,
+                epoch,
+            );
+        }
         let mut acc = zeros::<f32>([tm, tn]);
         for tk in tile(k) {
+            if along_k {
+                // The bands this k-tile reads, of every rank the tile's rows
+                // belong to (and those between: they arrive in the same round).
+                wait(
+                    progress,
+                    tk.begin() / cols_per_chunk * ranks + tm.begin() / rows_per_chunk
+                        ..=(tk.end() - 1) / cols_per_chunk * ranks
+                            + (tm.end() - 1) / rows_per_chunk,
+                    epoch,
+                );
+            }
             acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
         }
         out[(tm, tn)] = acc.cast();
+    }
+}
+
+/// Where the all-gather cuts its chunks (see the module docs).
+#[derive(Clone, Copy, PartialEq)]
+enum Along {
+    Auto,
+    Rows,
+    Cols,
+}
+
+/// The flags the GEMM waits on and how to read them.
+#[derive(Clone, Copy)]
+struct Waits {
+    rows_per_chunk: usize,
+    cols_per_chunk: usize,
+    ranks: usize,
+    along_k: bool,
+}
+
+impl Waits {
+    fn of(ag: &AllGather<bf16>, ranks: usize) -> Waits {
+        Waits {
+            rows_per_chunk: ag.rows_per_chunk(),
+            cols_per_chunk: ag.cols_per_chunk(),
+            ranks,
+            along_k: matches!(ag.chunks(), Chunks::Cols(_)),
+        }
+    }
+
+    /// `ag_matmul` on `a` with these waits.
+    fn gemm(
+        &self,
+        a: &Tensor<bf16>,
+        b: &Tensor<bf16>,
+        c: &Tensor<bf16>,
+        progress: &Tensor<u32>,
+        epoch: usize,
+        first_row: usize,
+    ) -> tilefuse::Result<()> {
+        ag_matmul(
+            a,
+            b,
+            c,
+            progress,
+            self.rows_per_chunk,
+            self.cols_per_chunk,
+            self.ranks,
+            epoch,
+            first_row,
+            self.along_k,
+        )
     }
 }
 
@@ -57,7 +137,9 @@ struct Args {
     n: usize,
     k: usize,
     bench: bool,
-    splits: usize,
+    along: Along,
+    /// `None`: 4 bands of rows per rank, 8 bands of columns.
+    splits: Option<usize>,
     /// `--config JSON`: the GEMM's config, instead of the default or the tuned one.
     config: Option<Config>,
 }
@@ -65,17 +147,31 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut nums = Vec::new();
     let mut bench = false;
-    let mut splits = 4;
+    let mut splits = None;
+    let mut along = Along::Auto;
     let mut config = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--bench" => bench = true,
             "--splits-per-rank" => {
-                splits = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("--splits-per-rank needs a positive integer")?
+                splits = Some(
+                    it.next()
+                        .and_then(|v| v.parse().ok())
+                        .ok_or("--splits-per-rank needs a positive integer")?,
+                )
+            }
+            "--chunks-along" => {
+                along = match it.next().as_deref() {
+                    Some("rows") => Along::Rows,
+                    Some("cols") => Along::Cols,
+                    Some("auto") => Along::Auto,
+                    other => {
+                        return Err(format!(
+                            "--chunks-along needs rows, cols or auto (got {other:?})"
+                        ))
+                    }
+                }
             }
             "--config" => {
                 let json = it.next().ok_or("--config needs a JSON config")?;
@@ -101,6 +197,7 @@ fn parse_args() -> Result<Args, String> {
         n,
         k,
         bench,
+        along,
         splits,
         config,
     })
@@ -163,20 +260,29 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
     let mut ag = None;
     let gathered;
     let progress;
-    let rows_per_chunk;
+    let waits;
     if single_node {
-        let a = AllGather::<bf16>::new(&pg, rows, k, args.splits)?;
+        // A GEMM of less than one wave starts every tile at once: chunks along K.
+        let cols = match args.along {
+            Along::Auto => tilefuse::ops::chunks_along_k(m, n, dev.sm_count()),
+            along => along == Along::Cols,
+        };
+        let chunks = match (cols, args.splits) {
+            (true, s) => Chunks::Cols(s.unwrap_or(8)),
+            (false, s) => Chunks::Rows(s.unwrap_or(4)),
+        };
+        let a = AllGather::<bf16>::with_chunks(&pg, rows, k, chunks)?;
         a.shard().clone().copy_from_slice(&shard_host)?;
-        rows_per_chunk = a.rows_per_chunk();
+        println!("rank {rank}: all-gather chunks {:?}", a.chunks());
+        waits = Waits::of(&a, world);
         ag = Some(a);
         let a = ag.as_mut().expect("just set");
         let epoch = a.start()?;
-        ag_matmul(
+        waits.gemm(
             a.gathered(),
             &b,
             &c,
             a.progress(),
-            rows_per_chunk,
             epoch as usize,
             rank * rows,
         )?;
@@ -192,8 +298,13 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
         nccl.all_gather(&shard_plain, &gathered)?;
         progress = Tensor::<u32>::flags(1)?;
         progress.clone().copy_from_slice(&[1])?;
-        rows_per_chunk = m;
-        ag_matmul(&gathered, &b, &c, &progress, rows_per_chunk, 1, rank * rows)?;
+        waits = Waits {
+            rows_per_chunk: m,
+            cols_per_chunk: k,
+            ranks: 1,
+            along_k: false,
+        };
+        waits.gemm(&gathered, &b, &c, &progress, 1, rank * rows)?;
     }
     pg.synchronize("the all-gather matmul")?;
 
@@ -218,7 +329,7 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
             ag.as_mut(),
             &gathered,
             &progress,
-            rows_per_chunk,
+            waits,
         )?;
     }
     Ok(everyone)
@@ -234,7 +345,7 @@ fn bench(
     mut ag: Option<&mut AllGather<bf16>>,
     gathered: &Tensor<bf16>,
     progress: &Tensor<u32>,
-    rows_per_chunk: usize,
+    waits: Waits,
 ) -> tilefuse::Result<()> {
     let dev = pg.device().clone();
     let (m, n, k) = (args.m, args.n, args.k);
@@ -248,15 +359,7 @@ fn bench(
     let mut run = |i: usize| -> tilefuse::Result<()> {
         match i {
             0 => tilefuse::cublas::matmul_into(&mut c, gathered_ref, b),
-            1 => ag_matmul(
-                gathered,
-                b,
-                &c,
-                progress,
-                rows_per_chunk,
-                done_epoch,
-                first_row,
-            ),
+            1 => waits.gemm(gathered, b, &c, progress, done_epoch, first_row),
             2 => nccl.all_gather(shard, gathered_ref),
             3 => {
                 nccl.all_gather(shard, gathered_ref)?;
@@ -265,15 +368,7 @@ fn bench(
             _ => {
                 let Some(a) = ag.as_mut() else { return Ok(()) };
                 let e = a.start()?;
-                ag_matmul(
-                    a.gathered(),
-                    b,
-                    &c,
-                    a.progress(),
-                    rows_per_chunk,
-                    e as usize,
-                    first_row,
-                )?;
+                waits.gemm(a.gathered(), b, &c, a.progress(), e as usize, first_row)?;
                 a.finish()
             }
         }

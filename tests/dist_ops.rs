@@ -47,6 +47,8 @@ fn gather(pg: &ProcessGroup, label: &str, v: &[bf16]) -> R<Vec<Vec<f64>>> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Op {
     AgRows,
+    /// Rows gathered in bands of columns, waited for per k-tile.
+    AgRowsAlongK,
     AgCols,
     MatmulAllGather,
     ReduceScatterCols,
@@ -71,7 +73,7 @@ struct Inputs {
 fn inputs(op: Op, w: usize, rng: &mut Rng, shared: &mut Rng) -> Inputs {
     let [m, n, k] = sizes(w);
     let (a_shape, b_shape, out_shape, b_shared) = match op {
-        Op::AgRows => ([m / w, k], [k, n], [m, n], true),
+        Op::AgRows | Op::AgRowsAlongK => ([m / w, k], [k, n], [m, n], true),
         Op::AgCols => ([m, k / w], [k, n], [m, n], true),
         Op::MatmulAllGather => ([m / w, k], [k, n], [m, n], true),
         Op::ReduceScatterCols => ([m, k / w], [k / w, n], [m, n / w], false),
@@ -120,13 +122,13 @@ fn reference(op: Op, pg: &ProcessGroup, i: &Inputs, bias: &[bf16], variant: usiz
         }
     };
     Ok(match op {
-        Op::AgRows | Op::AgCols => {
+        Op::AgRows | Op::AgRowsAlongK | Op::AgCols => {
             let mut full = vec![0.0; m * k];
             for (p, ap) in a.iter().enumerate() {
                 let [sr, sc] = i.a_shape;
                 for row in 0..sr {
                     for col in 0..sc {
-                        let (fr, fc) = if op == Op::AgRows {
+                        let (fr, fc) = if op != Op::AgCols {
                             (p * sr + row, col)
                         } else {
                             (row, p * sc + col)
@@ -181,7 +183,14 @@ fn call(
     ws: Option<Workspace>,
 ) -> tilefuse::Result<Workspace> {
     match op {
-        Op::AgRows => ops::all_gather_matmul(pg, out, a, b, GatherDim::Rows, opts, ws),
+        Op::AgRows => {
+            let opts = opts.clone().chunks_along_k(false);
+            ops::all_gather_matmul(pg, out, a, b, GatherDim::Rows, &opts, ws)
+        }
+        Op::AgRowsAlongK => {
+            let opts = opts.clone().chunks_along_k(true);
+            ops::all_gather_matmul(pg, out, a, b, GatherDim::Rows, &opts, ws)
+        }
         Op::AgCols => ops::all_gather_matmul(pg, out, a, b, GatherDim::Cols, opts, ws),
         Op::MatmulAllGather => ops::matmul_all_gather(pg, out, a, b, opts, ws),
         Op::ReduceScatterCols => {
@@ -198,8 +207,9 @@ fn call(
     }
 }
 
-const ALL_OPS: [Op; 7] = [
+const ALL_OPS: [Op; 8] = [
     Op::AgRows,
+    Op::AgRowsAlongK,
     Op::AgCols,
     Op::MatmulAllGather,
     Op::ReduceScatterCols,

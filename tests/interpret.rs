@@ -187,7 +187,10 @@ fn a_tensor_shorter_than_its_tile_extent_is_refused() {
     );
     let cfg = Config::new(&[16, 16, 16]).num_warps(1);
     let e = run(&ir, &cfg, &[], &t, &s).unwrap_err().to_string();
-    assert!(e.contains("`a`") && e.contains("size 9") && e.contains("`tm`"), "{e}");
+    assert!(
+        e.contains("`a`") && e.contains("size 9") && e.contains("`tm`"),
+        "{e}"
+    );
 }
 
 /// Programs run on several threads, yet the error reported is always the
@@ -273,6 +276,8 @@ impl AgMatmul {
                 ("n", Scalar::Int(n as i64)),
                 ("k", Scalar::Int(k as i64)),
                 ("rows_per_chunk", Scalar::Int(10)),
+                ("cols_per_chunk", Scalar::Int(k as i64)),
+                ("ranks", Scalar::Int(4)),
                 ("epoch", Scalar::Int(Self::EPOCH)),
                 ("first_row", Scalar::Int(20)),
                 ("0", Scalar::Int(0)),
@@ -312,7 +317,8 @@ impl AgMatmul {
         };
         // One warp: the tensor-core path splits a block into 16×16 warp tiles.
         let cfg = Config::new(&[16, 16, 16]).num_warps(1);
-        run_with(&self.ir, &cfg, &[], &t, &self.scalars, &options)
+        // along_k = false: chunks of rows.
+        run_with(&self.ir, &cfg, &[0], &t, &self.scalars, &options)
             .map(|()| out(&self.ir, &t, "out"))
     }
 }

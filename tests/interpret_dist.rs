@@ -3,9 +3,10 @@
 //! the all-gather's copies made by a background thread that sets the progress
 //! flags, and the all-gather matmul kernel waiting on them in the interpreter.
 //!
-//! - `--ag`: three calls with fresh shards each (flags reused by epoch); each
-//!   rank checks the gathered A bit for bit against the host stand-in of NCCL's
-//!   all-gather and C against f64.
+//! - `--ag`: three calls with fresh shards each (flags reused by epoch) with
+//!   chunks of rows, then two with chunks of columns (3 bands of 14, 14 and 12
+//!   columns; the kernel waits per k-tile); each rank checks the gathered A bit
+//!   for bit against the host stand-in of NCCL's all-gather and C against f64.
 //! - `--fault`: rank 1 dies before its shard is written; rank 0 ignores the
 //!   launcher's SIGTERM, and its kernel's `wait` must time out on its own with
 //!   the GPU's message, while the launcher names the dead rank.
@@ -22,7 +23,7 @@ use launcher::{example, launcher};
 use std::process::{Command, ExitCode, Output};
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
-use tilefuse::runtime::dist::{AllGather, ProcessGroup};
+use tilefuse::runtime::dist::{AllGather, Chunks, ProcessGroup};
 use tilefuse::verify::{matmul_f64, poisoned, random_vec, rel_error, Rng};
 
 const ROWS: usize = 48; // per rank
@@ -57,7 +58,18 @@ fn rank_main(fault: bool) -> Result<(), String> {
         let c = poisoned::<bf16>([m, N]).map_err(e)?;
         let rpc = ag.rows_per_chunk();
         let r = ag_matmul::kernel().with_config(cfg, || {
-            ag_matmul(ag.gathered(), &b, &c, ag.progress(), rpc, epoch as usize, 0)
+            ag_matmul(
+                ag.gathered(),
+                &b,
+                &c,
+                ag.progress(),
+                rpc,
+                K,
+                world,
+                epoch as usize,
+                0,
+                false,
+            )
         });
         return match r {
             Err(err @ tilefuse::Error::WaitTimeout { .. }) => {
@@ -68,7 +80,10 @@ fn rank_main(fault: bool) -> Result<(), String> {
         };
     }
     let nccl = pg.nccl().map_err(e)?;
-    for call in 0..3 {
+    let mut by_cols = AllGather::<bf16>::with_chunks(&pg, ROWS, K, Chunks::Cols(3)).map_err(e)?;
+    for call in 0..5 {
+        // Calls 3 and 4: chunks of columns, waited for inside the K loop.
+        let ag = if call < 3 { &mut ag } else { &mut by_cols };
         let shard = random_vec::<bf16>(&mut Rng::fresh(), ROWS * K, 1.0);
         ag.shard().clone().copy_from_slice(&shard).map_err(e)?;
         let reference = Tensor::<bf16>::empty([m, K]).map_err(e)?;
@@ -79,7 +94,8 @@ fn rank_main(fault: bool) -> Result<(), String> {
         .map_err(e)?;
         let c = poisoned::<bf16>([m, N]).map_err(e)?;
         let epoch = ag.start().map_err(e)?;
-        let rpc = ag.rows_per_chunk();
+        let (rpc, cpc) = (ag.rows_per_chunk(), ag.cols_per_chunk());
+        let along_k = matches!(ag.chunks(), Chunks::Cols(_));
         ag_matmul::kernel()
             .with_config(cfg.clone(), || {
                 ag_matmul(
@@ -88,8 +104,11 @@ fn rank_main(fault: bool) -> Result<(), String> {
                     &c,
                     ag.progress(),
                     rpc,
+                    cpc,
+                    world,
                     epoch as usize,
                     rank * ROWS,
+                    along_k,
                 )
             })
             .map_err(e)?;
@@ -145,7 +164,7 @@ fn main() -> ExitCode {
         "interpret_dist --ag ({:.1} s):\n{o}",
         t.elapsed().as_secs_f64()
     );
-    if !out.status.success() || o.matches(", ok").count() != 6 {
+    if !out.status.success() || o.matches(", ok").count() != 10 {
         eprintln!("interpret_dist: the 2-rank all-gather matmul failed:\n{o}\n{err}");
         return ExitCode::FAILURE;
     }

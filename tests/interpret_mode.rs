@@ -239,13 +239,68 @@ fn ag_matmul_waits_for_flags_another_thread_sets() {
     let started = Instant::now();
     ag_matmul::kernel()
         .with_config(Config::new(&[16, 16, 16]).num_warps(1), || {
-            ag_matmul(&a, &b, &out, &progress, chunk, 7, 20)
+            ag_matmul(&a, &b, &out, &progress, chunk, k, 4, 7, 20, false)
         })
         .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(100));
     copier.join().unwrap();
     let err = rel_error(&host(&out), &reference, |x| x, |x| x);
     assert!(err < 1e-2, "rel err {err}");
+}
+
+/// Chunks along K: 4 ranks of 10 rows, K cut into bands of 16 columns (flag
+/// `band * 4 + rank`); the copier sets band 0 of every rank, then band 1. The
+/// kernel waits inside its K loop, per k-tile of 16 columns, and finishes only
+/// once the last band of its rows is set, with the right product.
+#[test]
+fn ag_matmul_along_k_waits_per_k_tile() {
+    interpret();
+    let _turn = WAITS.lock().unwrap_or_else(|p| p.into_inner());
+    let (m, n, k, rows, cols) = (40, 24, 32, 10, 16);
+    let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
+    let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
+    let reference = matmul_f64(&host(&a), &host(&b), m, k, n);
+    let progress = Tensor::<u32>::flags(8).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let copier = {
+        let flags = progress.clone();
+        std::thread::spawn(move || {
+            for f in [2usize, 3, 0, 1, 6, 7, 4, 5] {
+                std::thread::sleep(Duration::from_millis(20));
+                flags
+                    .narrow(0, f, 1)
+                    .unwrap()
+                    .copy_from_slice(&[7])
+                    .unwrap();
+            }
+        })
+    };
+    let started = Instant::now();
+    ag_matmul::kernel()
+        .with_config(Config::new(&[16, 16, 16]).num_warps(1), || {
+            ag_matmul(&a, &b, &out, &progress, rows, cols, 4, 7, 20, true)
+        })
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(160));
+    copier.join().unwrap();
+    let err = rel_error(&host(&out), &reference, |x| x, |x| x);
+    assert!(err < 1e-2, "rel err {err}");
+
+    // Band 1 of rank 3 never set: the wait in the K loop times out, named.
+    let progress = Tensor::<u32>::flags(8).unwrap();
+    progress
+        .clone()
+        .copy_from_slice(&[1, 1, 1, 1, 1, 1, 1, 0])
+        .unwrap();
+    tilefuse::runtime::status::set_wait_timeout_ms(Some(100));
+    let e = ag_matmul(&a, &b, &out, &progress, rows, cols, 4, 1, 0, true).unwrap_err();
+    tilefuse::runtime::status::set_wait_timeout_ms(None);
+    let msg = e.to_string();
+    assert!(
+        matches!(e, Error::WaitTimeout { .. })
+            && msg.contains("flag index 7 holds 0, expected >= 1"),
+        "{msg}"
+    );
 }
 
 /// A flag nobody sets: the launch fails after the wait timeout with the same
@@ -266,7 +321,7 @@ fn an_unset_flag_times_out_with_the_gpus_error() {
     let out = poisoned::<bf16>([m, n]).unwrap();
     tilefuse::runtime::status::set_wait_timeout_ms(Some(150));
     let started = Instant::now();
-    let e = ag_matmul(&a, &b, &out, &progress, 10, 1, 0).unwrap_err();
+    let e = ag_matmul(&a, &b, &out, &progress, 10, k, 2, 1, 0, false).unwrap_err();
     tilefuse::runtime::status::set_wait_timeout_ms(None);
     assert!(started.elapsed() >= Duration::from_millis(150));
     assert!(matches!(e, Error::WaitTimeout { .. }), "{e}");

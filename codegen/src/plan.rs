@@ -32,6 +32,19 @@ pub struct GemmShape {
     pub k_loop: usize,
 }
 
+impl GemmShape {
+    /// The `wait`s inside the K loop, before its `addmm`: each k-tile's loads
+    /// go out once they pass (an all-gather chunked along K feeds a GEMM that
+    /// starts on the first columns while later ones arrive). Of a specialized
+    /// kernel (its `#[constexpr]` branches taken).
+    pub fn k_waits<'a>(&self, k: &'a Kernel) -> &'a [Stmt] {
+        match &k.body[self.k_loop] {
+            Stmt::Loop { body, .. } => &body[..body.len().saturating_sub(1)],
+            _ => &[],
+        }
+    }
+}
+
 /// The parts of a flash-attention-shaped kernel:
 ///
 /// ```text
@@ -170,9 +183,14 @@ fn gemm(k: &Kernel, loops: &[usize]) -> Option<GemmShape> {
     else {
         return None;
     };
-    let [Stmt::Assign { var, value, .. }] = body.as_slice() else {
+    // `wait`s (maybe switched by a `#[constexpr]`: the shape is the same for
+    // every value), then the accumulation.
+    let [waits @ .., Stmt::Assign { var, value, .. }] = body.as_slice() else {
         return None;
     };
+    if !waits.iter().all(only_waits) {
+        return None;
+    }
     let Expr::Addmm { acc, a, b, .. } = value else {
         return None;
     };
@@ -229,6 +247,40 @@ fn gemm(k: &Kernel, loops: &[usize]) -> Option<GemmShape> {
         b: *tb,
         k_loop: *i,
     })
+}
+
+/// A `wait`, or a branch on `#[constexpr]` values holding only such.
+fn only_waits(s: &Stmt) -> bool {
+    match s {
+        Stmt::Wait { .. } => true,
+        Stmt::If {
+            cond,
+            then,
+            otherwise,
+            ..
+        } => const_cond(cond) && then.iter().all(only_waits) && otherwise.iter().all(only_waits),
+        _ => false,
+    }
+}
+
+/// A condition made of `#[constexpr]` values and literals only.
+fn const_cond(c: &Cond) -> bool {
+    fn const_expr(e: &Expr) -> bool {
+        let mut ok = true;
+        e.walk(&mut |x| {
+            ok &= matches!(
+                x,
+                Expr::Int(_) | Expr::Const(_) | Expr::Unary { .. } | Expr::Binary { .. }
+            )
+        });
+        ok
+    }
+    match c {
+        Cond::Cmp { lhs, rhs, .. } => const_expr(lhs) && const_expr(rhs),
+        Cond::Not(c) => const_cond(c),
+        Cond::And(a, b) | Cond::Or(a, b) => const_cond(a) && const_cond(b),
+        Cond::NonZero(e) => const_expr(e),
+    }
 }
 
 /// Counts the `addmm`s in `e`.

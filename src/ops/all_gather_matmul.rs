@@ -6,6 +6,9 @@
 //! tile for the chunks its rows need. Along rows the tile order starts at this
 //! rank's own rows (there first); along columns every tile needs every rank's
 //! columns of its rows, so the chunks are rows of all ranks at once, in order.
+//! A GEMM of about one wave ([`super::chunks_along_k`]) starts every tile at
+//! once, so A's rows are pulled in bands of columns instead (band 0 of every
+//! peer first), and each tile waits per k-tile, inside its K loop.
 
 use super::check::{self, arg};
 use super::epilogue::{gemm, Epilogue, Gemm, Wait};
@@ -30,6 +33,8 @@ pub(crate) struct Schedule {
     /// Chunks per rank (rows) or in all (columns), and rows per chunk.
     chunks: usize,
     rows_per_chunk: usize,
+    /// Shards along rows pulled in `chunks` bands of this many columns.
+    along_k: Option<usize>,
     gemm_config: Option<Config>,
 }
 
@@ -42,6 +47,7 @@ pub(crate) struct Shapes {
     n: usize,
     chunks: usize,
     rows_per_chunk: usize,
+    along_k: Option<usize>,
 }
 
 impl Shapes {
@@ -52,6 +58,7 @@ impl Shapes {
         [out, a_shard, b]: [(&str, &Tensor<bf16>); 3],
         dim: GatherDim,
         chunks: Option<usize>,
+        along_k: Option<bool>,
     ) -> Result<Shapes> {
         let w = pg.world_size();
         let [sr, sc] = check::matrix(pg, op, a_shard.0, a_shard.1)?;
@@ -69,6 +76,23 @@ impl Shapes {
             ));
         }
         check::shape_is(op, out.0, [mo, no], [m, n], "all_gather(A) · B")?;
+        let along_k =
+            along_k.unwrap_or_else(|| super::chunks_along_k(m, n, pg.device().sm_count()));
+        if dim == GatherDim::Rows && along_k {
+            // Bands of whole 64-column k-tiles, 8 unless asked otherwise.
+            let bands = check::chunks_or(op, chunks, 8)?.min(k);
+            let cols = k.div_ceil(bands).next_multiple_of(64).min(k);
+            return Ok(Shapes {
+                dim,
+                shard: [sr, sc],
+                m,
+                k,
+                n,
+                chunks: k.div_ceil(cols),
+                rows_per_chunk: sr,
+                along_k: Some(cols),
+            });
+        }
         let asked = check::chunks(op, chunks)?;
         let (chunks, rows_per_chunk) = match dim {
             // Flags are per rank and chunk: chunks must tile each shard exactly.
@@ -89,6 +113,7 @@ impl Shapes {
             n,
             chunks,
             rows_per_chunk,
+            along_k: None,
         })
     }
 
@@ -106,7 +131,10 @@ impl Shapes {
     ) -> Result<Workspace> {
         let (w, [sr, sc], (m, k, n)) = (pg.world_size(), self.shard, (self.m, self.k, self.n));
         let (dim, chunks) = (self.dim, self.chunks);
-        let key = format!("{OP}/{dim:?}/a_shard{sr}x{sc}/b{k}x{n}/world{w}/chunks{chunks}");
+        let along = self
+            .along_k
+            .map_or(String::new(), |c| format!("/bands_of{c}"));
+        let key = format!("{OP}/{dim:?}/a_shard{sr}x{sc}/b{k}x{n}/world{w}/chunks{chunks}{along}");
         Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
             data_bytes: m * k * 2,
             flag_slots: w * chunks + w,
@@ -130,6 +158,7 @@ impl Shapes {
             k: self.k,
             chunks: self.chunks,
             rows_per_chunk: self.rows_per_chunk,
+            along_k: self.along_k,
             gemm_config,
         }
     }
@@ -157,6 +186,7 @@ pub fn all_gather_matmul(
         [("out", out), ("a_shard", a_shard), ("b", b)],
         dim,
         opts.config.chunks,
+        opts.config.chunks_along_k,
     )?;
     let ws = shapes.workspace(pg, workspace, opts.config.algorithm)?;
     let [m, n] = shapes.output();
@@ -191,8 +221,26 @@ impl Schedule {
         for p in others.clone() {
             ex.notify(p, ready + r)?;
         }
-        let (flags_per_chunk, first_row) = match c.dim {
-            GatherDim::Rows => {
+        let (flags_per_chunk, first_row) = match (c.dim, c.along_k) {
+            (GatherDim::Rows, Some(cols)) => {
+                // Flag j·w + p: band j of rank p's rows, band 0 of every peer first.
+                for j in 0..chunks {
+                    ex.set_slot(j * w + r)?;
+                }
+                for p in others.clone() {
+                    ex.await_slot(ready + p)?;
+                }
+                for j in 0..chunks {
+                    let (col, n) = (j * cols, cols.min(k - j * cols));
+                    for p in others.clone() {
+                        let dst = gathered.narrow(0, p * sr, sr)?.narrow(1, col, n)?;
+                        ex.pull(p, (p * sr * k + col) * 2, k, &dst)?;
+                        ex.set_slot(j * w + p)?;
+                    }
+                }
+                (1, r * sr)
+            }
+            (GatherDim::Rows, None) => {
                 // Flag p·chunks + i: chunk i of rank p's rows.
                 for i in 0..chunks {
                     ex.set_slot(r * chunks + i)?;
@@ -207,7 +255,7 @@ impl Schedule {
                 }
                 (1, r * sr)
             }
-            GatherDim::Cols => {
+            (GatherDim::Cols, _) => {
                 // Flag i·w + p: rank p's columns of row chunk i.
                 for i in 0..chunks {
                     ex.set_slot(i * w + r)?;
@@ -242,6 +290,7 @@ impl Schedule {
                 rows_per_chunk: rpc,
                 flags_per_chunk,
                 first_row,
+                along_k: c.along_k.map(|cols| (cols, w)),
             }),
             &unused,
             &c.gemm_config,

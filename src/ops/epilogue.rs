@@ -30,6 +30,9 @@ pub(crate) struct Wait<'a> {
     pub rows_per_chunk: usize,
     pub flags_per_chunk: usize,
     pub first_row: usize,
+    /// Chunks along K: `(columns per band, blocks of rows_per_chunk rows)`, flag
+    /// `band * blocks + block`, waited for per k-tile.
+    pub along_k: Option<(usize, usize)>,
 }
 
 /// Counters the GEMM's tiles add their area to, per chunk of rows (see
@@ -164,7 +167,9 @@ pub(crate) fn gemm(
         rows_per_chunk: g.a.size(0).max(1),
         flags_per_chunk: 1,
         first_row: 0,
+        along_k: None,
     });
+    let (cols_per_chunk, ranks) = w.along_k.unwrap_or((g.a.size(1).max(1), 1));
     let (beta, c) = epi.c_or(unused);
     let launch = || {
         gemm_fused(
@@ -181,11 +186,14 @@ pub(crate) fn gemm(
             g.signal.as_ref().map_or(&unused.flags, |s| s.counters),
             w.rows_per_chunk,
             w.flags_per_chunk,
+            cols_per_chunk,
+            ranks,
             g.signal.as_ref().map_or(1, |s| s.rows_per_signal.max(1)),
             ready,
             w.first_row,
             epi.alpha,
             beta,
+            w.along_k.is_some(),
             g.signal.is_some(),
             g.copy.is_some(),
             g.addend.is_some(),

@@ -7,7 +7,11 @@
 //! The GEMM waits, before its tile's loads, for the flags of the row chunks its
 //! tile covers: `flags[c * flags_per_chunk .. (c + 1) * flags_per_chunk]` for every
 //! chunk `c` of `rows_per_chunk` rows to hold at least `ready`. Passing 0 makes
-//! the wait pass at once (flags are unsigned).
+//! the wait pass at once (flags are unsigned). With `along_k` the chunks are
+//! bands of `cols_per_chunk` columns of A (K) of each of `ranks` blocks of
+//! `rows_per_chunk` rows, flag `band * ranks + block`, and the GEMM waits per
+//! k-tile, inside its K loop, for the bands that k-tile reads: a GEMM of one
+//! wave then runs on the first columns while the later ones arrive.
 //!
 //! With `with_signal`, each tile then adds its area (rows × columns stored) to
 //! `counters[tile's first row / rows_per_signal]` once its stores are visible
@@ -51,11 +55,14 @@ pub fn gemm_fused(
     counters: &Tensor<u32>,
     rows_per_chunk: usize,
     flags_per_chunk: usize,
+    cols_per_chunk: usize,
+    ranks: usize,
     rows_per_signal: usize,
     ready: usize,
     first_row: usize,
     alpha: f32,
     beta: f32,
+    #[constexpr] along_k: bool,
     #[constexpr] with_signal: bool,
     #[constexpr] with_copy: bool,
     #[constexpr] with_addend: bool,
@@ -66,14 +73,27 @@ pub fn gemm_fused(
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     for (tm, tn) in tile([m, n]).starting_at([first_row, 0]) {
-        wait(
-            flags,
-            tm.begin() / rows_per_chunk * flags_per_chunk
-                ..((tm.end() - 1) / rows_per_chunk + 1) * flags_per_chunk,
-            ready,
-        );
+        if !along_k {
+            wait(
+                flags,
+                tm.begin() / rows_per_chunk * flags_per_chunk
+                    ..((tm.end() - 1) / rows_per_chunk + 1) * flags_per_chunk,
+                ready,
+            );
+        }
         let mut acc = zeros::<f32>([tm, tn]);
         for tk in tile(k) {
+            if along_k {
+                // The k-tile's bands of every block its rows touch (and those
+                // between, which arrive in the same round).
+                wait(
+                    flags,
+                    tk.begin() / cols_per_chunk * ranks + tm.begin() / rows_per_chunk
+                        ..=(tk.end() - 1) / cols_per_chunk * ranks
+                            + (tm.end() - 1) / rows_per_chunk,
+                    ready,
+                );
+            }
             acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
         }
         let y = acc * alpha + bias_m[tm] + bias_n[tn];

@@ -514,6 +514,7 @@ impl Schedule {
                     rows_per_chunk: per,
                     flags_per_chunk: 1,
                     first_row: 0,
+                    along_k: None,
                 }),
                 &unused,
                 &c.gemm_config,

@@ -204,6 +204,16 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         "  if (tf_part > 0) {{\n  #pragma unroll\n  for (int i = 0; i < {mi}; ++i)\n  #pragma unroll\n  for (int j = 0; j < {ni}; ++j)\n  #pragma unroll\n  for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;\n  }}"
     );
 
+    // `wait`s inside the K loop: every thread tests them before it loads a
+    // k-tile (as each waits before the loop: see `before_loop`'s caller).
+    let (k_wait_decls, k_waits) = e.k_wait_code(g, "tf_kt", bk, "    ", "tf_kfailed", "")?;
+    let k_wait = !k_waits.is_empty();
+    if k_wait {
+        let _ = write!(
+            e.out,
+            "  int tf_kfailed = 0;\n{k_wait_decls}  auto kwait = [&](int tf_kt) {{\n{k_waits}  }};\n"
+        );
+    }
     // The K loop.
     super::gemm_mainloop::emit(
         &mut e.out,
@@ -222,6 +232,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
             m0: format!("tb{dm}"),
             n0: format!("tb{dn}"),
             mma,
+            k_wait,
         },
     );
 

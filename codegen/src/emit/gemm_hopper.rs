@@ -311,6 +311,15 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         }
     }
     let producer_lets = std::mem::replace(&mut e.out, kernel_so_far);
+    // `wait`s inside the K loop: the producer tests them before each k-tile's loads.
+    let (k_wait_decls, k_waits) = e.k_wait_code(
+        g,
+        "kt",
+        bk,
+        "        ",
+        "tf_failed",
+        "asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");",
+    )?;
     let acquire = if waits.is_empty() {
         String::new()
     } else {
@@ -374,8 +383,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     asm volatile("setmaxnreg.dec.sync.aligned.u32 {minreg};");
     if (tid == 0) {{
       int it = 0;
-{producer_units}{tile}{producer_lets}{acquire}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
-        const int s = it % {stages};
+{producer_units}{tile}{producer_lets}{acquire}{k_wait_decls}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
+{k_waits}        const int s = it % {stages};
         if (it >= {stages}) tf_mbar_wait(tf_empty + s * 8, ((it / {stages}) & 1) ^ 1);
         tf_mbar_expect_tx(tf_full + s * 8, {stage_bytes}u);
         tf_tma_2d(sA + s * {a_stage}u, &tf_map_a, kt * {bk}, (int)tb{dm}, tf_full + s * 8);

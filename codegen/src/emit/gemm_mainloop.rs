@@ -33,6 +33,8 @@ pub(super) struct Mainloop<'a> {
     pub n0: String,
     /// `tf_mma_bf16` or `tf_mma_f16`.
     pub mma: &'a str,
+    /// A `kwait(kt)` lambda is defined: call it before k-tile `kt`'s loads.
+    pub k_wait: bool,
 }
 
 pub(super) fn emit(o: &mut String, p: &Mainloop) {
@@ -305,17 +307,18 @@ pub(super) fn emit(o: &mut String, p: &Mainloop) {
     }}
   }};
   #pragma unroll
-  for (int i = 0; i < {pro}; ++i) {{ if (kt_lo + i < KT) load_any(i, kt_lo + i); tf_cp_async_commit(); }}
+  for (int i = 0; i < {pro}; ++i) {{ if (kt_lo + i < KT) {{ {kw_pro}load_any(i, kt_lo + i); }} tf_cp_async_commit(); }}
   tf_cp_async_wait<{wait}>();
   __syncthreads();
   int rs = 0, ws = {pro};
 {body}  tf_cp_async_wait<0>();
 "#,
         body = if ki_n == 1 {
-            single_step_loop(s, p.mma, mi, ni)
+            single_step_loop(s, p.mma, mi, ni, p.k_wait)
         } else {
-            multi_step_loop(s, p.mma, ki_n, mi, ni)
+            multi_step_loop(s, p.mma, ki_n, mi, ni, p.k_wait)
         },
+        kw_pro = if p.k_wait { "kwait(kt_lo + i); " } else { "" },
         b_kstep = 16 * bn * 2,
         a_istep = 16 * bk * 2,
         pro = s - 1,
@@ -342,14 +345,19 @@ fn two_loops(pro: usize, body: impl Fn(bool) -> String) -> String {
 }
 
 /// Tiles of several k-steps: fragments double-buffered across k-steps and tiles.
-fn multi_step_loop(s: usize, mma: &str, ki_n: usize, mi: usize, ni: usize) -> String {
+fn multi_step_loop(s: usize, mma: &str, ki_n: usize, mi: usize, ni: usize, kw: bool) -> String {
     let (pro, wait) = (s - 1, s - 2);
     let mmas = mma_block(mma, mi, ni, "ki & 1");
     let body = |steady: bool| {
-        let load = if steady {
-            format!("load_full(ws, kt + {pro}, ki);")
-        } else {
-            format!("if (ki == 0 && kt + {pro} < KT) load_any(ws, kt + {pro});")
+        let load = match (steady, kw) {
+            (true, false) => format!("load_full(ws, kt + {pro}, ki);"),
+            (true, true) => {
+                format!("if (ki == 0) kwait(kt + {pro});\n      load_full(ws, kt + {pro}, ki);")
+            }
+            (false, false) => format!("if (ki == 0 && kt + {pro} < KT) load_any(ws, kt + {pro});"),
+            (false, true) => format!(
+                "if (ki == 0 && kt + {pro} < KT) {{ kwait(kt + {pro}); load_any(ws, kt + {pro}); }}"
+            ),
         };
         format!(
             r#"    #pragma unroll
@@ -377,14 +385,19 @@ fn multi_step_loop(s: usize, mma: &str, ki_n: usize, mi: usize, ni: usize) -> St
 
 /// Tiles of one k-step (a 16-wide K block): fragments are read right after the
 /// barrier that hands the stage over, one buffer.
-fn single_step_loop(s: usize, mma: &str, mi: usize, ni: usize) -> String {
+fn single_step_loop(s: usize, mma: &str, mi: usize, ni: usize, kw: bool) -> String {
     let (pro, wait) = (s - 1, s - 2);
     let mmas = mma_block(mma, mi, ni, "0");
+    let kwait = if kw {
+        format!("kwait(kt + {pro}); ")
+    } else {
+        String::new()
+    };
     let body = |steady: bool| {
         let load = if steady {
-            format!("load_full(ws, kt + {pro}, 0);")
+            format!("{kwait}load_full(ws, kt + {pro}, 0);")
         } else {
-            format!("if (kt + {pro} < KT) load_any(ws, kt + {pro});")
+            format!("if (kt + {pro} < KT) {{ {kwait}load_any(ws, kt + {pro}); }}")
         };
         format!(
             r#"    {load}

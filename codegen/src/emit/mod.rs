@@ -23,7 +23,7 @@ use crate::check::{check, Checked};
 use crate::config::Config;
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::plan::{classify, Shape};
+use crate::plan::{classify, GemmShape, Shape};
 use crate::spec::{ScalarKind, Spec};
 use expr::ElemCtx;
 use std::collections::HashMap;
@@ -567,16 +567,9 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The code of one thread's bounded spin for a `wait` statement: it sets `failed`
-    /// (an int lvalue) to 1 when a flag did not arrive in time (the status block then
-    /// says which), else to 0. A range is waited flag by flag (every flag must pass,
-    /// so their order does not matter) and stops at the first timeout.
-    pub fn wait_test(
-        &mut self,
-        s: &Stmt,
-        indent: &str,
-        failed: &str,
-    ) -> Result<String, CodegenError> {
+    /// The C pieces of a `wait`: flags (pointer and length), first index, end
+    /// (`None`: one flag), value, site number.
+    fn wait_parts(&mut self, s: &Stmt) -> Result<Option<WaitParts>, CodegenError> {
         let Stmt::Wait {
             tensor,
             index,
@@ -585,7 +578,7 @@ impl<'a> Emitter<'a> {
             at,
         } = s
         else {
-            return Ok(String::new());
+            return Ok(None);
         };
         if !self.spec.tensors[*tensor].last_contiguous {
             return Err(CodegenError::Argument {
@@ -596,24 +589,106 @@ impl<'a> Emitter<'a> {
         }
         let site = self.wait_sites.len();
         self.wait_sites.push(at.clone());
-        let (ic, _) = self.ctx(&[]).emit(index, at)?;
-        let (vc, _) = self.ctx(&[]).emit(value, at)?;
-        let flags = format!("(const tf_u32*)t{tensor}, t{tensor}_n0");
-        let site = format!("tf_site_base + {site}ull");
-        Ok(match end {
+        let (lo, _) = self.ctx(&[]).emit(index, at)?;
+        let (value, _) = self.ctx(&[]).emit(value, at)?;
+        let end = match end {
+            Some(end) => Some(self.ctx(&[]).emit(end, at)?.0),
+            None => None,
+        };
+        Ok(Some(WaitParts {
+            at: one_line(at),
+            flags: format!("(const tf_u32*)t{tensor}, t{tensor}_n0"),
+            lo,
+            end,
+            value,
+            site: format!("tf_site_base + {site}ull"),
+        }))
+    }
+
+    /// The code of one thread's bounded spin for a `wait` statement: it sets `failed`
+    /// (an int lvalue) to 1 when a flag did not arrive in time (the status block then
+    /// says which), else to 0. A range is waited flag by flag (every flag must pass,
+    /// so their order does not matter) and stops at the first timeout.
+    pub fn wait_test(
+        &mut self,
+        s: &Stmt,
+        indent: &str,
+        failed: &str,
+    ) -> Result<String, CodegenError> {
+        let Some(p) = self.wait_parts(s)? else {
+            return Ok(String::new());
+        };
+        let WaitParts {
+            flags,
+            lo,
+            value,
+            site,
+            ..
+        } = &p;
+        Ok(match &p.end {
             None => format!(
-                "{indent}  {failed} = !tf_wait_flag({flags}, {ic}, {vc}, tf_timeout_ns, tf_st, {site});\n"
+                "{indent}  {failed} = !tf_wait_flag({flags}, {lo}, {value}, tf_timeout_ns, tf_st, {site});\n"
             ),
-            Some(end) => {
-                let (ec, _) = self.ctx(&[]).emit(end, at)?;
-                format!(
-                    "{indent}  {failed} = 0;\n\
-                     {indent}  const long long tf_hi = {ec};\n\
-                     {indent}  for (long long tf_i = {ic}; tf_i < tf_hi && !{failed}; ++tf_i)\n\
-                     {indent}    {failed} = !tf_wait_flag({flags}, tf_i, {vc}, tf_timeout_ns, tf_st, {site});\n"
-                )
-            }
+            Some(end) => format!(
+                "{indent}  {failed} = 0;\n\
+                 {indent}  const long long tf_hi = {end};\n\
+                 {indent}  for (long long tf_i = {lo}; tf_i < tf_hi && !{failed}; ++tf_i)\n\
+                 {indent}    {failed} = !tf_wait_flag({flags}, tf_i, {value}, tf_timeout_ns, tf_st, {site});\n"
+            ),
         })
+    }
+
+    /// The `wait`s inside a GEMM's K loop ([`GemmShape::k_waits`]) for k-tile
+    /// `kt` of `bk` columns: `decls` go before the loop, `test` before the
+    /// k-tile's loads. Each site keeps the last range that passed, so the
+    /// k-tiles of one chunk cost a compare; `after` runs after a wait that ran
+    /// (TMA reads through the async proxy and needs a fence).
+    pub fn k_wait_code(
+        &mut self,
+        g: &GemmShape,
+        kt: &str,
+        bk: usize,
+        indent: &str,
+        failed: &str,
+        after: &str,
+    ) -> Result<(String, String), CodegenError> {
+        let (mut decls, mut test) = (String::new(), String::new());
+        let k = self.k;
+        for (n, s) in g.k_waits(k).iter().enumerate() {
+            let Some(p) = self.wait_parts(s)? else {
+                continue;
+            };
+            let WaitParts {
+                flags,
+                lo,
+                value,
+                site,
+                at,
+                ..
+            } = &p;
+            let hi = p.end.clone().unwrap_or_else(|| "tf_lo + 1".into());
+            let dk = g.k;
+            let _ = writeln!(
+                decls,
+                // 32 bits of each end: a flag tensor holds fewer than 2^31 flags,
+                // and a false mismatch only repeats a wait that passes.
+                "{indent}int tf_kw{n}_lo = -1, tf_kw{n}_hi = -1;"
+            );
+            let _ = write!(
+                test,
+                "{indent}{{  // {at}\n\
+                 {indent}  [[maybe_unused]] const long long tb{dk} = (long long)({kt}) * {bk};\n\
+                 {indent}  const long long tf_lo = {lo}, tf_hi = {hi};\n\
+                 {indent}  if (!{failed} && ((int)tf_lo != tf_kw{n}_lo || (int)tf_hi != tf_kw{n}_hi)) {{\n\
+                 {indent}    for (long long tf_i = tf_lo; tf_i < tf_hi && !{failed}; ++tf_i)\n\
+                 {indent}      {failed} = !tf_wait_flag_at({flags}, tf_i, {value}, tf_timeout_ns, tf_st, {site});\n\
+                 {indent}    tf_kw{n}_lo = (int)tf_lo; tf_kw{n}_hi = (int)tf_hi;\n\
+                 {indent}    {after}\n\
+                 {indent}  }}\n\
+                 {indent}}}\n"
+            );
+        }
+        Ok((decls, test))
     }
 
     /// Binds a tile `let`: its expression with the current values of the other
@@ -670,4 +745,15 @@ impl<'a> Emitter<'a> {
 /// the code after it is not commented out.
 pub(crate) fn one_line(at: &str) -> String {
     at.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// See [`Emitter::wait_parts`].
+struct WaitParts {
+    /// The statement's source, on one line.
+    at: String,
+    flags: String,
+    lo: String,
+    end: Option<String>,
+    value: String,
+    site: String,
 }

@@ -128,17 +128,22 @@ __device__ __forceinline__ tf_u32 tf_ld_acquire_sys(const tf_u32* p) {
 }
 __device__ __forceinline__ void tf_nanosleep(tf_u32 ns) { asm volatile("nanosleep.u32 %0;" :: "r"(ns)); }
 
-__device__ __noinline__ void tf_record(tf_status* st, tf_u64 code, tf_u64 site, long long index, long long expected, long long seen) {
+__device__ __forceinline__ void tf_record_at(tf_status* st, tf_u64 code, tf_u64 site, long long index, long long expected, long long seen) {
   tf_u64 old;
   asm volatile("atom.global.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(&st->code), "l"(0ull), "l"(code) : "memory");
   if (old == 0ull) { st->site = site; st->index = index; st->expected = expected; st->seen = seen; }
 }
+__device__ __noinline__ void tf_record(tf_status* st, tf_u64 code, tf_u64 site, long long index, long long expected, long long seen) {
+  tf_record_at(st, code, site, index, expected, seen);
+}
 
 // Spins (one thread) until flags[idx] >= value. Bounded: after timeout_ns it records
 // which flag it waited for and returns false, so the program can stop instead of hanging.
-__device__ __noinline__ bool tf_wait_flag(const tf_u32* flags, long long n, long long idx, long long value,
-                                          tf_u64 timeout_ns, tf_status* st, tf_u64 site) {
-  if (idx < 0 || idx >= n) { tf_record(st, 2ull, site, idx, n, 0); return false; }
+// Inlined where a call would cost registers (a wait inside a K loop, whose live
+// values the call would spill); `tf_wait_flag` is the same as a function.
+__device__ __forceinline__ bool tf_wait_flag_at(const tf_u32* flags, long long n, long long idx, long long value,
+                                               tf_u64 timeout_ns, tf_status* st, tf_u64 site) {
+  if (idx < 0 || idx >= n) { tf_record_at(st, 2ull, site, idx, n, 0); return false; }
   tf_u32 v = tf_ld_acquire_sys(flags + idx);
   if ((long long)v >= value) return true;
   const tf_u64 t0 = tf_globaltimer();
@@ -148,7 +153,11 @@ __device__ __noinline__ bool tf_wait_flag(const tf_u32* flags, long long n, long
     if (ns < 2048) ns *= 2;
     v = tf_ld_acquire_sys(flags + idx);
     if ((long long)v >= value) return true;
-    if (tf_globaltimer() - t0 > timeout_ns) { tf_record(st, 1ull, site, idx, value, (long long)v); return false; }
+    if (tf_globaltimer() - t0 > timeout_ns) { tf_record_at(st, 1ull, site, idx, value, (long long)v); return false; }
   }
+}
+__device__ __noinline__ bool tf_wait_flag(const tf_u32* flags, long long n, long long idx, long long value,
+                                          tf_u64 timeout_ns, tf_status* st, tf_u64 site) {
+  return tf_wait_flag_at(flags, n, idx, value, timeout_ns, st, site);
 }
 "#;

@@ -35,8 +35,26 @@ use std::time::Duration;
 /// Errors of the host copy thread (interpret mode) say this.
 const CONTEXT: &str = "AllGather (interpret mode)";
 
+/// How an [`AllGather`] cuts the peers' shards into chunks, each with its own
+/// progress flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Chunks {
+    /// Each shard in this many bands of rows, peer after peer: chunk `c` of rank
+    /// `r` is flag `r * splits + c`, so row `i` of the gathered tensor is ready
+    /// once flag `i / rows_per_chunk` is. For a GEMM of many waves, whose tiles
+    /// of a peer's rows start only after the tiles of this rank's own.
+    Rows(usize),
+    /// Every shard in this many bands of columns, band after band (band 0 of
+    /// every peer, then band 1, …): band `c` of rank `r` is flag `c * world + r`,
+    /// so element `(i, j)` is ready once flag
+    /// `j / cols_per_chunk * world + i / rows` is. For a GEMM of one wave, whose
+    /// every tile starts at once: each waits per k-tile, so all of them run on
+    /// the first columns while the later ones are in flight.
+    Cols(usize),
+}
+
 /// A reusable all-gather of `[rows, cols]` shards into a `[world × rows, cols]`
-/// tensor, with one progress flag per chunk.
+/// tensor, with one progress flag per chunk (see [`Chunks`]).
 ///
 /// ```no_run
 /// # fn main() -> tilefuse_runtime::Result<()> {
@@ -62,7 +80,8 @@ pub struct AllGather<T: Element> {
     timeout: Duration,
     rows: usize,
     cols: usize,
-    splits: usize,
+    /// With the count of chunks per shard that [`AllGather::with_chunks`] made.
+    chunks: Chunks,
     rank: usize,
     world: usize,
     epoch: u32,
@@ -70,13 +89,25 @@ pub struct AllGather<T: Element> {
 
 impl<T: Element> AllGather<T> {
     /// Plans an all-gather of `rows × cols` shards from every rank of `pg`, each
-    /// copied in `splits_per_rank` chunks. Every rank must pass the same values
-    /// (an error on every rank says which disagree).
+    /// copied in `splits_per_rank` bands of rows ([`Chunks::Rows`]). Every rank
+    /// must pass the same values (an error on every rank says which disagree).
     pub fn new(
         pg: &ProcessGroup,
         rows: usize,
         cols: usize,
         splits_per_rank: usize,
+    ) -> Result<Self> {
+        Self::with_chunks(pg, rows, cols, Chunks::Rows(splits_per_rank))
+    }
+
+    /// [`AllGather::new`] with the chunks cut as `chunks` says. Bands of columns
+    /// are `cols_per_chunk = ceil(cols / n)` wide (the last one narrower), so
+    /// there may be fewer than asked.
+    pub fn with_chunks(
+        pg: &ProcessGroup,
+        rows: usize,
+        cols: usize,
+        chunks: Chunks,
     ) -> Result<Self> {
         let ctx = "AllGather::new";
         if rows == 0 || cols == 0 {
@@ -86,14 +117,25 @@ impl<T: Element> AllGather<T> {
                 format!("a {rows}x{cols} shard is empty"),
             ));
         }
-        if splits_per_rank == 0 || rows % splits_per_rank != 0 {
-            return Err(argument(
-                ctx,
-                "splits_per_rank",
-                format!("must divide the shard's {rows} rows (got {splits_per_rank})"),
-            ));
-        }
-        let mine = format!("{rows}x{cols}/{}/{splits_per_rank}", T::DTYPE);
+        let chunks = match chunks {
+            Chunks::Rows(s) if s == 0 || rows % s != 0 => {
+                return Err(argument(
+                    ctx,
+                    "splits_per_rank",
+                    format!("must divide the shard's {rows} rows (got {s})"),
+                ))
+            }
+            Chunks::Cols(0) => {
+                return Err(argument(
+                    ctx,
+                    "chunks",
+                    "Chunks::Cols needs at least one band of columns (got 0)",
+                ))
+            }
+            Chunks::Cols(s) => Chunks::Cols(cols.div_ceil(cols.div_ceil(s.min(cols)))),
+            rows => rows,
+        };
+        let mine = format!("{rows}x{cols}/{}/{chunks:?}", T::DTYPE);
         let all = pg.all_gather_bytes("all-gather-shape", mine.as_bytes())?;
         for (r, theirs) in all.iter().enumerate() {
             if theirs != mine.as_bytes() {
@@ -101,7 +143,7 @@ impl<T: Element> AllGather<T> {
                     ctx,
                     "shard",
                     format!(
-                        "rank {} has shard {mine} (rows x cols / dtype / splits) but rank {r} has {}: every rank's shard must have the same shape, dtype and splits",
+                        "rank {} has shard {mine} (rows x cols / dtype / chunks) but rank {r} has {}: every rank's shard must have the same shape, dtype and chunks",
                         pg.rank(),
                         String::from_utf8_lossy(theirs)
                     ),
@@ -113,7 +155,7 @@ impl<T: Element> AllGather<T> {
         let gathered = sym.tensor::<T>(&[world * rows, cols])?;
         let shard = gathered.narrow(0, pg.rank() * rows, rows)?;
         let dev = pg.device();
-        let progress = Tensor::<u32>::flags(world * splits_per_rank)?;
+        let progress = Tensor::<u32>::flags(world * chunk_count(chunks))?;
         let backend = match dev.is_host() {
             true => None,
             false => Some(SideStream::new(dev, true)?),
@@ -129,7 +171,7 @@ impl<T: Element> AllGather<T> {
             timeout: pg.timeout(),
             rows,
             cols,
-            splits: splits_per_rank,
+            chunks,
             rank: pg.rank(),
             world,
             epoch: 0,
@@ -147,15 +189,63 @@ impl<T: Element> AllGather<T> {
         &self.gathered
     }
 
-    /// One flag per chunk, rank-major: chunk `c` of rank `r` is flag `r * splits + c`,
-    /// so row `i` of [`AllGather::gathered`] is ready once flag `i / rows_per_chunk`
-    /// holds the call's epoch.
+    /// One flag per chunk, laid out as [`Chunks`] says; a chunk is ready once its
+    /// flag holds the call's epoch.
     pub fn progress(&self) -> &Tensor<u32> {
         &self.progress
     }
 
+    /// How the shards are cut (with the count of chunks made).
+    pub fn chunks(&self) -> Chunks {
+        self.chunks
+    }
+
+    /// Rows of a chunk: a band's, or a whole shard's with [`Chunks::Cols`].
     pub fn rows_per_chunk(&self) -> usize {
-        self.rows / self.splits
+        match self.chunks {
+            Chunks::Rows(s) => self.rows / s,
+            Chunks::Cols(_) => self.rows,
+        }
+    }
+
+    /// Columns of a chunk (the last band may be narrower): all of them with
+    /// [`Chunks::Rows`].
+    pub fn cols_per_chunk(&self) -> usize {
+        match self.chunks {
+            Chunks::Rows(_) => self.cols,
+            Chunks::Cols(s) => self.cols.div_ceil(s),
+        }
+    }
+
+    /// The flag of chunk `c` of rank `p`'s shard.
+    fn flag_index(&self, p: usize, c: usize) -> usize {
+        flag_index(self.chunks, self.world, p, c)
+    }
+
+    /// The peers' chunks `(rank, chunk)` in the order they are copied: peer after
+    /// peer in rotation for bands of rows, band after band for bands of columns.
+    fn pieces(&self) -> Vec<(usize, usize)> {
+        let others = (1..self.world).map(|i| (self.rank + i) % self.world);
+        match self.chunks {
+            Chunks::Rows(s) => others.flat_map(|p| (0..s).map(move |c| (p, c))).collect(),
+            Chunks::Cols(s) => (0..s)
+                .flat_map(|c| others.clone().map(move |p| (p, c)))
+                .collect(),
+        }
+    }
+
+    /// Chunk `c`'s rows and columns within a shard: `(row0, rows, col0, cols)`.
+    fn chunk_rect(&self, c: usize) -> (usize, usize, usize, usize) {
+        match self.chunks {
+            Chunks::Rows(_) => {
+                let r = self.rows_per_chunk();
+                (c * r, r, 0, self.cols)
+            }
+            Chunks::Cols(_) => {
+                let w = self.cols_per_chunk();
+                (0, self.rows, c * w, w.min(self.cols - c * w))
+            }
+        }
     }
 
     /// Checks that `t` is this all-gather's shard (in symmetric memory).
@@ -193,33 +283,26 @@ impl<T: Element> AllGather<T> {
         // Every shard is written before anyone reads it.
         self.sym.device_barrier(raw, 0, epoch)?;
         let elem = std::mem::size_of::<T>();
-        let chunk_rows = self.rows_per_chunk();
-        let chunk_bytes = chunk_rows * self.cols * elem;
+        let pitch = self.cols * elem;
         let flag =
-            |p: usize, c: usize| self.progress.device_ptr() + ((p * self.splits + c) * 4) as u64;
+            |p: usize, c: usize| self.progress.device_ptr() + (self.flag_index(p, c) * 4) as u64;
         // This rank's rows are in place already.
-        for c in 0..self.splits {
+        for c in 0..chunk_count(self.chunks) {
             // SAFETY: a flag of the plain-memory progress tensor.
             unsafe { stream_ops::write_value(raw, flag(self.rank, c), epoch)? };
         }
-        for i in 1..self.world {
-            let p = (self.rank + i) % self.world;
-            let shard_off = (p * self.rows * self.cols * elem) as u64;
-            let (src, dst) = (
-                self.sym.data_ptr(p) + shard_off,
-                self.gathered.device_ptr() + shard_off,
-            );
-            for c in 0..self.splits {
-                let off = (c * chunk_bytes) as u64;
-                // SAFETY: `src + off` lies in rank p's own rows of its symmetric
-                // buffer (mapped here, alive while every rank holds its AllGather,
-                // not written by p until it passes the closing barrier), `dst + off`
-                // in the same rows of this rank's buffer; both hold `chunk_bytes`
-                // more bytes (rows is a multiple of splits).
-                unsafe { stream_ops::copy(raw, dst + off, src + off, chunk_bytes)? };
-                // SAFETY: a flag of the plain-memory progress tensor.
-                unsafe { stream_ops::write_value(raw, flag(p, c), epoch)? };
-            }
+        for (p, c) in self.pieces() {
+            let (row0, rows, col0, cols) = self.chunk_rect(c);
+            let off = (((p * self.rows + row0) * self.cols + col0) * elem) as u64;
+            let (src, dst) = (self.sym.data_ptr(p) + off, self.gathered.device_ptr() + off);
+            // SAFETY: the `rows` rows of `cols` elements, `pitch` bytes apart, from
+            // `src` lie in rank p's own rows of its symmetric buffer (mapped here,
+            // alive while every rank holds its AllGather, not written by p until it
+            // passes the closing barrier), those from `dst` in the same rows of this
+            // rank's buffer (`chunk_rect` stays inside the shard).
+            unsafe { stream_ops::copy_2d(raw, dst, pitch, src, pitch, cols * elem, rows)? };
+            // SAFETY: a flag of the plain-memory progress tensor.
+            unsafe { stream_ops::write_value(raw, flag(p, c), epoch)? };
         }
         // Peers are done reading this rank's shard once they pass this.
         self.sym.device_barrier(raw, 1, epoch)?;
@@ -264,39 +347,62 @@ impl<T: Element> AllGather<T> {
         };
         let progress = progress.clone();
         let elem = std::mem::size_of::<T>();
-        let shard_bytes = self.rows * self.cols * elem;
-        let chunk_bytes = self.rows_per_chunk() * self.cols * elem;
         let first_byte = first * elem;
-        let (rank, world, splits, timeout) = (self.rank, self.world, self.splits, self.timeout);
+        let (rank, world, chunks, timeout) = (self.rank, self.world, self.chunks, self.timeout);
+        let (shard_rows, cols) = (self.rows, self.cols);
+        // (rank, chunk, first row of the gathered tensor, rows, first column, columns)
+        let pieces: Vec<_> = self
+            .pieces()
+            .into_iter()
+            .map(|(p, c)| {
+                let (row0, rows, col0, n) = self.chunk_rect(c);
+                (p, c, p * shard_rows + row0, rows, col0, n)
+            })
+            .collect();
         let flag = move |p: usize, c: usize| -> Result<()> {
             progress
-                .store_flag(flag0 + p * splits + c, epoch)
+                .store_flag(flag0 + flag_index(chunks, world, p, c), epoch)
                 .map_err(shm_error(CONTEXT))
         };
         let copy = move || -> Result<()> {
             // Every shard is written before anyone reads it.
             pad.barrier(0, epoch, timeout)?;
-            for c in 0..splits {
+            for c in 0..chunk_count(chunks) {
                 flag(rank, c)?;
             }
-            let mut chunk = vec![0u8; chunk_bytes];
-            for i in 1..world {
-                let p = (rank + i) % world;
-                for c in 0..splits {
-                    let at = first_byte + p * shard_bytes + c * chunk_bytes;
+            let mut row = vec![0u8; cols * elem];
+            for (p, c, row0, rows, col0, n) in pieces {
+                let bytes = &mut row[..n * elem];
+                for i in row0..row0 + rows {
+                    let at = first_byte + (i * cols + col0) * elem;
                     pad.mems[p]
-                        .read_bytes(at, &mut chunk)
+                        .read_bytes(at, bytes)
                         .map_err(shm_error(CONTEXT))?;
                     pad.mems[rank]
-                        .write_bytes(at, &chunk)
+                        .write_bytes(at, bytes)
                         .map_err(shm_error(CONTEXT))?;
-                    flag(p, c)?;
                 }
+                flag(p, c)?;
             }
             // Peers are done reading this rank's shard once they pass this.
             pad.barrier(1, epoch, timeout)
         };
         self.copier = Some(std::thread::spawn(copy));
         Ok(())
+    }
+}
+
+/// Chunks per shard.
+fn chunk_count(chunks: Chunks) -> usize {
+    match chunks {
+        Chunks::Rows(s) | Chunks::Cols(s) => s,
+    }
+}
+
+/// The flag of chunk `c` of rank `p`'s shard (see [`Chunks`]).
+fn flag_index(chunks: Chunks, world: usize, p: usize, c: usize) -> usize {
+    match chunks {
+        Chunks::Rows(s) => p * s + c,
+        Chunks::Cols(_) => c * world + p,
     }
 }

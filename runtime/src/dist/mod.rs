@@ -13,7 +13,7 @@ pub mod store;
 pub(crate) mod stream_ops;
 pub mod symmetric;
 
-pub use all_gather::AllGather;
+pub use all_gather::{AllGather, Chunks};
 pub use env::DistEnv;
 pub use exchange::Exchange;
 pub use group::ProcessGroup;

@@ -637,8 +637,14 @@ impl DistributedMatmul<'_> {
                     PlanAlgorithm::AllGatherRows => GatherDim::Rows,
                     _ => GatherDim::Cols,
                 };
-                let shapes =
-                    agm::Shapes::check(pg, OP, [("d", d), ("a", a), ("b", b)], dim, o.chunks)?;
+                let shapes = agm::Shapes::check(
+                    pg,
+                    OP,
+                    [("d", d), ("a", a), ("b", b)],
+                    dim,
+                    o.chunks,
+                    None,
+                )?;
                 let ws = shapes.workspace(pg, given, o.algorithm)?;
                 let e = epi(&ws.zeros, ld_rows, ld_cols, 0)?;
                 let run = Run::AllGather(shapes.schedule([d, a, b], e, o.gemm.clone()));
