@@ -43,7 +43,7 @@ pub(crate) fn launch(
         })
         .collect();
     let options = Options {
-        wait_timeout: Duration::from_millis(status::wait_timeout_ms()),
+        wait_timeout: Duration::from_millis(status::wait_timeout_ms()?),
         threads: threads(std::env::var("TILEFUSE_INTERPRET_THREADS").ok().as_deref())?,
     };
     tilefuse_interpret::run_with(k, config, consts, &views, &scalars, &options)

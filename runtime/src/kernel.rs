@@ -594,7 +594,7 @@ pub(crate) fn launch_variant(
     let gpu = dev.gpu("launching a compiled kernel")?;
     let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&gpu.status, &gpu.stream);
     drop(guard);
-    let timeout_ns = status::wait_timeout_ms().saturating_mul(1_000_000);
+    let timeout_ns = status::wait_timeout_ms()?.saturating_mul(1_000_000);
     // TMA descriptors, passed by value (128 bytes each).
     let mut maps: Vec<cudarc::driver::sys::CUtensorMap> = Vec::new();
     for p in &v.lowered.params {

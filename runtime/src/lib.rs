@@ -21,6 +21,7 @@ pub mod kernel;
 pub mod launcher;
 pub mod libs;
 pub mod mode;
+pub mod settings;
 pub mod side_stream;
 pub mod split_tail;
 mod staging;

@@ -42,16 +42,27 @@ pub fn set_wait_timeout_ms(ms: Option<u64>) {
 }
 
 /// The wait timeout kernels are launched with: [`set_wait_timeout_ms`], else
-/// `TILEFUSE_WAIT_TIMEOUT_MS`, else 10 s.
-pub fn wait_timeout_ms() -> u64 {
+/// `TILEFUSE_WAIT_TIMEOUT_MS` (read once: positive milliseconds, at most a
+/// week), else 10 s. A value that is not such a number is an error naming the
+/// variable, at every launch.
+pub fn wait_timeout_ms() -> crate::Result<u64> {
     let o = TIMEOUT_OVERRIDE_MS.load(Ordering::Relaxed);
     if o != 0 {
-        return o;
+        return Ok(o);
     }
-    std::env::var("TILEFUSE_WAIT_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000)
+    static FROM_ENV: OnceLock<std::result::Result<u64, String>> = OnceLock::new();
+    const VAR: &str = "TILEFUSE_WAIT_TIMEOUT_MS";
+    FROM_ENV
+        .get_or_init(|| match std::env::var(VAR) {
+            Ok(v) => crate::settings::parse_millis(&v),
+            Err(_) => Ok(10_000),
+        })
+        .clone()
+        .map_err(|message| Error::Argument {
+            context: "environment".into(),
+            arg: VAR.into(),
+            message,
+        })
 }
 
 /// Reads and clears the device's status block (the stream must be synchronized).
@@ -108,7 +119,8 @@ pub(crate) fn check(dev: &Device) -> Result<()> {
                 index,
                 expected,
                 seen,
-                timeout_ms: wait_timeout_ms(),
+                // The launch that timed out read it, so it is valid.
+                timeout_ms: wait_timeout_ms().unwrap_or_default(),
             }
         }
     })

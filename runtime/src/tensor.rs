@@ -69,6 +69,26 @@ fn as_bytes_mut<T: Element>(data: &mut [T]) -> &mut [u8] {
     }
 }
 
+/// The element count of `shape`, checked: the product of its dimensions (each
+/// counted as at least 1, as the strides count them) times the element size
+/// fits an `isize`, so every stride, offset and byte count of a tensor of this
+/// shape does too. An error names `context` and `arg` otherwise.
+pub(crate) fn checked_numel<T>(context: &str, arg: &str, shape: &[usize]) -> Result<usize> {
+    let elem = std::mem::size_of::<T>();
+    let span = shape
+        .iter()
+        .try_fold(elem, |bytes, &d| bytes.checked_mul(d.max(1)));
+    match span {
+        Some(bytes) if bytes <= isize::MAX as usize => Ok(shape.iter().product()),
+        _ => Err(argument(
+            context,
+            arg,
+            format!("{shape:?} of {elem}-byte elements overflows the address space"),
+        )),
+    }
+}
+
+/// Row-major strides of `shape` (checked by [`checked_numel`]: they cannot overflow).
 fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![1isize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -85,14 +105,8 @@ impl<T: Element> Tensor<T> {
         memory: Memory,
     ) -> Result<Tensor<T>> {
         let shape = shape.as_ref();
-        let n: usize = shape.iter().product();
-        let bytes = n.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-            argument(
-                "Tensor allocation",
-                "shape",
-                format!("{shape:?} overflows the address space"),
-            )
-        })?;
+        let bytes =
+            checked_numel::<T>("Tensor allocation", "shape", shape)? * std::mem::size_of::<T>();
         Ok(Tensor {
             buf: Arc::new(Buffer::alloc(device, bytes, memory)?),
             offset: 0,
@@ -151,7 +165,7 @@ impl<T: Element> Tensor<T> {
     /// A tensor filled with `value`, on the current device.
     pub fn full(shape: impl AsRef<[usize]>, value: T) -> Result<Tensor<T>> {
         let shape = shape.as_ref();
-        let n: usize = shape.iter().product();
+        let n = checked_numel::<T>("Tensor::full", "shape", shape)?;
         Tensor::from_slice(&vec![value; n], shape)
     }
 
@@ -167,7 +181,7 @@ impl<T: Element> Tensor<T> {
         shape: impl AsRef<[usize]>,
     ) -> Result<Tensor<T>> {
         let shape = shape.as_ref();
-        let n: usize = shape.iter().product();
+        let n = checked_numel::<T>("Tensor::from_slice", "shape", shape)?;
         if data.len() != n {
             return Err(argument(
                 "Tensor::from_slice",
@@ -423,7 +437,8 @@ impl<T: Element> Tensor<T> {
     /// must be contiguous and `shape` hold as many elements).
     pub fn reshape(&self, shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
         let shape = shape.as_ref();
-        if !self.is_contiguous() || shape.iter().product::<usize>() != self.numel() {
+        let n = checked_numel::<T>("Tensor::reshape", "shape", shape)?;
+        if !self.is_contiguous() || n != self.numel() {
             return Err(argument(
                 "Tensor::reshape",
                 "shape",
@@ -461,13 +476,13 @@ impl<T: Element> Tensor<T> {
 
     /// The view of `len` indices of dimension `dim` starting at `start`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor<T>> {
-        if dim >= self.rank() || start + len > self.shape[dim] {
+        let end = start.checked_add(len);
+        if dim >= self.rank() || end.is_none_or(|e| e > self.shape[dim]) {
             return Err(argument(
                 "Tensor::narrow",
                 "dim/start/len",
                 format!(
-                    "[{start}, {}) along dimension {dim} is outside shape {:?}",
-                    start + len,
+                    "{len} indices from {start} along dimension {dim} are outside shape {:?}",
                     self.shape
                 ),
             ));

@@ -302,3 +302,80 @@ fn bad_arguments_print_the_usage() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("could not start"));
 }
+
+/// A cluster's preemption notice (USR1) reaches every rank, which goes on: a
+/// rank that traps it writes a checkpoint marker and ends normally, and the
+/// launcher ends with success, not stopping anyone.
+#[test]
+fn usr1_reaches_every_rank_and_the_ranks_go_on() {
+    let dir = scratch("usr1");
+    let script = format!(
+        "trap 'echo got > {d}/usr1$RANK; exit 0' USR1; echo $$ > {d}/pid$RANK; while :; do sleep 0.05; done",
+        d = dir.display()
+    );
+    let mut launcher = Command::new(LAUNCHER)
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    pids(&dir, 2);
+    // SAFETY: signals the launcher we started.
+    unsafe { libc::kill(launcher.id() as i32, libc::SIGUSR1) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "launcher did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    for r in 0..2 {
+        assert!(
+            dir.join(format!("usr1{r}")).exists(),
+            "rank {r} did not get USR1"
+        );
+    }
+}
+
+/// OMP_NUM_THREADS is 1 in every rank unless the user set it, as torchrun does.
+#[test]
+fn omp_num_threads_defaults_to_one() {
+    let run = |omp: Option<&str>| {
+        let mut cmd = Command::new(LAUNCHER);
+        cmd.args(["--nproc-per-node", "2", "--master-port", "0"])
+            .args(["sh", "-c", "echo omp=$OMP_NUM_THREADS"]);
+        match omp {
+            Some(v) => cmd.env("OMP_NUM_THREADS", v),
+            None => cmd.env_remove("OMP_NUM_THREADS"),
+        };
+        cmd.output().expect("running tilefuse-run")
+    };
+    let out = run(None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).matches("omp=1").count(),
+        2,
+        "{}",
+        text(&out.stdout)
+    );
+    let set = run(Some("4"));
+    assert_eq!(
+        text(&set.stdout).matches("omp=4").count(),
+        2,
+        "{}",
+        text(&set.stdout)
+    );
+}

@@ -53,26 +53,19 @@ impl Effort {
     }
 
     /// The wall-clock budget of one tuning run: `TILEFUSE_AUTOTUNE_BUDGET_S`
-    /// (seconds, positive) where set, else the level's. A value that is not a
-    /// positive number is an error naming the variable, not silently ignored.
+    /// (seconds, positive, at most a week) where set, else the level's. A value
+    /// that is not a positive number is an error naming the variable, not
+    /// silently ignored.
     pub fn budget(self) -> Result<Duration> {
-        if let Ok(v) = std::env::var("TILEFUSE_AUTOTUNE_BUDGET_S") {
-            return v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| Error::Argument {
-                    context: "environment".into(),
-                    arg: "TILEFUSE_AUTOTUNE_BUDGET_S".into(),
-                    message: format!("`{v}`: expected a positive number of seconds"),
-                });
-        }
-        Ok(match self {
+        let level = match self {
             Effort::Full => Duration::from_secs(300),
             _ => Duration::from_secs(20),
-        })
+        };
+        crate::settings::from_env(
+            "TILEFUSE_AUTOTUNE_BUDGET_S",
+            level,
+            crate::settings::parse_seconds,
+        )
     }
 
     fn parse(v: &str) -> Option<Effort> {

@@ -78,15 +78,22 @@ impl Exchange {
     /// Allocates `data_bytes` of regions and `flag_slots` flags on every rank of
     /// `pg` (collective: every rank passes the same sizes). One node only.
     pub fn new(pg: &ProcessGroup, data_bytes: usize, flag_slots: usize) -> Result<Exchange> {
-        let data_bytes = data_bytes.div_ceil(256) * 256;
         // Flags: the barrier's slots of parity 0 (one per rank), the caller's
         // slots, then the barrier's of parity 1, so that what a call clears
         // (the caller's and one parity's) is contiguous.
         let world = pg.world_size();
-        let sym = Arc::new(SymmetricMemory::alloc(
-            pg,
-            data_bytes + (flag_slots + 2 * world) * 4,
-        )?);
+        let sizes = data_bytes.checked_next_multiple_of(256).and_then(|d| {
+            let flags = flag_slots.checked_add(2 * world)?.checked_mul(4)?;
+            Some((d, d.checked_add(flags)?))
+        });
+        let Some((data_bytes, total)) = sizes.filter(|&(_, t)| t <= isize::MAX as usize) else {
+            return Err(argument(
+                "Exchange::new",
+                "data_bytes/flag_slots",
+                format!("{data_bytes} bytes and {flag_slots} flags overflow the address space"),
+            ));
+        };
+        let sym = Arc::new(SymmetricMemory::alloc(pg, total)?);
         let backend = Backend::new(&sym, pg.timeout())?;
         Ok(Exchange {
             sym,
@@ -119,8 +126,12 @@ impl Exchange {
 
     /// This rank's region at `byte_offset` as a contiguous tensor of `shape`.
     pub fn data<T: Element>(&self, byte_offset: usize, shape: &[usize]) -> Result<Tensor<T>> {
-        let need = shape.iter().product::<usize>() * std::mem::size_of::<T>();
-        if byte_offset + need > self.data_bytes {
+        let need = crate::tensor::checked_numel::<T>("Exchange::data", "shape", shape)?
+            * std::mem::size_of::<T>();
+        if byte_offset
+            .checked_add(need)
+            .is_none_or(|e| e > self.data_bytes)
+        {
             return Err(argument(
                 "Exchange::data",
                 "byte_offset/shape",
@@ -151,7 +162,8 @@ impl Exchange {
 
     /// This rank's flags `first .. first + len`, for kernels that `wait` on them.
     pub fn flags(&self, first: usize, len: usize) -> Result<Tensor<u32>> {
-        self.check_slot("Exchange::flags", first + len.max(1) - 1)?;
+        let last = first.saturating_add(len.max(1) - 1);
+        self.check_slot("Exchange::flags", last)?;
         self.sym
             .tensor_at(self.data_bytes + (self.world + first) * 4, &[len])
     }
@@ -325,8 +337,13 @@ impl Exchange {
                 format!("{row_elems} is shorter than a row of {cols}"),
             ));
         }
-        let end = byte_offset + ((rows - 1) * row_elems + cols) * elem;
-        if end > self.data_bytes {
+        // Checked: a huge pitch or offset must not wrap into the region.
+        let end = (rows - 1)
+            .checked_mul(row_elems)
+            .and_then(|x| x.checked_add(cols))
+            .and_then(|x| x.checked_mul(elem))
+            .and_then(|x| x.checked_add(byte_offset));
+        if end.is_none_or(|e| e > self.data_bytes) {
             return Err(argument(
                 ctx,
                 "byte_offset",

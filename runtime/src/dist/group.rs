@@ -11,14 +11,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long rendezvous and cross-rank waits take before they fail:
-/// `TILEFUSE_DIST_TIMEOUT_S`, default 120 s.
-pub fn default_timeout() -> Duration {
-    let s = std::env::var("TILEFUSE_DIST_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(120.0);
-    Duration::from_secs_f64(s)
+/// `TILEFUSE_DIST_TIMEOUT_S` (positive seconds, at most a week), default 120 s.
+pub fn default_timeout() -> crate::Result<Duration> {
+    crate::settings::from_env(
+        "TILEFUSE_DIST_TIMEOUT_S",
+        Duration::from_secs(120),
+        crate::settings::parse_seconds,
+    )
 }
 
 /// The ranks of one job, as seen from one of them.
@@ -47,7 +46,7 @@ impl ProcessGroup {
     /// Joins the job described by the launcher's environment ([`DistEnv::from_env`]),
     /// waiting at most [`default_timeout`] for every rank.
     pub fn init() -> Result<ProcessGroup> {
-        ProcessGroup::init_with(DistEnv::from_env()?, default_timeout())
+        ProcessGroup::init_with(DistEnv::from_env()?, default_timeout()?)
     }
 
     /// Joins the job `env` describes. Rank 0 hosts the store; everyone connects,

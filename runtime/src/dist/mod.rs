@@ -16,7 +16,7 @@ pub mod symmetric;
 pub use all_gather::{AllGather, Chunks};
 pub use env::DistEnv;
 pub use exchange::Exchange;
-pub use group::ProcessGroup;
+pub use group::{default_timeout, ProcessGroup};
 pub use nccl::Nccl;
 pub use store::{Store, StoreServer};
 pub use symmetric::SymmetricMemory;

@@ -12,7 +12,7 @@ use crate::error::{argument, Error, Result};
 use crate::tensor::Tensor;
 use cudarc::nccl::{result as nc, sys as ncs};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tilefuse_codegen::DType;
@@ -20,7 +20,9 @@ use tilefuse_codegen::DType;
 /// A communicator over every rank of a process group, on each rank's launch stream.
 pub struct Nccl {
     /// Null in interpret mode.
-    comm: ncs::ncclComm_t,
+    /// Null in interpret mode, and once aborted or destroyed: whoever swaps the
+    /// pointer out frees the communicator, so abort and drop cannot both.
+    comm: AtomicPtr<ncs::ncclComm>,
     rank: usize,
     world: usize,
     dev: Arc<Device>,
@@ -48,9 +50,13 @@ impl Drop for Nccl {
         if self.host.is_some() {
             return;
         }
-        // SAFETY: the communicator is live and dropped once; destroy waits for its
-        // queued work (abort is for a failed peer: see `Nccl::abort`).
-        let _ = unsafe { nc::comm_destroy(self.comm) };
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if comm.is_null() {
+            return; // aborted: freed already
+        }
+        // SAFETY: the communicator is live (not swapped out by `abort`) and this is
+        // its last use; destroy waits for its queued work.
+        let _ = unsafe { nc::comm_destroy(comm) };
     }
 }
 
@@ -98,7 +104,7 @@ impl Nccl {
             comm.assume_init()
         };
         Ok(Nccl {
-            comm,
+            comm: AtomicPtr::new(comm),
             rank,
             world,
             dev: dev.clone(),
@@ -115,7 +121,7 @@ impl Nccl {
         world: usize,
     ) -> Nccl {
         Nccl {
-            comm: std::ptr::null_mut(),
+            comm: AtomicPtr::new(std::ptr::null_mut()),
             rank,
             world,
             dev: dev.clone(),
@@ -227,7 +233,7 @@ impl Nccl {
                 out.device_ptr() as *mut c_void,
                 send.numel(),
                 nccl_type(ctx, T::DTYPE)?,
-                self.comm,
+                self.live(ctx)?,
                 self.dev.stream()?.cu_stream() as _,
             )
         }
@@ -258,7 +264,7 @@ impl Nccl {
                 out.numel(),
                 nccl_type(ctx, T::DTYPE)?,
                 ncs::ncclRedOp_t::ncclSum,
-                self.comm,
+                self.live(ctx)?,
                 self.dev.stream()?.cu_stream() as _,
             )
         }
@@ -288,7 +294,7 @@ impl Nccl {
                 send.numel(),
                 nccl_type(ctx, T::DTYPE)?,
                 ncs::ncclRedOp_t::ncclSum,
-                self.comm,
+                self.live(ctx)?,
                 self.dev.stream()?.cu_stream() as _,
             )
         }
@@ -297,12 +303,30 @@ impl Nccl {
     }
 
     /// Aborts the communicator (pending collectives give up), after a peer failed.
+    /// Later collectives are errors; dropping it then frees nothing more.
     pub fn abort(&self) {
         if self.host.is_some() {
             return; // host collectives time out on their own
         }
-        // SAFETY: the communicator is live; abort may be called while work is queued.
-        let _ = unsafe { nc::comm_abort(self.comm) };
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if comm.is_null() {
+            return; // aborted before
+        }
+        // SAFETY: the communicator was live and is now unreachable from `self`
+        // (swapped out), so it is freed once; abort may run with work queued.
+        let _ = unsafe { nc::comm_abort(comm) };
+    }
+
+    /// The communicator, or an error once it was aborted.
+    fn live(&self, ctx: &str) -> Result<ncs::ncclComm_t> {
+        let comm = self.comm.load(Ordering::Acquire);
+        if comm.is_null() {
+            return Err(Error::Distributed {
+                context: ctx.into(),
+                message: "the NCCL communicator was aborted after a peer failed; make a new process group".into(),
+            });
+        }
+        Ok(comm)
     }
 }
 

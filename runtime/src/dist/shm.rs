@@ -6,6 +6,7 @@
 use crate::error::{Error, Result};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,10 +61,13 @@ pub(crate) fn new_path(rank: usize) -> PathBuf {
 /// Maps `bytes` of the file at `path`, creating it (zeroed) when `create`.
 pub(crate) fn map(path: &Path, bytes: usize, create: bool) -> Result<Arc<HostMemory>> {
     let len = bytes.max(8);
+    // Only this user's processes (the job's ranks) may open it: another user's
+    // could read the buffers, or write into them.
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(create)
+        .mode(0o600)
         .open(path)
         .map_err(|e| shm_error(format!("opening {}", path.display()), e))?;
     if create {
@@ -110,4 +114,23 @@ pub(crate) fn map(path: &Path, bytes: usize, create: bool) -> Result<Arc<HostMem
     // SAFETY: a page-aligned mapping of `len` bytes that `mapping` keeps until it
     // drops with the `HostMemory`; every rank accesses it through `HostMemory`.
     Ok(unsafe { HostMemory::from_raw(ptr, len, Box::new(mapping)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_new_buffer_file_is_the_users_alone() {
+        let path = new_path(0);
+        let mem = map(&path, 64, true).expect("a new mapping");
+        let mode = std::fs::metadata(&path)
+            .expect("the file")
+            .permissions()
+            .mode();
+        let _ = std::fs::remove_file(&path);
+        drop(mem);
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    }
 }

@@ -213,8 +213,9 @@ impl SymmetricMemory {
     /// (it must fit, at an offset aligned to the element size).
     pub fn tensor_at<T: Element>(&self, byte_offset: usize, shape: &[usize]) -> Result<Tensor<T>> {
         let elem = std::mem::size_of::<T>();
-        let need = shape.iter().product::<usize>() * elem;
-        if byte_offset % elem != 0 || byte_offset + need > self.bytes {
+        let need =
+            crate::tensor::checked_numel::<T>("SymmetricMemory::tensor_at", "shape", shape)? * elem;
+        if byte_offset % elem != 0 || byte_offset.checked_add(need).is_none_or(|e| e > self.bytes) {
             return Err(argument(
                 "SymmetricMemory::tensor_at",
                 "byte_offset/shape",

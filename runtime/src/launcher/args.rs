@@ -98,11 +98,13 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Option<LaunchAr
                 })?
             }
             "--grace-period-s" => {
+                // At most a week: longer ones overflow the deadline arithmetic.
                 a.grace_period_s = value
                     .parse::<f64>()
                     .ok()
                     .filter(|g| g.is_finite() && *g >= 0.0)
                     .ok_or_else(|| format!("`{name}` must be a number of seconds, got `{value}`"))?
+                    .min(crate::settings::LONGEST.as_secs_f64())
             }
             _ => return Err(format!("unknown option `{name}`")),
         }

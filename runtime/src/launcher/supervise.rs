@@ -58,6 +58,9 @@ fn signal_name(s: i32) -> &'static str {
         libc::SIGBUS => "SIGBUS",
         libc::SIGFPE => "SIGFPE",
         libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
         _ => "signal",
     }
 }
@@ -146,10 +149,27 @@ pub fn reserve_store_port(a: &LaunchArgs) -> std::io::Result<StorePort> {
 pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Outcome> {
     let port = store.port;
     let store_fd = store.listener.as_ref().map(|l| l.as_raw_fd());
-    // Signals to pass on: the handler only records the last one.
+    // Signals to pass on: the handler only records the last one. USR1 and USR2
+    // (a cluster's notice of preemption) are passed on and the ranks go on;
+    // the others stop them.
     let got = Arc::new(AtomicUsize::new(0));
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
         signal_hook::flag::register_usize(sig, got.clone(), sig as usize)?;
+    }
+    // As torchrun: one thread per rank unless the user says otherwise, so that
+    // several CPU ranks (interpret mode) do not oversubscribe the cores.
+    let omp_default = std::env::var_os("OMP_NUM_THREADS").is_none() && nproc > 1;
+    if omp_default {
+        eprintln!(
+            "tilefuse-run: setting OMP_NUM_THREADS=1 for each rank (set it to choose another value)"
+        );
     }
     let world = a.nnodes * nproc;
     let mut ranks = Vec::with_capacity(nproc);
@@ -166,6 +186,7 @@ pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Ou
             .env("MASTER_ADDR", &a.master_addr)
             .env("MASTER_PORT", port.to_string())
             .stdin(Stdio::null())
+            .envs(omp_default.then_some(("OMP_NUM_THREADS", "1")))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
@@ -238,7 +259,11 @@ pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Ou
             break;
         }
         let sig = got.swap(0, Ordering::Relaxed) as i32;
-        if sig != 0 {
+        if sig == libc::SIGUSR1 || sig == libc::SIGUSR2 {
+            for r in &ranks {
+                signal_group(r, sig);
+            }
+        } else if sig != 0 {
             interrupted.get_or_insert(sig);
             for r in &ranks {
                 signal_group(r, sig);
