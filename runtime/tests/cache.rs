@@ -49,7 +49,9 @@ fn a_corrupt_entry_or_one_for_another_key_is_ignored() {
     let mut bytes = encode("k", b"0123456789");
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
-    assert!(decode(&bytes, "k").unwrap_err().contains("checksum"));
+    assert!(decode(&bytes, "k")
+        .unwrap_err()
+        .contains("SHA-256 mismatch"));
     let e = decode(&encode("k", b"x"), "j").unwrap_err();
     assert!(e.contains("another key"), "{e}");
     assert!(decode(b"garbage", "k").is_err());

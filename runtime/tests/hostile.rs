@@ -93,3 +93,116 @@ fn huge_timeouts_clamp_and_bad_ones_are_refused() {
         "{e}"
     );
 }
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tilefuse-hostile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The cache folder is made 0700; one that others may write is refused (a
+/// cubin planted there would run in the process): nothing is read from it or
+/// written to it, and the run goes on.
+#[test]
+fn a_cache_folder_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    use tilefuse_runtime::cache::disk::DiskCache;
+    let root = scratch("cache-mode");
+    let c = DiskCache::new(root.join("cubins"));
+    c.put("k", b"payload");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(c.dir()), 0o700);
+    assert_eq!(c.get("k").as_deref(), Some(&b"payload"[..]));
+    // Someone opens the folder to everyone and plants a valid entry.
+    std::fs::set_permissions(c.dir(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let forged = tilefuse_runtime::cache::disk::encode("j", b"not a cubin of ours");
+    let fresh = DiskCache::new(c.dir().to_path_buf());
+    std::fs::write(fresh.path_of("j"), forged).unwrap();
+    assert_eq!(
+        fresh.get("j"),
+        None,
+        "an entry read from a folder others write"
+    );
+    assert_eq!(fresh.get("k"), None);
+    fresh.put("x", b"y");
+    assert!(
+        !fresh.path_of("x").exists(),
+        "an entry written into a folder others write"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A link planted at an entry's name (or anywhere a writer might write) is
+/// replaced, never written through; a crashed writer's stale temporary file goes.
+#[test]
+fn a_link_planted_at_an_entry_is_not_followed() {
+    use tilefuse_runtime::cache::disk::DiskCache;
+    let root = scratch("cache-link");
+    let c = DiskCache::new(root.join("tuned"));
+    c.put("warm-up", b"x"); // makes the folder
+    let victim = root.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, c.path_of("k")).unwrap();
+    c.put("k", b"payload");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(!std::fs::symlink_metadata(c.path_of("k"))
+        .unwrap()
+        .is_symlink());
+    assert_eq!(c.get("k").as_deref(), Some(&b"payload"[..]));
+    // A temporary file two hours old: removed when a process next opens the folder.
+    let stale = c.dir().join(".tmpcrashed.tmp");
+    std::fs::write(&stale, b"half an entry").unwrap();
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+    let again = DiskCache::new(c.dir().to_path_buf());
+    assert_eq!(again.get("k").as_deref(), Some(&b"payload"[..]));
+    assert!(!stale.exists(), "a stale temporary file was left");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A stranger's frames and connections cost the store nothing lasting: a frame
+/// that claims 60 MiB and sends nothing, garbage, and 3000 short connections
+/// leave the descriptor count where it was, and the ranks' store keeps serving.
+#[test]
+fn strangers_connections_are_released_and_the_store_goes_on() {
+    use std::io::Write;
+    use std::net::{Ipv4Addr, TcpStream};
+    use std::time::Duration;
+    use tilefuse_runtime::dist::store::{Store, StoreServer};
+    let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let server = StoreServer::start(Ipv4Addr::LOCALHOST.into(), 0).expect("a store");
+    let port = server.port();
+    let rank = Store::connect("127.0.0.1", port, 1, Duration::from_secs(5)).expect("a rank");
+    rank.set("k", b"v").unwrap();
+    let before = fds();
+    // A huge field length, then nothing; then garbage.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(&[1u8]).unwrap();
+    s.write_all(&(60u32 << 20).to_le_bytes()).unwrap();
+    drop(s);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(&[0xff; 64]).unwrap();
+    drop(s);
+    for _ in 0..3000 {
+        drop(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    }
+    // The server's threads notice the closes; give them a moment.
+    let t = std::time::Instant::now();
+    while fds() > before + 16 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        fds() <= before + 16,
+        "{} descriptors, {before} before",
+        fds()
+    );
+    assert_eq!(
+        rank.get("k", Duration::from_secs(5), "a key").unwrap(),
+        b"v"
+    );
+}

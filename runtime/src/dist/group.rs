@@ -54,7 +54,8 @@ impl ProcessGroup {
     /// that never arrived).
     pub fn init_with(env: DistEnv, timeout: Duration) -> Result<ProcessGroup> {
         let server = if env.rank == 0 {
-            Some(StoreServer::start(env.master_port)?)
+            let ip = super::store::bind_address(&env.master_addr, env.single_node())?;
+            Some(StoreServer::start(ip, env.master_port)?)
         } else {
             None
         };

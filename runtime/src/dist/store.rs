@@ -6,6 +6,18 @@
 //! Wire format, little-endian: a request is `op: u8, key: u32 len + bytes,
 //! value: u32 len + bytes, timeout_ms: u64`; a reply is `status: u8` (0 ok,
 //! 1 timed out) and `u32 len + bytes`.
+//!
+//! Trust model (as torch's `TCPStore`): whoever can connect can read and set
+//! every key, and the keys steer the job (barriers, the NCCL id, IPC handles,
+//! tuned configs). So a job of one node listens on loopback only
+//! ([`bind_address`]): only processes of this machine reach it. A job of several
+//! nodes listens on the interface `MASTER_ADDR` names, and its network must be
+//! one only the job's nodes reach (a cluster's private network), as for
+//! PyTorch: there is no authentication yet. Against a stranger that does
+//! connect, the server bounds what it costs: a field's length allocates nothing
+//! before its bytes arrive (at most 64 MiB), a connection must send its first
+//! request within 30 s, at most 4096 are served at once, a closed one releases
+//! its descriptor and thread, and accept errors back off.
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -22,13 +34,39 @@ const OP_CHECK: u8 = 4;
 const LINGER: Duration = Duration::from_secs(5);
 /// Keys and values are small (ids, handles, shapes); this bounds a bad peer.
 const MAX_LEN: u32 = 64 << 20;
+/// Connections served at once (more are closed at once): far above what the
+/// ranks of a job open, far below the process's descriptors.
+const MAX_CONNECTIONS: usize = 4096;
+/// A connection must send its first request within this (a rank does so at
+/// once; a stranger's idle connection is closed).
+const FIRST_REQUEST: Duration = Duration::from_secs(30);
+
+/// Where a store listens: loopback when every rank is on this node (nobody
+/// else can reach it), else the address `master_addr` names (the interface the
+/// other nodes use), not every interface.
+pub fn bind_address(master_addr: &str, single_node: bool) -> Result<std::net::IpAddr> {
+    use std::net::{IpAddr, Ipv4Addr};
+    if single_node {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    (master_addr, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip())
+        .ok_or_else(|| Error::Store {
+            addr: master_addr.into(),
+            message: "MASTER_ADDR does not resolve to an address of this node to listen on".into(),
+        })
+}
 
 #[derive(Default)]
 struct State {
     map: Mutex<HashMap<String, Vec<u8>>>,
     changed: Condvar,
-    /// Open connections, shut down when the server is dropped.
-    conns: Mutex<Vec<TcpStream>>,
+    /// Open connections by number, shut down when the server is dropped; each
+    /// leaves when it closes.
+    conns: Mutex<HashMap<u64, TcpStream>>,
     /// Connections still being served (their ranks have not closed them).
     live: std::sync::atomic::AtomicUsize,
     /// Of those, the ones blocked on a key missing since their last look
@@ -45,6 +83,7 @@ struct State {
 /// last barrier's outcome when rank 0 is done. Then it closes every
 /// connection, as the end of rank 0's process would.
 pub struct StoreServer {
+    ip: std::net::IpAddr,
     port: u16,
     state: Arc<State>,
 }
@@ -64,12 +103,12 @@ impl Drop for StoreServer {
             .conns
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
+            .drain()
         {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+            let _ = c.1.shutdown(std::net::Shutdown::Both);
         }
         // Wake the accept loop so it sees `closed`.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        let _ = TcpStream::connect((self.ip, self.port));
         self.state.changed.notify_all();
     }
 }
@@ -106,47 +145,32 @@ fn inherited_listener(port: u16) -> Option<TcpListener> {
 }
 
 impl StoreServer {
-    /// Listens on all interfaces at `port` (0: any free port). Under `tilefuse-run`,
-    /// rank 0 takes the socket the launcher already bound ([`STORE_FD_ENV`]).
-    pub fn start(port: u16) -> Result<StoreServer> {
+    /// Listens on `ip` at `port` (0: any free port; see [`bind_address`]). Under
+    /// `tilefuse-run`, rank 0 takes the socket the launcher already bound
+    /// ([`STORE_FD_ENV`]).
+    pub fn start(ip: std::net::IpAddr, port: u16) -> Result<StoreServer> {
         let listener = match inherited_listener(port) {
             Some(l) => l,
-            None => TcpListener::bind(("0.0.0.0", port)).map_err(|e| Error::Store {
-                addr: format!("0.0.0.0:{port}"),
+            None => TcpListener::bind((ip, port)).map_err(|e| Error::Store {
+                addr: format!("{ip}:{port}"),
                 message: format!(
                     "rank 0 could not listen: {e} (is MASTER_PORT {port} taken? pick another, or 0 under tilefuse-run)"
                 ),
             })?,
         };
-        let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
+        let local = listener.local_addr().ok();
+        let port = local.map_or(port, |a| a.port());
+        let ip = local.map_or(ip, |a| a.ip());
         let state = Arc::new(State::default());
         let accepting = state.clone();
         std::thread::Builder::new()
             .name("tilefuse-store".into())
-            .spawn(move || {
-                use std::sync::atomic::Ordering;
-                for conn in listener.incoming().flatten() {
-                    if accepting.closed.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    if let Ok(c) = conn.try_clone() {
-                        accepting
-                            .conns
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(c);
-                    }
-                    let state = accepting.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("tilefuse-store-conn".into())
-                        .spawn(move || serve(conn, &state));
-                }
-            })
+            .spawn(move || accept_loop(&listener, &accepting))
             .map_err(|e| Error::Store {
-                addr: format!("0.0.0.0:{port}"),
+                addr: format!("{ip}:{port}"),
                 message: format!("could not start the store thread: {e}"),
             })?;
-        Ok(StoreServer { port, state })
+        Ok(StoreServer { ip, port, state })
     }
 
     /// The port it listens on.
@@ -161,6 +185,56 @@ fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
     Ok(u32::from_le_bytes(b))
 }
 
+/// Accepts connections until the server closes: each served on its own thread,
+/// at most [`MAX_CONNECTIONS`] at once; an accept error (descriptors run out)
+/// backs off instead of spinning.
+fn accept_loop(listener: &TcpListener, state: &Arc<State>) {
+    use std::sync::atomic::Ordering;
+    let mut next = 0u64;
+    for conn in listener.incoming() {
+        if state.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let conn = match conn {
+            Ok(c) => c,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let Ok(c) = conn.try_clone() else {
+            continue;
+        };
+        {
+            let mut conns = state.conns.lock().unwrap_or_else(|p| p.into_inner());
+            if conns.len() >= MAX_CONNECTIONS {
+                continue; // dropped: closed at once
+            }
+            conns.insert(next, c);
+        }
+        let (id, mine) = (next, state.clone());
+        next += 1;
+        let spawned = std::thread::Builder::new()
+            .name("tilefuse-store-conn".into())
+            .spawn(move || {
+                serve(conn, &mine);
+                mine.conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+            });
+        if spawned.is_err() {
+            state
+                .conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        }
+    }
+}
+
+/// A length-prefixed field, read as its bytes arrive (a length alone allocates
+/// nothing), at most [`MAX_LEN`].
 fn read_bytes(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
     let n = read_u32(r)?;
     if n > MAX_LEN {
@@ -169,8 +243,11 @@ fn read_bytes(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
             format!("a field of {n} bytes"),
         ));
     }
-    let mut v = vec![0u8; n as usize];
-    r.read_exact(&mut v)?;
+    let mut v = Vec::new();
+    r.by_ref().take(u64::from(n)).read_to_end(&mut v)?;
+    if v.len() != n as usize {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(v)
 }
 
@@ -199,21 +276,28 @@ fn awake(state: &State) {
 fn serve_requests(conn: TcpStream, state: &State) {
     use std::sync::atomic::Ordering::SeqCst;
     let _ = conn.set_nodelay(true);
+    // The first request must come soon; a rank's later ones may be far apart.
+    let _ = conn.set_read_timeout(Some(FIRST_REQUEST));
     let Ok(read_half) = conn.try_clone() else {
         return;
     };
     let (mut r, mut w) = (BufReader::new(read_half), BufWriter::new(conn));
+    let mut first = true;
     loop {
         let mut op = [0u8; 1];
         if r.read_exact(&mut op).is_err() {
             return;
         }
+
         let (Ok(key), Ok(value)) = (read_bytes(&mut r), read_bytes(&mut r)) else {
             return;
         };
         let mut t = [0u8; 8];
         if r.read_exact(&mut t).is_err() {
             return;
+        }
+        if std::mem::take(&mut first) {
+            let _ = r.get_ref().set_read_timeout(None);
         }
         let timeout = Duration::from_millis(u64::from_le_bytes(t));
         let key = String::from_utf8_lossy(&key).into_owned();
@@ -437,7 +521,7 @@ mod tests {
     use super::*;
 
     fn pair() -> (StoreServer, Store, Store) {
-        let s = StoreServer::start(0).unwrap();
+        let s = StoreServer::start(std::net::Ipv4Addr::LOCALHOST.into(), 0).unwrap();
         let t = Duration::from_secs(5);
         let a = Store::connect("127.0.0.1", s.port(), 0, t).unwrap();
         let b = Store::connect("127.0.0.1", s.port(), 1, t).unwrap();

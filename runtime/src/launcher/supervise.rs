@@ -129,7 +129,10 @@ pub fn reserve_store_port(a: &LaunchArgs) -> std::io::Result<StorePort> {
             listener: None,
         });
     }
-    let listener = TcpListener::bind(("0.0.0.0", a.master_port)).map_err(|e| {
+    // Where rank 0's store will listen: loopback for a job of one node.
+    let ip = crate::dist::store::bind_address(&a.master_addr, a.nnodes == 1)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let listener = TcpListener::bind((ip, a.master_port)).map_err(|e| {
         std::io::Error::new(
             e.kind(),
             format!(
