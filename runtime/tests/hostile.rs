@@ -175,9 +175,10 @@ fn strangers_connections_are_released_and_the_store_goes_on() {
     use std::time::Duration;
     use tilefuse_runtime::dist::store::{Store, StoreServer};
     let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
-    let server = StoreServer::start(Ipv4Addr::LOCALHOST.into(), 0).expect("a store");
+    let server = StoreServer::start(Ipv4Addr::LOCALHOST.into(), 0, b"s3cret").expect("a store");
     let port = server.port();
-    let rank = Store::connect("127.0.0.1", port, 1, Duration::from_secs(5)).expect("a rank");
+    let rank =
+        Store::connect("127.0.0.1", port, 1, Duration::from_secs(5), b"s3cret").expect("a rank");
     rank.set("k", b"v").unwrap();
     let before = fds();
     // A huge field length, then nothing; then garbage.
@@ -205,4 +206,47 @@ fn strangers_connections_are_released_and_the_store_goes_on() {
         rank.get("k", Duration::from_secs(5), "a key").unwrap(),
         b"v"
     );
+}
+
+/// A client must open with the magic, the version and the job's secret: a
+/// stranger without it, with a wrong one, or speaking another protocol gets
+/// nothing (the connection closes) and sets nothing.
+#[test]
+fn the_store_serves_only_clients_with_the_jobs_secret() {
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, TcpStream};
+    use std::time::Duration;
+    use tilefuse_runtime::dist::store::{Store, StoreServer};
+    let t = Duration::from_secs(5);
+    let server = StoreServer::start(Ipv4Addr::LOCALHOST.into(), 0, b"right").expect("a store");
+    let port = server.port();
+    let rank = Store::connect("127.0.0.1", port, 0, t, b"right").expect("the job's rank");
+    for wrong in [&b""[..], b"wrong", b"righ", b"right!"] {
+        refused_store(Store::connect("127.0.0.1", port, 1, t, wrong));
+    }
+    // Another protocol's bytes (a set of key `k` without any hello): closed.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut frame = vec![1u8];
+    for field in [&b"k"[..], b"forged"] {
+        frame.extend((field.len() as u32).to_le_bytes());
+        frame.extend(field);
+    }
+    frame.extend(0u64.to_le_bytes());
+    let _ = s.write_all(&frame);
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    assert!(reply.len() <= 1, "{reply:?}");
+    assert!(!rank.check("k").unwrap(), "a stranger set a key");
+}
+
+#[track_caller]
+fn refused_store<T>(r: Result<T, Error>) {
+    match r {
+        Err(e @ Error::Store { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("TILEFUSE_STORE_SECRET"), "{m}");
+        }
+        Err(other) => panic!("expected a store error, got {other}"),
+        Ok(_) => panic!("a client without the secret was served"),
+    }
 }

@@ -379,3 +379,34 @@ fn omp_num_threads_defaults_to_one() {
         text(&set.stdout)
     );
 }
+
+/// Every rank of a one-node job gets the same random store secret (a new one
+/// per job); a secret the user set is passed on as it is.
+#[test]
+fn the_ranks_share_a_random_store_secret() {
+    let run = |secret: Option<&str>| {
+        let mut cmd = Command::new(LAUNCHER);
+        cmd.args(["--nproc-per-node", "2", "--master-port", "0"])
+            .args(["sh", "-c", "echo secret=$TILEFUSE_STORE_SECRET"]);
+        match secret {
+            Some(v) => cmd.env("TILEFUSE_STORE_SECRET", v),
+            None => cmd.env_remove("TILEFUSE_STORE_SECRET"),
+        };
+        let out = cmd.output().expect("running tilefuse-run");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let mut got: Vec<String> = text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once("secret=").map(|(_, s)| s.to_string()))
+            .collect();
+        got.dedup();
+        got
+    };
+    let first = run(None);
+    assert_eq!(first.len(), 1, "ranks disagree: {first:?}");
+    assert!(
+        first[0].len() == 32 && first[0].chars().all(|c| c.is_ascii_hexdigit()),
+        "{first:?}"
+    );
+    assert_ne!(run(None), first, "the same secret for two jobs");
+    assert_eq!(run(Some("mine")), vec!["mine".to_string()]);
+}

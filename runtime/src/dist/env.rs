@@ -11,7 +11,10 @@ pub struct DistEnv {
     pub local_rank: usize,
     pub local_world_size: usize,
     pub master_addr: String,
-    /// 0 when single-process without a launcher: the store picks a port.
+    /// The port of tilefuse's store: `MASTER_PORT`, but under torchrun (whose
+    /// agent hosts its own store there) `TILEFUSE_STORE_PORT`, by default
+    /// `MASTER_PORT + 1`. 0 when single-process without a launcher: the store
+    /// picks a port.
     pub master_port: u16,
 }
 
@@ -66,16 +69,29 @@ impl DistEnv {
                 message: format!("{} must be a non-negative integer, got `{v}`", VARS[i]),
             })
         };
+        let master_port: u16 = num(5)?.try_into().map_err(|_| Error::Distributed {
+            context: "reading the launcher's environment".into(),
+            message: "MASTER_PORT must be at most 65535".into(),
+        })?;
+        let store_port = match (get("TILEFUSE_STORE_PORT"), get("TORCHELASTIC_RUN_ID")) {
+            (Some(p), _) => p.trim().parse::<u16>().map_err(|_| Error::Distributed {
+                context: "reading the launcher's environment".into(),
+                message: format!("TILEFUSE_STORE_PORT must be a port number (0-65535), got `{p}`"),
+            })?,
+            // torchrun's agent listens on MASTER_PORT: the next one is ours.
+            (None, Some(_)) => master_port.checked_add(1).ok_or_else(|| Error::Distributed {
+                context: "reading the launcher's environment".into(),
+                message: "under torchrun the store takes MASTER_PORT + 1, and MASTER_PORT is 65535: set TILEFUSE_STORE_PORT".into(),
+            })?,
+            (None, None) => master_port,
+        };
         let env = DistEnv {
             rank: num(0)?,
             world_size: num(1)?,
             local_rank: num(2)?,
             local_world_size: num(3)?,
             master_addr: values[4].clone().unwrap_or_default(),
-            master_port: num(5)?.try_into().map_err(|_| Error::Distributed {
-                context: "reading the launcher's environment".into(),
-                message: "MASTER_PORT must be at most 65535".into(),
-            })?,
+            master_port: store_port,
         };
         let bad = |m: String| {
             Err(Error::Distributed {
@@ -145,6 +161,25 @@ mod tests {
         ("MASTER_ADDR", "10.0.0.1"),
         ("MASTER_PORT", "29500"),
     ];
+
+    /// Under torchrun (its agent's store is on MASTER_PORT) the store takes the
+    /// next port, or TILEFUSE_STORE_PORT.
+    #[test]
+    fn under_torchrun_the_store_takes_another_port() {
+        assert_eq!(env(&FULL).unwrap().master_port, 29500);
+        let mut v = FULL.to_vec();
+        v.push(("TORCHELASTIC_RUN_ID", "none"));
+        assert_eq!(env(&v).unwrap().master_port, 29501);
+        v.push(("TILEFUSE_STORE_PORT", "29700"));
+        assert_eq!(env(&v).unwrap().master_port, 29700);
+        v.pop();
+        v.push(("TILEFUSE_STORE_PORT", "lots"));
+        let e = env(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("TILEFUSE_STORE_PORT") && e.contains("`lots`"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn reads_torchrun_variables() {

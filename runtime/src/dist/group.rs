@@ -3,7 +3,7 @@
 
 use super::env::DistEnv;
 use super::nccl::Nccl;
-use super::store::{Store, StoreServer};
+use super::store::{secret_from_env, Store, StoreServer};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +55,7 @@ impl ProcessGroup {
     pub fn init_with(env: DistEnv, timeout: Duration) -> Result<ProcessGroup> {
         let server = if env.rank == 0 {
             let ip = super::store::bind_address(&env.master_addr, env.single_node())?;
-            Some(StoreServer::start(ip, env.master_port)?)
+            Some(StoreServer::start(ip, env.master_port, &secret_from_env())?)
         } else {
             None
         };
@@ -65,7 +65,13 @@ impl ProcessGroup {
         } else {
             env.master_addr.as_str()
         };
-        let store = Arc::new(Store::connect(host, port, env.rank, timeout)?);
+        let store = Arc::new(Store::connect(
+            host,
+            port,
+            env.rank,
+            timeout,
+            &secret_from_env(),
+        )?);
         let interpret = crate::mode::mode()? == crate::mode::Mode::Interpret;
         let gpus = if interpret {
             usize::MAX

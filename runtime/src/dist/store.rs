@@ -3,18 +3,23 @@
 //! wait for each other's. Every wait is bounded and says what it waited for; a
 //! store that goes away is an error on every rank still talking to it.
 //!
-//! Wire format, little-endian: a request is `op: u8, key: u32 len + bytes,
-//! value: u32 len + bytes, timeout_ms: u64`; a reply is `status: u8` (0 ok,
-//! 1 timed out) and `u32 len + bytes`.
+//! Wire format, little-endian: a connection opens with `HELLO` (a magic and the
+//! protocol version) and the job's secret (`u32 len + bytes`), answered by one
+//! byte (0: welcome; else the server closes). Then a request is `op: u8, key:
+//! u32 len + bytes, value: u32 len + bytes, timeout_ms: u64`; a reply is
+//! `status: u8` (0 ok, 1 timed out) and `u32 len + bytes`.
 //!
-//! Trust model (as torch's `TCPStore`): whoever can connect can read and set
-//! every key, and the keys steer the job (barriers, the NCCL id, IPC handles,
-//! tuned configs). So a job of one node listens on loopback only
-//! ([`bind_address`]): only processes of this machine reach it. A job of several
-//! nodes listens on the interface `MASTER_ADDR` names, and its network must be
-//! one only the job's nodes reach (a cluster's private network), as for
-//! PyTorch: there is no authentication yet. Against a stranger that does
-//! connect, the server bounds what it costs: a field's length allocates nothing
+//! Trust model: the keys steer the job (barriers, the NCCL id, IPC handles,
+//! tuned configs), so a client must present the job's secret first
+//! ([`SECRET_ENV`]: `tilefuse-run` makes a random one for a job of one node; a
+//! job of several nodes takes it from the environment, the same on every node,
+//! and without one accepts any client, as torch's `TCPStore` does). A job of
+//! one node also listens on loopback only ([`bind_address`]); one of several
+//! listens on the interface `MASTER_ADDR` names. What a multi-node user must
+//! still protect: the secret (it travels in clear over the network: the
+//! network between the nodes must be the cluster's own) and the environment of
+//! the job's processes. Against a stranger that connects, the server bounds
+//! what it costs: a field's length allocates nothing
 //! before its bytes arrive (at most 64 MiB), a connection must send its first
 //! request within 30 s, at most 4096 are served at once, a closed one releases
 //! its descriptor and thread, and accept errors back off.
@@ -34,6 +39,31 @@ const OP_CHECK: u8 = 4;
 const LINGER: Duration = Duration::from_secs(5);
 /// Keys and values are small (ids, handles, shapes); this bounds a bad peer.
 const MAX_LEN: u32 = 64 << 20;
+/// The first bytes of a connection: a magic and the protocol version.
+const HELLO: &[u8; 8] = b"TFSTORE\x01";
+/// The longest secret a client may present.
+const MAX_SECRET: u32 = 1024;
+
+/// The variable that holds the job's store secret: set by `tilefuse-run` (a
+/// random one for a job of one node), or by the user for several nodes (the
+/// same everywhere). Unset: the store takes any client.
+pub const SECRET_ENV: &str = "TILEFUSE_STORE_SECRET";
+
+/// The job's secret from [`SECRET_ENV`] (empty when unset).
+pub fn secret_from_env() -> Vec<u8> {
+    use std::os::unix::ffi::OsStringExt;
+    std::env::var_os(SECRET_ENV).map_or_else(Vec::new, OsStringExt::into_vec)
+}
+
+/// Equal, in a time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(a.len() ^ b.len(), |d, (x, y)| d | usize::from(x ^ y));
+    diff == 0
+}
+
 /// Connections served at once (more are closed at once): far above what the
 /// ranks of a job open, far below the process's descriptors.
 const MAX_CONNECTIONS: usize = 4096;
@@ -75,6 +105,8 @@ struct State {
     /// Bumped by every set and add, under `map`'s lock.
     generation: std::sync::atomic::AtomicU64,
     closed: std::sync::atomic::AtomicBool,
+    /// What a client must present first.
+    secret: Vec<u8>,
 }
 
 /// The serving side, run by rank 0 on its own threads. Dropping it waits (at
@@ -148,7 +180,7 @@ impl StoreServer {
     /// Listens on `ip` at `port` (0: any free port; see [`bind_address`]). Under
     /// `tilefuse-run`, rank 0 takes the socket the launcher already bound
     /// ([`STORE_FD_ENV`]).
-    pub fn start(ip: std::net::IpAddr, port: u16) -> Result<StoreServer> {
+    pub fn start(ip: std::net::IpAddr, port: u16, secret: &[u8]) -> Result<StoreServer> {
         let listener = match inherited_listener(port) {
             Some(l) => l,
             None => TcpListener::bind((ip, port)).map_err(|e| Error::Store {
@@ -161,7 +193,10 @@ impl StoreServer {
         let local = listener.local_addr().ok();
         let port = local.map_or(port, |a| a.port());
         let ip = local.map_or(ip, |a| a.ip());
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            secret: secret.to_vec(),
+            ..State::default()
+        });
         let accepting = state.clone();
         std::thread::Builder::new()
             .name("tilefuse-store".into())
@@ -282,6 +317,24 @@ fn serve_requests(conn: TcpStream, state: &State) {
         return;
     };
     let (mut r, mut w) = (BufReader::new(read_half), BufWriter::new(conn));
+    // The magic, the version and the job's secret, or nothing more.
+    let mut hello = [0u8; 8];
+    let welcome = r.read_exact(&mut hello).is_ok()
+        && &hello == HELLO
+        && read_u32(&mut r).is_ok_and(|n| {
+            let mut presented = Vec::new();
+            n <= MAX_SECRET
+                && r.by_ref()
+                    .take(u64::from(n))
+                    .read_to_end(&mut presented)
+                    .is_ok()
+                && presented.len() == n as usize
+                && same_secret(&presented, &state.secret)
+        });
+    let answered = w.write_all(&[u8::from(!welcome)]).and_then(|()| w.flush());
+    if !welcome || answered.is_err() {
+        return;
+    }
     let mut first = true;
     loop {
         let mut op = [0u8; 1];
@@ -375,7 +428,13 @@ pub struct Store {
 impl Store {
     /// Connects to the store at `host:port`, retrying until `timeout` (rank 0 may
     /// start later than the others). `rank` names this process in errors.
-    pub fn connect(host: &str, port: u16, rank: usize, timeout: Duration) -> Result<Store> {
+    pub fn connect(
+        host: &str,
+        port: u16,
+        rank: usize,
+        timeout: Duration,
+        secret: &[u8],
+    ) -> Result<Store> {
         let addr = format!("{host}:{port}");
         let start = Instant::now();
         let conn = loop {
@@ -408,10 +467,29 @@ impl Store {
             addr: addr.clone(),
             message: e.to_string(),
         })?;
+        let (mut r, mut w) = (BufReader::new(read_half), BufWriter::new(conn));
+        let len = u32::try_from(secret.len()).unwrap_or(u32::MAX);
+        let mut answer = [1u8];
+        let _ = r.get_ref().set_read_timeout(Some(FIRST_REQUEST));
+        let greeted = w
+            .write_all(HELLO)
+            .and_then(|()| w.write_all(&len.to_le_bytes()))
+            .and_then(|()| w.write_all(secret))
+            .and_then(|()| w.flush())
+            .and_then(|()| r.read_exact(&mut answer));
+        let _ = r.get_ref().set_read_timeout(None);
+        if greeted.is_err() || answer[0] != 0 {
+            return Err(Error::Store {
+                addr,
+                message: format!(
+                    "the store refused rank {rank}: its {SECRET_ENV} differs from rank 0's (every rank of a job needs the same; tilefuse-run sets it for one node)"
+                ),
+            });
+        }
         Ok(Store {
             addr,
             rank,
-            conn: Mutex::new((BufReader::new(read_half), BufWriter::new(conn))),
+            conn: Mutex::new((r, w)),
             timeout,
         })
     }
@@ -521,10 +599,10 @@ mod tests {
     use super::*;
 
     fn pair() -> (StoreServer, Store, Store) {
-        let s = StoreServer::start(std::net::Ipv4Addr::LOCALHOST.into(), 0).unwrap();
+        let s = StoreServer::start(std::net::Ipv4Addr::LOCALHOST.into(), 0, b"job").unwrap();
         let t = Duration::from_secs(5);
-        let a = Store::connect("127.0.0.1", s.port(), 0, t).unwrap();
-        let b = Store::connect("127.0.0.1", s.port(), 1, t).unwrap();
+        let a = Store::connect("127.0.0.1", s.port(), 0, t, b"job").unwrap();
+        let b = Store::connect("127.0.0.1", s.port(), 1, t, b"job").unwrap();
         (s, a, b)
     }
 
@@ -630,7 +708,7 @@ mod tests {
             .unwrap()
             .port();
         let t = Instant::now();
-        let e = Store::connect("127.0.0.1", port, 3, Duration::from_millis(300))
+        let e = Store::connect("127.0.0.1", port, 3, Duration::from_millis(300), b"")
             .err()
             .expect("no store there")
             .to_string();

@@ -147,6 +147,14 @@ pub fn reserve_store_port(a: &LaunchArgs) -> std::io::Result<StorePort> {
     })
 }
 
+/// 128 random bits from the kernel, in hex.
+fn random_secret() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// Runs the ranks of this node to the end. `nproc` is the resolved
 /// `--nproc-per-node`; `store` the reserved master port.
 pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Outcome> {
@@ -166,6 +174,20 @@ pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Ou
     ] {
         signal_hook::flag::register_usize(sig, got.clone(), sig as usize)?;
     }
+    // The store's secret: the user's, else a random one for a job of one node
+    // (its ranks are all ours); several nodes must share one the user sets.
+    let secret = match std::env::var_os(crate::dist::store::SECRET_ENV) {
+        Some(_) => None, // inherited by the ranks as it is
+        None if a.nnodes == 1 => Some(random_secret()?),
+        None => {
+            eprintln!(
+                "tilefuse-run: warning: {} is not set, so the store of this {}-node job accepts any client that reaches MASTER_ADDR; set the same value on every node",
+                crate::dist::store::SECRET_ENV,
+                a.nnodes
+            );
+            None
+        }
+    };
     // As torchrun: one thread per rank unless the user says otherwise, so that
     // several CPU ranks (interpret mode) do not oversubscribe the cores.
     let omp_default = std::env::var_os("OMP_NUM_THREADS").is_none() && nproc > 1;
@@ -190,6 +212,11 @@ pub fn run(a: &LaunchArgs, nproc: usize, store: StorePort) -> std::io::Result<Ou
             .env("MASTER_PORT", port.to_string())
             .stdin(Stdio::null())
             .envs(omp_default.then_some(("OMP_NUM_THREADS", "1")))
+            .envs(
+                secret
+                    .as_deref()
+                    .map(|s| (crate::dist::store::SECRET_ENV, s)),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
