@@ -193,7 +193,7 @@ impl HostMemory {
     /// first byte (zero-extended), read atomically.
     fn load_bits(&self, dtype: DType, elem: usize) -> u64 {
         let r = Ordering::Relaxed;
-        // SAFETY (all arms): `elem` is inside the memory (the views check their
+        // SAFETY: in all arms, `elem` is inside the memory (the views check their
         // extent against it), and the cell is only accessed atomically.
         unsafe {
             match dtype.size() {
@@ -216,7 +216,7 @@ impl HostMemory {
     pub(crate) fn store(&self, dtype: DType, elem: usize, v: Num) {
         let bits = encode(dtype, v);
         let r = Ordering::Relaxed;
-        // SAFETY (all arms): as in `load_bits`.
+        // SAFETY: in all arms, as in `load_bits`.
         unsafe {
             match dtype.size() {
                 1 => AtomicU8::from_ptr(self.cell(elem)).store(bits as u8, r),

@@ -237,6 +237,10 @@ fn the_store_serves_only_clients_with_the_jobs_secret() {
     let _ = s.read_to_end(&mut reply);
     assert!(reply.len() <= 1, "{reply:?}");
     assert!(!rank.check("k").unwrap(), "a stranger set a key");
+    // Even the job's rank cannot grow the store past its limits.
+    let e = rank.set(&"k".repeat(5000), b"v").unwrap_err().to_string();
+    assert!(e.contains("keys are at most 4096 bytes"), "{e}");
+    rank.set("small", b"fine").unwrap();
 }
 
 #[track_caller]

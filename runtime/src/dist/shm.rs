@@ -39,15 +39,19 @@ fn shm_error(what: String, e: std::io::Error) -> Error {
     }
 }
 
-/// A new name for this rank's buffer, unique on the machine.
+/// A new name for this rank's buffer, unique on the machine. The first call
+/// of a process also removes the buffers of processes that died before their
+/// peers mapped them (the one moment a name can outlive its owner).
 pub(crate) fn new_path(rank: usize) -> PathBuf {
     static SEQ: AtomicU64 = AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
     let dir = Path::new("/dev/shm");
     let dir = if dir.is_dir() {
         dir.to_path_buf()
     } else {
         std::env::temp_dir()
     };
+    SWEPT.call_once(|| remove_orphans(&dir));
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -56,6 +60,35 @@ pub(crate) fn new_path(rank: usize) -> PathBuf {
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+/// Removes this user's `tilefuse-PID-…` buffers in `dir` whose process is gone.
+fn remove_orphans(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tilefuse-"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let mine = e.metadata().is_ok_and(|m| m.uid() == me);
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        let gone = pid > 0
+            && unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if mine && gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Maps `bytes` of the file at `path`, creating it (zeroed) when `create`.
@@ -120,6 +153,23 @@ pub(crate) fn map(path: &Path, bytes: usize, create: bool) -> Result<Arc<HostMem
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_dead_processs_buffer_is_swept() {
+        // A pid that cannot be alive: above the kernel's limit.
+        let dir = std::env::temp_dir().join(format!("tilefuse-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dead = dir.join("tilefuse-2147483646-1-0-rank0");
+        let alive = dir.join(format!("tilefuse-{}-1-0-rank0", std::process::id()));
+        let other = dir.join("unrelated");
+        for f in [&dead, &alive, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        remove_orphans(&dir);
+        let (d, a, o) = (dead.exists(), alive.exists(), other.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!d && a && o, "dead {d}, alive {a}, other {o}");
+    }
 
     #[test]
     fn a_new_buffer_file_is_the_users_alone() {

@@ -39,6 +39,14 @@ const OP_CHECK: u8 = 4;
 const LINGER: Duration = Duration::from_secs(5);
 /// Keys and values are small (ids, handles, shapes); this bounds a bad peer.
 const MAX_LEN: u32 = 64 << 20;
+/// The longest key.
+const MAX_KEY: usize = 4096;
+/// The most bytes of keys and values the store holds (a job's rendezvous needs
+/// kilobytes; tuned configs and IPC handles a few more).
+const MAX_TOTAL: usize = 1 << 30;
+/// A reply's status: done, timed out, or refused (over the limits above).
+const REFUSED: u8 = 2;
+
 /// The first bytes of a connection: a magic and the protocol version.
 const HELLO: &[u8; 8] = b"TFSTORE\x01";
 /// The longest secret a client may present.
@@ -107,6 +115,8 @@ struct State {
     closed: std::sync::atomic::AtomicBool,
     /// What a client must present first.
     secret: Vec<u8>,
+    /// Bytes of keys and values held (under `map`'s lock).
+    held: std::sync::atomic::AtomicUsize,
 }
 
 /// The serving side, run by rank 0 on its own threads. Dropping it waits (at
@@ -357,14 +367,29 @@ fn serve_requests(conn: TcpStream, state: &State) {
         let mut map = state.map.lock().unwrap_or_else(|p| p.into_inner());
         let (status, reply): (u8, Vec<u8>) = match op[0] {
             OP_SET => {
-                map.insert(key, value);
-                awake(state);
-                (0, Vec::new())
+                let old = map.get(&key).map_or(0, |v| key.len() + v.len());
+                let held = state.held.load(SeqCst) - old + key.len() + value.len();
+                if key.len() > MAX_KEY || held > MAX_TOTAL {
+                    (REFUSED, Vec::new())
+                } else {
+                    state.held.store(held, SeqCst);
+                    map.insert(key, value);
+                    awake(state);
+                    (0, Vec::new())
+                }
             }
             OP_ADD => {
                 let delta = value
                     .get(..8)
                     .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                if key.len() > MAX_KEY {
+                    return;
+                }
+                // The counter replaces whatever value the key held.
+                let old = map.get(&key).map_or(0, |v| key.len() + v.len());
+                state
+                    .held
+                    .store(state.held.load(SeqCst) - old + key.len() + 8, SeqCst);
                 let now = map
                     .get(&key)
                     .and_then(|v| v.get(..8))
@@ -530,8 +555,21 @@ impl Store {
     }
 
     /// Sets `key` to `value` (replacing it), waking everyone waiting for it.
+    /// A key over 4 KiB, or a value that would take the store past 1 GiB, is
+    /// refused.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.request(OP_SET, key, value, Duration::ZERO).map(drop)
+        match self.request(OP_SET, key, value, Duration::ZERO)? {
+            (REFUSED, _) => Err(Error::Store {
+                addr: self.addr.clone(),
+                message: format!(
+                    "refused to set `{}` ({} key bytes, {} value bytes): keys are at most {MAX_KEY} bytes and the store holds at most {MAX_TOTAL} bytes",
+                    key.chars().take(64).collect::<String>(),
+                    key.len(),
+                    value.len()
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The value of `key`, waiting for it at most `timeout`. `what` says what the

@@ -13,12 +13,15 @@ use cudarc::driver::sys;
 /// `cuMemAlloc` (stream memory operations reject pool memory), that stays mapped
 /// until the stream has run the write.
 pub(crate) unsafe fn write_value(stream: sys::CUstream, addr: u64, value: u32) -> Result<()> {
-    sys::cuStreamWriteValue32_v2(
-        stream,
-        addr,
-        value,
-        sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-    )
+    // SAFETY: the caller's contract (above) is the driver call's.
+    unsafe {
+        sys::cuStreamWriteValue32_v2(
+            stream,
+            addr,
+            value,
+            sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+        )
+    }
     .result()
     .map_err(driver("cuStreamWriteValue32"))
 }
@@ -29,12 +32,15 @@ pub(crate) unsafe fn write_value(stream: sys::CUstream, addr: u64, value: u32) -
 /// As for [`write_value`]. The wait has no time limit on the device: callers
 /// bound it by their own host-side deadline (see `ProcessGroup::synchronize`).
 pub(crate) unsafe fn wait_value_geq(stream: sys::CUstream, addr: u64, value: u32) -> Result<()> {
-    sys::cuStreamWaitValue32_v2(
-        stream,
-        addr,
-        value,
-        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-    )
+    // SAFETY: the caller's contract (above) is the driver call's.
+    unsafe {
+        sys::cuStreamWaitValue32_v2(
+            stream,
+            addr,
+            value,
+            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    }
     .result()
     .map_err(driver("cuStreamWaitValue32"))
 }
@@ -45,7 +51,8 @@ pub(crate) unsafe fn wait_value_geq(stream: sys::CUstream, addr: u64, value: u32
 /// `addr .. addr + 4·len` must be 4-byte aligned device memory that stays
 /// mapped until the stream has run the memset.
 pub(crate) unsafe fn zero_words(stream: sys::CUstream, addr: u64, len: usize) -> Result<()> {
-    sys::cuMemsetD32Async(addr, 0, len, stream)
+    // SAFETY: the caller's contract (above) is the driver call's.
+    unsafe { sys::cuMemsetD32Async(addr, 0, len, stream) }
         .result()
         .map_err(driver("cuMemsetD32Async"))
 }
@@ -56,7 +63,8 @@ pub(crate) unsafe fn zero_words(stream: sys::CUstream, addr: u64, len: usize) ->
 /// Both ranges must be mapped in this context (a peer's through IPC) and stay so
 /// until the copy has run.
 pub(crate) unsafe fn copy(stream: sys::CUstream, dst: u64, src: u64, bytes: usize) -> Result<()> {
-    sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+    // SAFETY: the caller's contract (above) is the driver call's.
+    unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) }
         .result()
         .map_err(driver("cuMemcpyDtoDAsync"))
 }
@@ -79,7 +87,8 @@ pub(crate) unsafe fn copy_2d(
         return Ok(());
     }
     if height == 1 || (dst_pitch == width_bytes && src_pitch == width_bytes) {
-        return copy(stream, dst, src, width_bytes * height);
+        // SAFETY: contiguous rows: the one range the caller vouches for.
+        return unsafe { copy(stream, dst, src, width_bytes * height) };
     }
     let p = sys::CUDA_MEMCPY2D {
         srcXInBytes: 0,
@@ -99,7 +108,9 @@ pub(crate) unsafe fn copy_2d(
         WidthInBytes: width_bytes,
         Height: height,
     };
-    sys::cuMemcpy2DAsync_v2(&p, stream)
+    // SAFETY: `p` describes the caller's rows (its contract above), and the
+    // driver reads it before returning.
+    unsafe { sys::cuMemcpy2DAsync_v2(&p, stream) }
         .result()
         .map_err(driver("cuMemcpy2DAsync"))
 }
