@@ -308,5 +308,7 @@ fn bench_paths(layer: &mut Layer, out: &Tensor<bf16>, [m, n]: [usize; 2]) -> til
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     exit_code(run())
 }

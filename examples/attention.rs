@@ -206,6 +206,8 @@ fn run(a: &Args) -> tilefuse::Result<bool> {
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     match parse() {
         Ok(a) => exit_code(run(&a)),
         Err(e) => {

@@ -860,5 +860,7 @@ fn burst(
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     exit_code(run())
 }

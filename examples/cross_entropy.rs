@@ -90,5 +90,7 @@ fn run(m: usize, n: usize, bench: bool) -> tilefuse::Result<bool> {
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     rows_main("cross_entropy", [1000, 3000], run)
 }

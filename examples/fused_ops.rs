@@ -306,5 +306,7 @@ fn bench(
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     exit_code(run())
 }

@@ -71,6 +71,8 @@ fn started() -> std::time::Instant {
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     started();
     mnk_main("matmul", [4096, 4096, 4096], run)
 }

@@ -72,5 +72,7 @@ fn run(m: usize, n: usize, k: usize) -> tilefuse::Result<bool> {
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     mnk_main("matmul_bias_gelu", [4096, 4096, 4096], run)
 }

@@ -370,5 +370,7 @@ fn host_overhead(pg: &ProcessGroup) -> tilefuse::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     exit_code(run())
 }

@@ -109,5 +109,7 @@ fn run() -> tilefuse::Result<bool> {
 }
 
 fn main() -> ExitCode {
+    // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse::runtime::log::init();
     exit_code(run())
 }

@@ -129,11 +129,11 @@ impl Drop for Buffer {
             }
         };
         if let Err(e) = r {
-            tracing::warn!(
+            crate::log::warn(format_args!(
                 "freeing {} bytes on GPU {}: {e}",
                 self.bytes,
                 self.dev.ordinal()
-            );
+            ));
         }
     }
 }

@@ -271,10 +271,10 @@ impl Device {
     /// should report the error and exit; set by a distributed timeout.
     pub fn mark_wedged(&self) {
         if !self.wedged.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            tracing::warn!(
+            crate::log::warn(format_args!(
                 "GPU {}: queued work waits on a peer that is gone; device memory is no longer freed",
                 self.ordinal
-            );
+            ));
         }
     }
 

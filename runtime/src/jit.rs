@@ -163,6 +163,9 @@ fn dump(kernel: &str, arch: &str, source: &str, log: &str, cubin: Option<&[u8]>)
             None => Ok(()),
         });
     if let Err(e) = written {
-        tracing::warn!("TILEFUSE_DUMP_DIR: could not write {}: {e}", stem.display());
+        crate::log::warn(format_args!(
+            "TILEFUSE_DUMP_DIR: could not write {}: {e}",
+            stem.display()
+        ));
     }
 }

@@ -20,6 +20,7 @@ pub mod jit;
 pub mod kernel;
 pub mod launcher;
 pub mod libs;
+pub mod log;
 pub mod mode;
 pub mod settings;
 pub mod side_stream;

@@ -4,6 +4,8 @@ use std::process::ExitCode;
 use tilefuse_runtime::launcher::{self, Outcome};
 
 fn main() -> ExitCode {
+    // Its own messages and the library's, filtered by TILEFUSE_LOG (default: warnings).
+    tilefuse_runtime::log::init();
     let args = match launcher::parse(std::env::args_os().skip(1)) {
         Ok(Some(a)) => a,
         Ok(None) => {

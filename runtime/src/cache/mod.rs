@@ -38,12 +38,4 @@ pub(crate) fn of_kind(kind: &str) -> Option<Arc<DiskCache>> {
     )
 }
 
-/// A warning users see: through `tracing` when the program installed a
-/// subscriber, else on stderr.
-pub(crate) fn warn(msg: String) {
-    if tracing::dispatcher::has_been_set() {
-        tracing::warn!("{msg}");
-    } else {
-        eprintln!("tilefuse: warning: {msg}");
-    }
-}
+pub(crate) use crate::log::warn;

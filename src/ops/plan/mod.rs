@@ -751,7 +751,10 @@ fn capture(planned: &mut Planned, ops: &Operands, pg: &ProcessGroup) {
                 ) {
                     ex.discard_failed_capture(calls);
                 }
-                tracing::warn!(rank = pg.rank(), error = %e, "capturing the plan as a CUDA graph failed: every execute() queues its work");
+                tilefuse_runtime::log::warn(format_args!(
+                    "rank {}: capturing the plan as a CUDA graph failed ({e}): every execute() queues its work",
+                    pg.rank()
+                ));
                 planned.no_replay = true;
                 return;
             }
