@@ -62,6 +62,23 @@ fn pids(dir: &Path, n: usize) -> Vec<i32> {
     }
 }
 
+/// Sends `sig` to the launcher we started and waits (at most 20 s) for it to end.
+fn signal_and_wait(launcher: &mut std::process::Child, sig: i32) -> std::process::ExitStatus {
+    // SAFETY: signals the launcher this test started.
+    unsafe { libc::kill(launcher.id() as i32, sig) };
+    let t = Instant::now();
+    loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "launcher did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn every_rank_gets_torchrun_variables_and_a_prefix() {
     let out = launch_default_port(&[
@@ -166,19 +183,7 @@ fn sigterm_to_the_launcher_reaches_every_rank_and_its_children() {
         .spawn()
         .unwrap();
     let ranks = pids(&dir, 2);
-    // SAFETY: signals the launcher we started.
-    unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = launcher.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "launcher did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = signal_and_wait(&mut launcher, libc::SIGTERM);
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     let children: Vec<i32> = (0..2)
         .filter_map(|r| std::fs::read_to_string(dir.join(format!("child{r}"))).ok())
@@ -328,19 +333,7 @@ fn usr1_reaches_every_rank_and_the_ranks_go_on() {
         .spawn()
         .unwrap();
     pids(&dir, 2);
-    // SAFETY: signals the launcher we started.
-    unsafe { libc::kill(launcher.id() as i32, libc::SIGUSR1) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = launcher.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "launcher did not end"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = signal_and_wait(&mut launcher, libc::SIGUSR1);
     assert!(status.success(), "{status:?}");
     for r in 0..2 {
         assert!(
