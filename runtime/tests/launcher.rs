@@ -300,9 +300,19 @@ fn bad_arguments_print_the_usage() {
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(
-        err.contains("--nproc-per-node") && err.contains("usage:"),
+        err.contains("invalid value 'zero' for '--nproc-per-node") && err.contains("--help"),
         "{err}"
     );
+    // A typo is an error that names the option meant, not a program to run.
+    let out = launch(&["--nprc-per-node", "2", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("a similar argument exists: '--nproc-per-node'"),
+        "{err}"
+    );
+    let out = launch(&["--help"]);
+    assert!(out.status.success() && text(&out.stdout).contains("--grace-period-s"));
     let out = launch(&["--nproc-per-node", "1", "/nonexistent/program"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("could not start"));

@@ -6,16 +6,11 @@ use tilefuse_runtime::launcher::{self, Outcome};
 fn main() -> ExitCode {
     // Its own messages and the library's, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse_runtime::log::init();
+    // `--help` prints and exits 0; a bad command line says why (a typo gets the
+    // option it resembles) and exits 2.
     let args = match launcher::parse(std::env::args_os().skip(1)) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            print!("{}", launcher::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("tilefuse-run: {e}\n\n{}", launcher::USAGE);
-            return ExitCode::from(2);
-        }
+        Ok(a) => a,
+        Err(e) => e.exit(),
     };
     // One rank per GPU by default; a machine without GPUs (or without a driver)
     // runs one.

@@ -10,5 +10,5 @@
 pub mod args;
 pub mod supervise;
 
-pub use args::{parse, LaunchArgs, USAGE};
+pub use args::{parse, LaunchArgs};
 pub use supervise::{describe, reserve_store_port, run, Outcome, StorePort};
