@@ -353,63 +353,51 @@ fn usr1_reaches_every_rank_and_the_ranks_go_on() {
     }
 }
 
+/// The distinct values of `var` the two ranks of a one-node job see, with `var`
+/// set to `value` in the launcher's environment, or unset.
+fn seen_by_ranks(var: &str, value: Option<&str>) -> Vec<String> {
+    let mut cmd = Command::new(LAUNCHER);
+    cmd.args(["--nproc-per-node", "2", "--master-port", "0"])
+        .args(["sh", "-c", &format!("echo seen=${var}")]);
+    match value {
+        Some(v) => cmd.env(var, v),
+        None => cmd.env_remove(var),
+    };
+    let out = cmd.output().expect("running tilefuse-run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let mut got: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("seen=").map(|(_, s)| s.to_string()))
+        .collect();
+    assert_eq!(got.len(), 2, "{stdout}");
+    got.sort();
+    got.dedup();
+    got
+}
+
 /// OMP_NUM_THREADS is 1 in every rank unless the user set it, as torchrun does.
 #[test]
 fn omp_num_threads_defaults_to_one() {
-    let run = |omp: Option<&str>| {
-        let mut cmd = Command::new(LAUNCHER);
-        cmd.args(["--nproc-per-node", "2", "--master-port", "0"])
-            .args(["sh", "-c", "echo omp=$OMP_NUM_THREADS"]);
-        match omp {
-            Some(v) => cmd.env("OMP_NUM_THREADS", v),
-            None => cmd.env_remove("OMP_NUM_THREADS"),
-        };
-        cmd.output().expect("running tilefuse-run")
-    };
-    let out = run(None);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(
-        text(&out.stdout).matches("omp=1").count(),
-        2,
-        "{}",
-        text(&out.stdout)
-    );
-    let set = run(Some("4"));
-    assert_eq!(
-        text(&set.stdout).matches("omp=4").count(),
-        2,
-        "{}",
-        text(&set.stdout)
-    );
+    assert_eq!(seen_by_ranks("OMP_NUM_THREADS", None), ["1"]);
+    assert_eq!(seen_by_ranks("OMP_NUM_THREADS", Some("4")), ["4"]);
 }
 
 /// Every rank of a one-node job gets the same random store secret (a new one
 /// per job); a secret the user set is passed on as it is.
 #[test]
 fn the_ranks_share_a_random_store_secret() {
-    let run = |secret: Option<&str>| {
-        let mut cmd = Command::new(LAUNCHER);
-        cmd.args(["--nproc-per-node", "2", "--master-port", "0"])
-            .args(["sh", "-c", "echo secret=$TILEFUSE_STORE_SECRET"]);
-        match secret {
-            Some(v) => cmd.env("TILEFUSE_STORE_SECRET", v),
-            None => cmd.env_remove("TILEFUSE_STORE_SECRET"),
-        };
-        let out = cmd.output().expect("running tilefuse-run");
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let mut got: Vec<String> = text(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once("secret=").map(|(_, s)| s.to_string()))
-            .collect();
-        got.dedup();
-        got
-    };
-    let first = run(None);
+    let var = "TILEFUSE_STORE_SECRET";
+    let first = seen_by_ranks(var, None);
     assert_eq!(first.len(), 1, "ranks disagree: {first:?}");
     assert!(
         first[0].len() == 32 && first[0].chars().all(|c| c.is_ascii_hexdigit()),
         "{first:?}"
     );
-    assert_ne!(run(None), first, "the same secret for two jobs");
-    assert_eq!(run(Some("mine")), vec!["mine".to_string()]);
+    assert_ne!(
+        seen_by_ranks(var, None),
+        first,
+        "the same secret for two jobs"
+    );
+    assert_eq!(seen_by_ranks(var, Some("mine")), ["mine"]);
 }

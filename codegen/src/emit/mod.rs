@@ -655,8 +655,14 @@ impl<'a> Emitter<'a> {
         let (mut decls, mut test) = (String::new(), String::new());
         let k = self.k;
         for (n, s) in g.k_waits(k).iter().enumerate() {
+            // A branch left here would be a kernel lowered unspecialized: its
+            // waits must not be dropped in silence.
             let Some(p) = self.wait_parts(s)? else {
-                continue;
+                return Err(CodegenError::Unsupported {
+                    kernel: k.name.clone(),
+                    at: String::new(),
+                    message: "a branch around a `wait` in the K loop was not decided: lower the kernel specialized for its `#[constexpr]` values".into(),
+                });
             };
             let WaitParts {
                 flags,
