@@ -3,10 +3,12 @@
 //! GPU (CUDA events, warm-up, median of 50, L2 flushed) and prints one line
 //! per case: milliseconds, GB/s and the share of the device-to-device copy
 //! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says.
-//! A name filter may follow (`corpus --bench softmax`).
+//! A name filter may follow (`corpus --bench softmax`). `corpus --source`
+//! prints each kernel's CUDA C at its untuned default for an H100/H200 (no
+//! GPU needed; extents unknown, so blocks not fitted to a launch).
 //!
 //! ```text
-//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench] [FILTER]
+//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench|--source] [FILTER]
 //! ```
 
 use std::process::ExitCode;
@@ -16,6 +18,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let bench = args.iter().any(|a| a == "--bench");
     let filter = args.iter().find(|a| !a.starts_with("--")).cloned();
+    if args.iter().any(|a| a == "--source") {
+        return print_sources(filter.as_deref());
+    }
     let dev = match Device::current() {
         Ok(d) => d,
         Err(e) => {
@@ -96,4 +101,38 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Prints the CUDA C of every kernel of the cases `filter` matches, at the
+/// untuned default for a Hopper GPU with 132 SMs.
+fn print_sources(filter: Option<&str>) -> ExitCode {
+    use tilefuse::codegen::{default_config_at, Target};
+    let target = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    let mut seen = std::collections::HashSet::new();
+    for case in tilefuse_kernels::cases() {
+        if filter.is_some_and(|f| !case.name.contains(f)) {
+            continue;
+        }
+        for def in (case.kernels)() {
+            if !seen.insert(def.name()) {
+                continue;
+            }
+            let lowered = def.declared_spec().and_then(|spec| {
+                let cfg = default_config_at(def.ir()?, &spec, target, &[]);
+                Ok((def.lower(&spec, &cfg)?, cfg))
+            });
+            match lowered {
+                Ok((l, cfg)) => println!("// kernel `{}`, config {cfg}\n{}", def.name(), l.source),
+                Err(e) => {
+                    eprintln!("error: kernel `{}`: {e}", def.name());
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
