@@ -528,3 +528,57 @@ fn add_lowers_at_the_tuning_seeds() {
         }
     }
 }
+
+/// `out[(tn, tm)] = x[(tm, tn)]` on bf16: the default at a large shape takes
+/// square tiles, and the load, whose contiguous index is not the store's,
+/// moves 16 bytes a thread in a layout of its own and reaches the store's
+/// layout through shared memory (rows padded against bank conflicts).
+#[test]
+fn a_transpose_moves_16_bytes_both_ways_through_shared_memory() {
+    let mut k = kernel("transpose");
+    k.tensors = vec![
+        tensor("x", 2, Some(DType::BF16)),
+        tensor("out", 2, Some(DType::BF16)),
+    ];
+    k.scalars = vec![scalar("m"), scalar("n")];
+    k.dims = vec![dim("tm", 0), dim("tn", 1)];
+    k.grid = vec![0, 1];
+    k.body = vec![store_ix(
+        1,
+        vec![Expr::TileIndex(1), Expr::TileIndex(0)],
+        load(0, &[0, 1], "x"),
+        "out[(tn, tm)] = x[(tm, tn)]",
+    )];
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(16384), Some(8192)]);
+    assert_eq!(c.block_sizes, vec![64, 64]);
+    let l = general(&k, &spec_of(&k, &ints(2)), &c);
+    let body = kernel_part(&l);
+    assert!(
+        body.contains("const uint4 tf_w0 = *(const uint4*)(tf_p + 0);"),
+        "{body}"
+    );
+    assert!(body.contains("*(uint4*)(tf_p + 0) = make_uint4("), "{body}");
+    assert!(body.contains("in the scope's layout"), "{body}");
+    assert!(body.contains(" * 65 + "), "{body}");
+    assert_eq!(l.shared_bytes, 64 * 65 * 4);
+    // Too narrow a tile for 16-byte runs along `tn`: loaded in place.
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[1024, 4]));
+    assert!(!kernel_part(&l).contains("in the scope's layout"));
+}
+
+/// A column sum at 16384 x 8192 has 128 column blocks at most: fewer programs
+/// than the GPU wants, so each gets 16 warps and a 4x deeper row tile.
+#[test]
+fn a_launch_of_few_programs_gets_more_warps_and_deeper_tiles() {
+    let k = column_and_total_sums();
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
+    assert_eq!(
+        (c.block_sizes.as_slice(), c.num_warps),
+        (&[64, 256][..], 16)
+    );
+    let l = general(&k, &spec_of(&k, &ints(2)), &c);
+    assert_eq!(l.threads, 512);
+    // Enough column blocks: 4 warps, as before.
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(65536), Some(16384)]);
+    assert_eq!(c.num_warps, 4);
+}

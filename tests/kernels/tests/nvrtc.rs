@@ -34,7 +34,20 @@ fn every_kernel_compiles_for_sm_90a_and_sm_80() {
                 sms: 132,
             };
             let space = ConfigSpace::new(ir, &spec, target);
-            let configs: Vec<_> = space.seeds(&spec, true).into_iter().take(2).collect();
+            let mut configs: Vec<_> = space.seeds(&spec, true).into_iter().take(2).collect();
+            // The untuned default fitted to a launch's extents (square tiles
+            // for a transpose, more warps where programs are few), at a large
+            // and a ragged size of every dimension.
+            for e in [4096, 77] {
+                let c = tilefuse::codegen::fit_default(
+                    ir,
+                    configs[0].clone(),
+                    &vec![Some(e); ir.dims.len()],
+                );
+                if !configs.contains(&c) {
+                    configs.push(c);
+                }
+            }
             for cfg in &configs {
                 for arch in ["sm_90a", "sm_80"] {
                     let t = std::time::Instant::now();

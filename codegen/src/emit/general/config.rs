@@ -21,6 +21,8 @@ const MAX_CONTIGUOUS: usize = 4096;
 /// (a contiguous one down to [`MIN_CONTIGUOUS`], 128 bytes of bf16 a row).
 const MIN_PROGRAMS: usize = 256;
 const MIN_CONTIGUOUS: usize = 64;
+/// Warps of a program in a launch with too few programs for the GPU.
+const STARVED_WARPS: usize = 16;
 
 /// Dimensions the widest loads and stores index their contiguous last axis
 /// with: `x[(tm, tn)]` makes `tn` one, and a row vector `s[tm]` beside it
@@ -108,7 +110,11 @@ fn walk_level<'a>(k: &Kernel, stmts: &'a [Stmt], f: &mut dyn FnMut(DimId, &'a [S
 /// The untuned config of a kernel the general lowering takes, for extents
 /// `extents[d]` where known: 4 warps; each path of scopes gets about
 /// [`BUDGET`] elements, the contiguous dimensions first (up to the extent,
-/// rounded up to a power of two), then the others from the innermost loop out.
+/// rounded up to a power of two; several in one path, as a transpose has,
+/// share it evenly), then the others from the innermost loop out. A launch
+/// that cannot have [`MIN_PROGRAMS`] programs (a column sum's few column
+/// blocks, each walking every row) gets [`STARVED_WARPS`] warps and loop
+/// tiles as much larger, so each SM keeps as many bytes in flight.
 pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     let n = k.dims.len();
     let cap = |d: DimId, most: usize| -> usize {
@@ -126,21 +132,33 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         }
     }
     let paths = paths(k);
-    let room = |bs: &[usize], d: DimId| -> usize {
+    let room = |bs: &[usize], d: DimId, budget: usize| -> usize {
         paths
             .iter()
             .filter(|p| p.contains(&d))
             .map(|p| {
                 let used: usize = p.iter().map(|&x| bs[x].max(1)).product();
-                (BUDGET / used).max(1)
+                (budget / used).max(1)
             })
             .min()
-            .unwrap_or(BUDGET)
+            .unwrap_or(budget)
     };
     let contiguous = contiguous_dims(k);
+    // The contiguous dimensions a path shares its budget among.
+    let sharing = |d: DimId| -> u32 {
+        paths
+            .iter()
+            .filter(|p| p.contains(&d))
+            .map(|p| p.iter().filter(|x| contiguous.contains(x)).count())
+            .max()
+            .unwrap_or(1)
+            .max(1) as u32
+    };
     let grid: Vec<DimId> = k.grid.iter().copied().filter(|&d| bs[d] == 0).collect();
+    // Every grid dimension counts, `each` ones with their extent.
     let programs = |bs: &[usize]| -> usize {
-        grid.iter()
+        k.grid
+            .iter()
             .filter_map(|&d| {
                 extents
                     .get(d)
@@ -150,7 +168,8 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
             })
             .product()
     };
-    let known = grid
+    let known = k
+        .grid
         .iter()
         .all(|&d| extents.get(d).copied().flatten().is_some());
     // The contiguous tiles first, the grid's then the loops' (each up to a
@@ -159,12 +178,16 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     // fill the GPU.
     for &d in grid.iter().chain(contiguous.iter()) {
         if bs[d] == 0 && contiguous.contains(&d) {
-            bs[d] = cap(d, (BUDGET / 4).min(room(&bs, d))).max(1);
+            let share = match sharing(d) {
+                1 => BUDGET / 4,
+                s => 1 << (BUDGET.trailing_zeros() / s),
+            };
+            bs[d] = cap(d, share.min(room(&bs, d, BUDGET))).max(1);
         }
     }
     for &d in &grid {
         if bs[d] == 0 {
-            bs[d] = cap(d, BUDGET.min(room(&bs, d))).max(1);
+            bs[d] = cap(d, BUDGET.min(room(&bs, d, BUDGET))).max(1);
         }
     }
     while known && programs(&bs) < MIN_PROGRAMS {
@@ -185,6 +208,11 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         };
         bs[d] /= 2;
     }
+    let starved = known && programs(&bs) < MIN_PROGRAMS;
+    let (warps, budget) = match starved {
+        true => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
+        false => (4, BUDGET),
+    };
     // The loops' other tiles, innermost first.
     let mut order: Vec<DimId> = Vec::new();
     for p in &paths {
@@ -197,18 +225,18 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     for d in order {
         if bs[d] == 0 {
             let most = if contiguous.contains(&d) {
-                BUDGET / 4
+                budget / 4
             } else {
-                BUDGET
+                budget
             };
-            bs[d] = cap(d, most.min(room(&bs, d))).max(1);
+            bs[d] = cap(d, most.min(room(&bs, d, budget))).max(1);
         }
     }
     // What is left grows the contiguous dimensions (a 1-D kernel's block),
     // as long as the launch keeps its programs.
     for &d in &contiguous {
         if !k.dims[d].whole && !k.dims[d].each {
-            let grow = room(&bs, d);
+            let grow = room(&bs, d, budget);
             let before = bs[d];
             bs[d] = cap(d, (bs[d] * grow).min(MAX_CONTIGUOUS)).max(bs[d]);
             while known && bs[d] > before && grid.contains(&d) && programs(&bs) < MIN_PROGRAMS {
@@ -222,7 +250,7 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         }
         *b = b.next_power_of_two();
     }
-    Config::new(&bs).num_warps(4)
+    Config::new(&bs).num_warps(warps)
 }
 
 /// What the tuner may change: each tunable dimension's block (powers of two

@@ -11,7 +11,7 @@
 //! elements is contiguous in memory and moves in 16-byte pieces (8 or 4 where
 //! the alignment allows no more), element by element at ragged edges.
 
-use super::{Gen, Val};
+use super::{Gen, Layout, Val};
 use crate::dtype::DType;
 use crate::emit::expr::{convert, narrow, widen, zero, CTy};
 use crate::error::CodegenError;
@@ -326,7 +326,22 @@ impl Gen<'_, '_> {
         std::mem::swap(&mut head, &mut self.body);
         let comps = self.comps(index, at, l, depth + 1, pre)?;
         std::mem::swap(&mut head, &mut self.body);
-        let run = self.vector_run(t, &comps, l);
+        let mut run = self.vector_run(t, &comps, l);
+        // A tile that runs along another dimension than the scope's vectors
+        // (`x[(tm, tn)]` where the output is `out[(tn, tm)]`): loaded in 16-byte
+        // pieces in a layout of its own, then moved to the scope's through
+        // shared memory, as a transpose does.
+        let mut moved_to = None;
+        if run.is_none() {
+            if let Some(l2) = self.run_layout(t, &comps, l, &v.dims) {
+                run = self.vector_run(t, &comps, l2);
+                if run.is_some() {
+                    moved_to = Some(v.clone());
+                    v.layout = l2;
+                    v.name = self.temp("tf_l");
+                }
+            }
+        }
         // Runs along the value's last dimension are consecutive registers:
         // they keep the raw words the vector loads bring.
         if let Some((d, _, _)) = run {
@@ -356,7 +371,55 @@ impl Gen<'_, '_> {
             }
         }
         self.w(depth, "}");
-        Ok(v)
+        match moved_to {
+            Some(dst) => {
+                let decl = self.decl(&dst);
+                self.w(depth, format!("{decl};  // in the scope's layout"));
+                self.convert(&v, &dst, depth)?;
+                Ok(dst)
+            }
+            None => Ok(v),
+        }
+    }
+
+    /// A layout like `l` with 16-byte runs along the dimension of `t`'s
+    /// contiguous last index, for a load `l` cannot vectorize: the index is a
+    /// tile's own (plus offsets or scalars, no gathers), the value spans that
+    /// dimension, and its block holds at least 16 bytes.
+    fn run_layout(
+        &mut self,
+        t: TensorId,
+        comps: &[Comp],
+        l: usize,
+        dims: &[DimId],
+    ) -> Option<usize> {
+        let ts = &self.e.spec.tensors[t];
+        let Some(Comp::Affine { d, .. }) = comps.last() else {
+            return None;
+        };
+        if !ts.last_contiguous
+            || !dims.contains(d)
+            || comps.iter().any(|c| matches!(c, Comp::Gather(_)))
+        {
+            return None;
+        }
+        let lay = self.layouts[l].clone();
+        let p = lay.pos(*d)?;
+        let es = ts.dtype.size();
+        if lay.block[p] * es < 16 || lay.spt[p] * es >= 16 {
+            return None;
+        }
+        let others: Vec<usize> = lay.order.iter().copied().filter(|&q| q != p).collect();
+        let l2 = Layout::blocked(
+            &lay.dims,
+            &lay.block,
+            Some(p),
+            16 / es,
+            self.e.cfg.num_warps,
+            &others,
+            &[],
+        );
+        Some(self.intern(l2))
     }
 
     /// A vectorized load: per run of `spt` elements along `d`, whole chunks

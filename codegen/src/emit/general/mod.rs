@@ -1069,19 +1069,29 @@ impl Gen<'_, '_> {
 
     /// Copies `src` into `dst` (the same dimensions, other layouts) through
     /// shared memory: each element written at its place in the block, read
-    /// back where `dst` wants it.
+    /// back where `dst` wants it. Rows of the innermost dimension are padded
+    /// by one word: two layouts whose runs go along different dimensions
+    /// otherwise hit one bank with every lane (rows of a power-of-two size).
     fn convert(&mut self, src: &Val, dst: &Val, depth: usize) -> Result<(), CodegenError> {
         let dims = src.dims.clone();
         let blocks: Vec<usize> = dims.iter().map(|&d| self.block(d)).collect();
-        let elems: usize = blocks.iter().product();
         let size = src.cty.size();
-        self.need_smem(elems * size);
+        let pad = if dims.len() > 1 {
+            4usize.div_ceil(size)
+        } else {
+            0
+        };
+        let mut strides = vec![1usize; dims.len()];
+        let mut stride = 1;
+        for (i, &b) in blocks.iter().enumerate().rev() {
+            strides[i] = stride;
+            stride *= b + if i + 1 == blocks.len() { pad } else { 0 };
+        }
+        self.need_smem(stride * size);
         let place = |g: &Self, l: usize| -> String {
             let mut s = String::from("0");
-            let mut stride = 1;
-            for (&d, &b) in dims.iter().zip(&blocks).rev() {
-                let _ = write!(s, " + ({}) * {stride}", g.offset_c(l, d));
-                stride *= b;
+            for (&d, &st) in dims.iter().zip(&strides) {
+                let _ = write!(s, " + ({}) * {st}", g.offset_c(l, d));
             }
             s
         };

@@ -31,7 +31,7 @@ impl RowWriter {
         let _ = writeln!(e.out, "{ind}// {}", one_line(at));
         let ts = &e.spec.tensors[t];
         if p == Place::Tile
-            && ts.dtype.is_float()
+            && packs(ts.dtype)
             && ts.last_contiguous
             && index.len() == 2
             && index[0] == self.g.rd
@@ -82,6 +82,17 @@ impl RowWriter {
             && (self.g.vec * ts.dtype.size()) % 16 == 0
     }
 
+    /// Whether stores of `tensor[index]` move 16 bytes at a time: like
+    /// [`RowWriter::vec_ok`], for every type [`packs`] takes.
+    fn store_vec_ok(&self, e: &Emitter, t: TensorId, index: &[DimId]) -> bool {
+        let ts = &e.spec.tensors[t];
+        packs(ts.dtype)
+            && ts.last_contiguous
+            && ts.align >= 16
+            && index.last() == self.cur.as_ref()
+            && (self.g.vec * ts.dtype.size()) % 16 == 0
+    }
+
     /// Stores a tile `t[row, col]` (rows contiguous) `VEC` columns at a time:
     /// packed 16-byte stores where the chunk lies inside the tensor and rows are
     /// aligned, element by element otherwise.
@@ -92,12 +103,17 @@ impl RowWriter {
         let chunks = self.cols(e) / vec;
         let cv = self.g.c * vec;
         let cd = self.cur.unwrap_or(0);
-        let vec_ok = self.vec_ok(e, t, &[self.g.rd, cd]);
+        let vec_ok = self.store_vec_ok(e, t, &[self.g.rd, cd]);
         let cty = ty.c();
+        // An element's bits, zero-extended to a word.
         let bits = |x: &str| match dtype {
             DType::BF16 => format!("(tf_u32)tf_f32_to_bf16({x})"),
             DType::F16 => format!("(tf_u32)tf_f32_to_f16({x})"),
-            _ => format!("__float_as_uint({x})"),
+            DType::F32 => format!("__float_as_uint({x})"),
+            _ => {
+                let unsigned = ["", "unsigned char", "unsigned short", "", "tf_u32"][esize];
+                format!("(tf_u32)({unsigned})({})", narrow(dtype, x, ty))
+            }
         };
         // One chunk: its values, then 16-byte stores or element by element.
         let values = format!(
@@ -109,7 +125,16 @@ impl RowWriter {
         for q in 0..(vec / per) {
             let words: Vec<String> = (0..4)
                 .map(|w| {
-                    if esize == 2 {
+                    if esize == 1 {
+                        let b = |i: usize| bits(&format!("tf_o[{}]", q * per + 4 * w + i));
+                        format!(
+                            "{} | ({} << 8) | ({} << 16) | ({} << 24)",
+                            b(0),
+                            b(1),
+                            b(2),
+                            b(3)
+                        )
+                    } else if esize == 2 {
                         let (a, b) = (q * per + 2 * w, q * per + 2 * w + 1);
                         format!(
                             "{} | ({} << 16)",
@@ -151,4 +176,10 @@ impl RowWriter {
         ));
         let _ = writeln!(e.out, "{ind}}}");
     }
+}
+
+/// Whether a row program packs stores of `dtype` into 16-byte words: every
+/// type of 1, 2 or 4 bytes but masks (8-byte integers go element by element).
+fn packs(dtype: DType) -> bool {
+    dtype != DType::Bool && matches!(dtype.size(), 1 | 2 | 4)
 }
