@@ -309,11 +309,12 @@ fn random_numbers_use_philox() {
     let k = dropout();
     let spec = spec_of(&k, &[ScalarKind::Int, ScalarKind::Int, ScalarKind::Float]);
     let l = general(&k, &spec, &Config::new(&[2048]));
-    assert!(
-        kernel_part(&l).contains("tf_rand(s1, (unsigned int)("),
-        "{}",
-        kernel_part(&l)
-    );
+    let body = kernel_part(&l);
+    // A run of 8 draws twice, four values a call, where its offsets are
+    // consecutive from a multiple of 4; else each element by itself.
+    assert!(body.contains("tf_philox(s1, tf_o / 4u, tf_c);"), "{body}");
+    assert!(body.contains("= tf_uniform(tf_c[3]);"), "{body}");
+    assert!(body.contains("tf_rand(s1, (unsigned int)("), "{body}");
 }
 
 /// Integer bits: `out = (x << 3) ^ (x >> 1) & 0xff` on u32, and a runtime if.

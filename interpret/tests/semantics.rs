@@ -885,14 +885,23 @@ fn random_numbers_are_philox_bit_for_bit() {
     ];
     let s = [Scalar::Int(n as i64), Scalar::Int(seed), Scalar::Int(base)];
     run(&k, &Config::new(&[16]), &[], &t, &s).unwrap();
+    // Four offsets share a counter (two for `randn`): word `o % 4` of `o / 4`.
     for i in 0..n {
-        let c = philox(seed as u64, i as u32);
-        assert_eq!(t[0].get_i64(&[i]), Some(i64::from(c[0])), "randint {i}");
-        let cu = philox(seed as u64, (base + i as i64) as u32);
-        assert_eq!(t[1].get(&[i]), Some(f64::from(uniform(cu[0]))), "rand {i}");
+        let o = i as u32;
+        let c = philox(seed as u64, o / 4);
+        assert_eq!(t[0].get_i64(&[i]), Some(i64::from(c[i % 4])), "randint {i}");
+        let ou = (base + i as i64) as u32;
+        let cu = philox(seed as u64, ou / 4);
+        assert_eq!(
+            t[1].get(&[i]),
+            Some(f64::from(uniform(cu[(ou % 4) as usize]))),
+            "rand {i}"
+        );
+        let cn = philox(seed as u64, o / 2);
+        let j = 2 * (i % 2);
         assert_eq!(
             t[2].get(&[i]),
-            Some(f64::from(normal(c[0], c[1]))),
+            Some(f64::from(normal(cn[j], cn[j + 1]))),
             "randn {i}"
         );
     }

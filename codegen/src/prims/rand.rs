@@ -1,8 +1,16 @@
-//! Counter-based random numbers, as Triton's `tl.rand`: Philox 4x32 with 10
-//! rounds, keyed by a 64-bit `seed` and counting from a 32-bit `offset` per
-//! element, so the same (seed, offset) gives the same number in every
-//! program, launch and run (a dropout mask is recomputed in the backward pass
-//! instead of stored). The numbers are bit-identical in interpret mode.
+//! Counter-based random numbers: Philox 4x32 with 10 rounds (as Triton's
+//! `tl.rand` and cuRAND), keyed by a 64-bit `seed`, so the same (seed,
+//! offset) gives the same number in every program, launch and run (a dropout
+//! mask is recomputed in the backward pass instead of stored). The numbers
+//! are bit-identical in interpret mode.
+//!
+//! One Philox call gives four words, and a call costs about 100 instructions:
+//! more than a memory-bound kernel can spend per element. So, as cuRAND's
+//! `curand_uniform4`, four consecutive offsets share one call: offset `o`
+//! takes word `o % 4` of the counter `o / 4` (`randn`, two words per value:
+//! words `2 (o % 2)` and `2 (o % 2) + 1` of the counter `o / 2`). Where a
+//! thread's run of elements has consecutive offsets from a multiple of the
+//! group ([`RandKind::group`]), the lowering draws once per group.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +41,14 @@ impl RandKind {
         RandKind::ALL.into_iter().find(|k| k.name() == name)
     }
 
+    /// Consecutive offsets that share one Philox call.
+    pub fn group(self) -> u32 {
+        match self {
+            RandKind::Normal => 2,
+            RandKind::Uniform | RandKind::Bits => 4,
+        }
+    }
+
     /// C for one element: `seed` a `long long`, `offset` an `unsigned int`.
     pub fn cuda(self, seed: &str, offset: &str) -> String {
         match self {
@@ -42,14 +58,26 @@ impl RandKind {
         }
     }
 
+    /// C for element `j` of a group (offset `group · c + j`), from the words
+    /// `tf_c[0..4]` of the counter `c`'s call.
+    pub fn cuda_of_words(self, j: u32) -> String {
+        match self {
+            RandKind::Uniform => format!("tf_uniform(tf_c[{j}])"),
+            RandKind::Normal => format!("tf_normal(tf_c[{}], tf_c[{}])", 2 * j, 2 * j + 1),
+            RandKind::Bits => format!("tf_c[{j}]"),
+        }
+    }
+
     /// What interpret mode computes: an f32 value (as f64), or a u32.
     pub fn cpu(self, seed: i64, offset: u32) -> super::cast::Num {
         use super::cast::Num;
-        let [c0, c1, ..] = philox(seed as u64, offset);
+        let g = self.group();
+        let c = philox(seed as u64, offset / g);
+        let j = (offset % g) as usize;
         match self {
-            RandKind::Uniform => Num::F(f64::from(uniform(c0))),
-            RandKind::Normal => Num::F(f64::from(normal(c0, c1))),
-            RandKind::Bits => Num::I(i64::from(c0)),
+            RandKind::Uniform => Num::F(f64::from(uniform(c[j]))),
+            RandKind::Normal => Num::F(f64::from(normal(c[2 * j], c[2 * j + 1]))),
+            RandKind::Bits => Num::I(i64::from(c[j])),
         }
     }
 }
@@ -110,12 +138,18 @@ pub const HELPERS: &str = r#"__device__ __forceinline__ void tf_philox(long long
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
 __device__ __forceinline__ float tf_uniform(unsigned int x) { int i = (int)x; i = i < 0 ? -i - 1 : i; return (float)i * 4.6566127e-10f; }
-__device__ __forceinline__ float tf_rand(long long seed, unsigned int offset) { unsigned int c[4]; tf_philox(seed, offset, c); return tf_uniform(c[0]); }
-__device__ __forceinline__ unsigned int tf_randint(long long seed, unsigned int offset) { unsigned int c[4]; tf_philox(seed, offset, c); return c[0]; }
-__device__ __forceinline__ float tf_randn(long long seed, unsigned int offset) {
-  unsigned int c[4]; tf_philox(seed, offset, c);
-  const float u1 = fmaxf(1.0e-7f, tf_uniform(c[0])), u2 = tf_uniform(c[1]);
+__device__ __forceinline__ float tf_normal(unsigned int a, unsigned int b) {
+  const float u1 = fmaxf(1.0e-7f, tf_uniform(a)), u2 = tf_uniform(b);
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+__device__ __forceinline__ unsigned int tf_word(const unsigned int* c, unsigned int j) { return (j & 2u) ? ((j & 1u) ? c[3] : c[2]) : ((j & 1u) ? c[1] : c[0]); }
+// One element by itself (a run whose offsets are not consecutive from a
+// multiple of the group): not inlined, each costs a whole Philox call.
+__device__ __noinline__ float tf_rand(long long seed, unsigned int offset) { unsigned int c[4]; tf_philox(seed, offset >> 2, c); return tf_uniform(tf_word(c, offset & 3u)); }
+__device__ __noinline__ unsigned int tf_randint(long long seed, unsigned int offset) { unsigned int c[4]; tf_philox(seed, offset >> 2, c); return tf_word(c, offset & 3u); }
+__device__ __noinline__ float tf_randn(long long seed, unsigned int offset) {
+  unsigned int c[4]; tf_philox(seed, offset >> 1, c);
+  return (offset & 1u) ? tf_normal(c[2], c[3]) : tf_normal(c[0], c[1]);
 }
 "#;
 
@@ -130,5 +164,30 @@ mod tests {
         let mean = xs.iter().sum::<f32>() / xs.len() as f32;
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
         assert_ne!(philox(1, 0), philox(2, 0));
+    }
+
+    #[test]
+    fn four_offsets_share_a_call_and_every_offset_differs() {
+        use crate::prims::cast::Num;
+        let words = philox(7, 3);
+        for j in 0..4 {
+            assert_eq!(
+                RandKind::Bits.cpu(7, 12 + j),
+                Num::I(i64::from(words[j as usize]))
+            );
+        }
+        let normal = |o| match RandKind::Normal.cpu(7, o) {
+            Num::F(f) => f,
+            Num::I(_) => f64::NAN,
+        };
+        let w = philox(7, 5);
+        assert_eq!(normal(11), f64::from(super::normal(w[2], w[3])));
+        let all: std::collections::HashSet<i64> = (0..4096)
+            .map(|o| match RandKind::Bits.cpu(1, o) {
+                Num::I(i) => i,
+                Num::F(_) => -1,
+            })
+            .collect();
+        assert_eq!(all.len(), 4096);
     }
 }

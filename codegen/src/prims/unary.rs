@@ -147,11 +147,11 @@ unary_table! {
         cpu libm::erf, cpu_int refuse;
     Sigmoid: "sigmoid", Float, "`1 / (1 + e^-x)`",
         cuda "tf_sigmoid({x})", int "", bool "",
-        helpers "__device__ __forceinline__ float tf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n",
+        helpers "__device__ __forceinline__ float tf_sigmoid(float x) { return tf_div(1.0f, 1.0f + tf_exp(-x)); }\n",
         cpu sigmoid, cpu_int refuse;
     Silu: "silu", Float, "`x · sigmoid(x)`",
         cuda "tf_silu({x})", int "", bool "",
-        helpers "__device__ __forceinline__ float tf_silu(float x) { return x / (1.0f + expf(-x)); }\n",
+        helpers "__device__ __forceinline__ float tf_silu(float x) { return tf_div(x, 1.0f + tf_exp(-x)); }\n",
         cpu |x| x * sigmoid(x), cpu_int refuse;
     Gelu: "gelu", Float, "`x · Φ(x)` (erf form)",
         cuda "tf_gelu({x})", int "", bool "",
@@ -167,7 +167,7 @@ unary_table! {
         cpu |x| f64::from(u8::from(x > 0.0)), cpu_int refuse;
     GeluGrad: "gelu_grad", Float, "the derivative of `gelu`: `Φ(x) + x·φ(x)`",
         cuda "tf_gelu_grad({x})", int "", bool "",
-        helpers "__device__ __forceinline__ float tf_gelu_grad(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x); }\n",
+        helpers "__device__ __forceinline__ float tf_gelu_grad(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * tf_exp(-0.5f * x * x); }\n",
         cpu |x| phi(x) + x * 0.398_942_280_401_432_7 * (-0.5 * x * x).exp(), cpu_int refuse;
     GeluTanhGrad: "gelu_tanh_grad", Float, "the derivative of `gelu_tanh`",
         cuda "tf_gelu_tanh_grad({x})", int "", bool "",
@@ -180,11 +180,11 @@ unary_table! {
         cpu_int refuse;
     SiluGrad: "silu_grad", Float, "the derivative of `silu`: `σ(x)·(1 + x·(1 − σ(x)))`",
         cuda "tf_silu_grad({x})", int "", bool "",
-        helpers "__device__ __forceinline__ float tf_silu_grad(float x) { const float s = 1.0f / (1.0f + expf(-x)); return s * (1.0f + x * (1.0f - s)); }\n",
+        helpers "__device__ __forceinline__ float tf_silu_grad(float x) { const float s = tf_div(1.0f, 1.0f + tf_exp(-x)); return s * (1.0f + x * (1.0f - s)); }\n",
         cpu |x| { let s = sigmoid(x); s * (1.0 + x * (1.0 - s)) }, cpu_int refuse;
     SigmoidGrad: "sigmoid_grad", Float, "the derivative of `sigmoid`: `σ(x)·(1 − σ(x))`",
         cuda "tf_sigmoid_grad({x})", int "", bool "",
-        helpers "__device__ __forceinline__ float tf_sigmoid_grad(float x) { const float s = 1.0f / (1.0f + expf(-x)); return s * (1.0f - s); }\n",
+        helpers "__device__ __forceinline__ float tf_sigmoid_grad(float x) { const float s = tf_div(1.0f, 1.0f + tf_exp(-x)); return s * (1.0f - s); }\n",
         cpu |x| { let s = sigmoid(x); s * (1.0 - s) }, cpu_int refuse;
 }
 

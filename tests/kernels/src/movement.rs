@@ -250,10 +250,12 @@ fn rope_bench(dev: &Arc<Device>) -> Result<Bench> {
     })
 }
 
-/// Whether element `offset` is kept: Triton's `tl.rand(seed, offset) > p`,
-/// computed on the host from the same Philox stream.
+/// Whether element `offset` is kept: `rand(seed, offset) > p`, computed on
+/// the host from the same Philox stream (word `offset % 4` of the counter
+/// `offset / 4`).
 fn kept(seed: u64, offset: usize, p: f32) -> bool {
-    uniform(philox(seed, offset as u32)[0]) > p
+    let o = offset as u32;
+    uniform(philox(seed, o / 4)[(o % 4) as usize]) > p
 }
 
 /// Runs dropout forward and backward with one seed; `bwd` picks the

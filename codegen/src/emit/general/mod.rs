@@ -25,6 +25,7 @@ mod config;
 mod dot;
 mod layout;
 mod memory;
+mod rand;
 mod reduce;
 
 pub use config::{axes, default_config, seeds};
@@ -869,6 +870,19 @@ impl Gen<'_, '_> {
                 }
                 let v = self.addmm(acc, a, b, at, l, depth, pre)?;
                 pre.push((x.clone(), v));
+            }
+            Expr::Rand {
+                kind,
+                seed,
+                offset,
+                at,
+            } => {
+                for c in [seed, offset] {
+                    self.hoist_into(c, at, l, depth, pre)?;
+                }
+                if let Some(v) = self.rand_groups(x, *kind, seed, offset, at, l, depth, pre)? {
+                    pre.push((x.clone(), v));
+                }
             }
             _ => {
                 for c in x.children() {
