@@ -417,6 +417,18 @@ fn a_reduction_in_a_kernel_of_several_grid_dimensions() {
     let body = kernel_part(&l);
     assert!(body.contains("tf_exp_diff("), "{body}");
     assert!(body.contains("__shfl_xor_sync"), "{body}");
+    // More warps than the tile: the row's warps wrap, and the copies' masked
+    // partials stay out of the shared slots the real ones write.
+    let l = general(
+        &k,
+        &spec_of(&k, &ints(3)),
+        &Config::new(&[1, 1, 1024]).num_warps(8),
+    );
+    let body = kernel_part(&l);
+    assert!(
+        body.contains("== 0 && tf_u0_1) ((float*)tf_smem)"),
+        "{body}"
+    );
 }
 
 #[test]

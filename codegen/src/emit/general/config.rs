@@ -155,10 +155,8 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
             .max(1) as u32
     };
     let grid: Vec<DimId> = k.grid.iter().copied().filter(|&d| bs[d] == 0).collect();
-    // Every grid dimension counts, `each` ones with their extent.
-    let programs = |bs: &[usize]| -> usize {
-        k.grid
-            .iter()
+    let count = |dims: &[DimId], bs: &[usize]| -> usize {
+        dims.iter()
             .filter_map(|&d| {
                 extents
                     .get(d)
@@ -168,8 +166,11 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
             })
             .product()
     };
-    let known = k
-        .grid
+    // The tiles are halved for the grid's tiled dimensions' programs (an
+    // `each` dimension's programs walk loops of their own: a weight
+    // gradient's row shares measured faster with more column blocks).
+    let programs = |bs: &[usize]| count(&grid, bs);
+    let known = grid
         .iter()
         .all(|&d| extents.get(d).copied().flatten().is_some());
     // The contiguous tiles first, the grid's then the loops' (each up to a
@@ -208,7 +209,12 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         };
         bs[d] /= 2;
     }
-    let starved = known && programs(&bs) < MIN_PROGRAMS;
+    // Starved: the whole launch, `each` dimensions too, has too few programs.
+    let starved = k
+        .grid
+        .iter()
+        .all(|&d| extents.get(d).copied().flatten().is_some())
+        && count(&k.grid, &bs) < MIN_PROGRAMS;
     let (warps, budget) = match starved {
         true => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
         false => (4, BUDGET),
@@ -250,6 +256,20 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         }
         *b = b.next_power_of_two();
     }
+    // No more warps than the largest scope's tile keeps busy with 8
+    // elements a thread (the others would hold copies).
+    let widest = paths
+        .iter()
+        .map(|p| p.iter().map(|&d| bs[d]).product::<usize>())
+        .max()
+        .unwrap_or(1);
+    let warps = match starved {
+        true => {
+            let fit = (widest / 256).clamp(4, warps);
+            1 << fit.ilog2()
+        }
+        false => warps,
+    };
     Config::new(&bs).num_warps(warps)
 }
 

@@ -100,7 +100,16 @@ impl Gen<'_, '_> {
                 stride *= b;
             }
             let wcoord = format!("((tf_warp / {}) % {warps})", lay.warp_stride(p));
-            let first_lane = format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
+            // One lane per warp writes its partial, and no copy of a wrapped
+            // dimension (its loads were masked: its partial is the identity's
+            // or garbage, and it would race the real one for the slot).
+            let mut first_lane =
+                format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
+            for &d in &out {
+                if let Some(q) = lay.pos(d).filter(|&q| lay.wraps(q)) {
+                    let _ = write!(first_lane, " && tf_u{l}_{q}");
+                }
+            }
             let ty = cty.c();
             self.w(depth, "__syncthreads();");
             let n = self.open(l, &out, depth);
