@@ -190,10 +190,10 @@ fn spec_at(n: usize, k: usize) -> tilefuse::Result<tilefuse::codegen::Spec> {
 /// ([`KernelDef::default_at`]: on an sm_90 GPU the Hopper path, its tiles
 /// fitted to the SMs).
 fn default_at(dev: &Device, m: usize, n: usize, k: usize) -> tilefuse::Result<Config> {
-    use tilefuse::codegen::plan::{classify, Shape};
+    use tilefuse::codegen::emit::GemmShape;
     let def = matmul::kernel();
     let mut extents = vec![None; def.ir()?.dims.len()];
-    if let Shape::Gemm(g) = classify(def.ir()?) {
+    if let Some(g) = def.ir()?.plan::<GemmShape>() {
         (extents[g.m], extents[g.n], extents[g.k]) = (Some(m), Some(n), Some(k));
     }
     def.default_at(dev, &spec_at(n, k)?, &extents)

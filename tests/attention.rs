@@ -6,10 +6,9 @@
 mod common;
 
 use common::examples::{attention, softmax};
-use tilefuse::codegen::plan::{classify, Shape};
 use tilefuse::codegen::{
-    default_config, default_config_for, default_wgmma_attention, fit_whole_dims, ir::Expr,
-    ir::Stmt, lower, Config, Target,
+    default_config, default_config_for, default_wgmma_attention, emit::AttentionShape,
+    fit_whole_dims, ir::Expr, ir::Stmt, lower, Config, Planned, Target,
 };
 
 /// dims: tb, th, tm, td, tn
@@ -21,8 +20,8 @@ const TN: usize = 4;
 fn the_example_is_attention_shaped_and_lowers() {
     let def = attention::attention::kernel();
     let ir = def.ir().unwrap();
-    let Shape::Attention(a) = classify(ir) else {
-        panic!("not attention: {:?}", classify(ir));
+    let Some(a) = ir.plan::<AttentionShape>() else {
+        panic!("not attention: {ir:?}");
     };
     assert_eq!((a.m, a.d, a.n, a.batch.clone()), (TM, TD, TN, vec![0, 1]));
     assert!(ir.dims[TD].whole && !ir.dims[TM].whole);
@@ -61,13 +60,14 @@ fn configs_the_lowering_cannot_run_say_why() {
 #[test]
 fn a_bound_on_another_loop_takes_the_general_lowering() {
     let def = softmax::softmax::kernel();
-    let mut ir = def.ir().unwrap().clone();
+    let mut ir = def.ir().unwrap().kernel().clone();
     let Some(Stmt::Loop { until, .. }) =
         ir.body.iter_mut().find(|s| matches!(s, Stmt::Loop { .. }))
     else {
         panic!("softmax has a column loop");
     };
     *until = Some(Expr::Int(100));
+    let ir = Planned::new(ir);
     let spec = def.declared_spec().unwrap();
     let l = lower(&ir, &spec, &default_config(&ir)).unwrap();
     assert_eq!(l.path, "general");
@@ -192,10 +192,10 @@ fn the_hopper_default_fits_large_head_dimensions() {
 #[test]
 fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator() {
     let def = attention::attention::kernel();
-    let mut ir = def.ir().unwrap().clone();
-    let Shape::Attention(a) = classify(&ir) else {
+    let Some(a) = def.ir().unwrap().plan::<AttentionShape>().cloned() else {
         panic!("attention-shaped");
     };
+    let mut ir = def.ir().unwrap().kernel().clone();
     let Some(Stmt::Loop { body, .. }) = ir.body.get_mut(a.kv_loop) else {
         panic!("the key loop");
     };
@@ -204,6 +204,7 @@ fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator(
         value: Expr::Var(a.acc),
         at: "acc = acc".into(),
     });
+    let ir = Planned::new(ir);
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
     let l = lower(&ir, &spec, &default_wgmma_attention(&ir).unwrap()).unwrap();

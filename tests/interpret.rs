@@ -13,7 +13,7 @@ use common::examples::{
     matmul::matmul, rms_norm, softmax,
 };
 use std::time::{Duration, Instant};
-use tilefuse::codegen::{ir::Kernel, Config, DType};
+use tilefuse::codegen::{Config, DType, Planned};
 use tilefuse::interpret::{run, run_with, HostTensor, InterpretError, Options, Scalar};
 use tilefuse::verify::{gelu_f64, matmul_f64, Rng};
 
@@ -45,7 +45,7 @@ fn matmul_and_its_epilogue_match_f64_on_partial_tiles() {
     let (b, b64) = random(&[k, n], &mut rng);
     let (bias, bias64) = random(&[n], &mut rng);
     let reference = matmul_f64(&a64, &b64, m, k, n);
-    let ints = |ir: &Kernel| {
+    let ints = |ir: &Planned| {
         scalars(
             ir,
             &[
@@ -106,7 +106,7 @@ fn row_kernels_match_f64_when_rows_take_several_steps() {
     ];
 
     // Rows of 4, column steps of 256.
-    let go = |ir: &Kernel, named_tensors: Vec<(&str, HostTensor)>| {
+    let go = |ir: &Planned, named_tensors: Vec<(&str, HostTensor)>| {
         let mut c = Config::new(&vec![256; ir.dims.len()]);
         c.block_sizes[ir.grid[0]] = 4;
         let t = tensors(ir, named_tensors);
@@ -253,7 +253,7 @@ fn bad_arguments_are_errors_naming_them() {
 /// `ag_matmul` at 40×24×16 on 16×16×16 blocks with chunks of 10 rows, and its
 /// f64 reference: `launch(flags, timeout)` runs it with those progress flags.
 struct AgMatmul {
-    ir: Kernel,
+    ir: Planned,
     a: HostTensor,
     b: HostTensor,
     reference: Vec<f64>,

@@ -1,6 +1,6 @@
 //! Launch and lowering parameters: block sizes, warps, pipeline stages, tile order.
 
-use crate::fit::HopperTiles;
+use crate::plan::Planned;
 use serde::{Deserialize, Serialize};
 
 /// How a kernel is lowered: one block size per tile dimension (in order of
@@ -206,17 +206,10 @@ impl std::fmt::Display for Config {
 /// [`default_config`] fitted to a GPU that allows `shared_limit` bytes of shared
 /// memory per block: a matmul drops pipeline stages (down to 2) until its ring
 /// fits, so an A100 (164 KB) runs the default 128x256x64 blocks with 3 stages.
-pub fn default_config_within(kernel: &crate::ir::Kernel, shared_limit: usize) -> Config {
-    let mut c = default_config(kernel);
-    if let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel) {
-        let b = &c.block_sizes;
-        // The GEMM's ring of stages, bf16/f16 operands (see emit::gemm).
-        let per_stage = (b[g.m] * b[g.k] + b[g.k] * b[g.n]) * 2;
-        while c.num_stages > 2 && c.num_stages * per_stage > shared_limit {
-            c.num_stages -= 1;
-        }
-    }
-    c
+pub fn default_config_within(kernel: &Planned, shared_limit: usize) -> Config {
+    kernel
+        .chosen()
+        .default_within(kernel, default_config(kernel), shared_limit)
 }
 
 /// What the lowering may use on the GPU in hand (facts, no device handle).
@@ -227,166 +220,44 @@ pub struct Target {
     /// The Hopper instructions (TMA, `wgmma`, `setmaxnreg`: sm_90a).
     pub wgmma: bool,
     /// Streaming multiprocessors: the blocks of one wave, a block per SM, for
-    /// the Hopper matmul default's tiles ([`crate::fit::hopper_tiles`]); 0 when
+    /// the Hopper matmul default's tiles ([`crate::hopper_tiles`]); 0 when
     /// not known.
     pub sms: usize,
 }
 
-/// The Hopper path's default matmul config for `tiles` (see [`HopperTiles`]),
-/// two consumer warpgroups, 64 K a step, a persistent grid:
-/// - [`HopperTiles::Pairs`]: 128x256 blocks, 4 stages (3 where shared memory is
-///   short), in pairs that share B tiles through multicast, the fastest of the
-///   Hopper configs measured on an H200 at large bf16 shapes; with the
-///   TMA-store epilogue ([`default_config_for`] adds it where the output
-///   allows) 100-108% of cuBLAS there (docs/PERFORMANCE.md);
-/// - [`HopperTiles::Wide`]: the same blocks without the pairs;
-/// - [`HopperTiles::Narrow`]: 128x128 blocks, 6 stages (fewer where shared
-///   memory is short).
-pub fn default_wgmma_config(
-    kernel: &crate::ir::Kernel,
-    shared_limit: usize,
-    tiles: HopperTiles,
-) -> Option<Config> {
-    let crate::plan::Shape::Gemm(g) = crate::plan::classify(kernel) else {
-        return None;
-    };
-    let (bn, max_stages, cluster) = match tiles {
-        HopperTiles::Pairs => (256, 4, 2),
-        HopperTiles::Wide => (256, 4, 1),
-        HopperTiles::Narrow => (128, 6, 1),
-    };
-    let mut bs = vec![64; kernel.dims.len()];
-    bs[g.m] = 128;
-    bs[g.n] = bn;
-    bs[g.k] = 64;
-    let per_stage = (128 + bn) * 64 * 2;
-    let stages = (2..=max_stages)
-        .rev()
-        .find(|s| s * per_stage + 2048 <= shared_limit)?;
-    Some(
-        Config::new(&bs)
-            .num_warps(8)
-            .num_stages(stages)
-            .wgmma(true)
-            .persistent(true)
-            .cluster_m(cluster),
-    )
-}
-
-/// The Hopper attention program's default (FlashAttention-3's shape for head
-/// dimensions up to 128): two consumer warpgroups of 64 query rows, 128 keys a
-/// step, three stages of `k` and `v` (a stage is released one tile late, when
-/// its `p·v` completes with the next tile's `q·kᵀ`: with two, every tile waited
-/// for its loads, 430 TFLOP/s against 544 at batch 8 × 16 heads × 4096 × 128 on
-/// an H200). [`crate::fit::fit_whole_dims`] takes 64 keys a step and two stages for head
-/// dimensions past 128 (the output accumulators and the tiles grow).
-pub fn default_wgmma_attention(kernel: &crate::ir::Kernel) -> Option<Config> {
-    let crate::plan::Shape::Attention(a) = crate::plan::classify(kernel) else {
-        return None;
-    };
-    let mut bs = vec![1; kernel.dims.len()];
-    bs[a.m] = 128;
-    bs[a.n] = 128;
-    bs[a.d] = 128;
-    Some(Config::new(&bs).num_warps(8).num_stages(3).wgmma(true))
-}
-
 /// The config a launch uses without tuning when its extents are not known:
 /// [`default_config_at`] with none.
-pub fn default_config_for(
-    kernel: &crate::ir::Kernel,
-    spec: &crate::spec::Spec,
-    target: Target,
-) -> Config {
+pub fn default_config_for(kernel: &Planned, spec: &crate::spec::Spec, target: Target) -> Config {
     default_config_at(kernel, spec, target, &[])
 }
 
 /// The config a launch of these extents (`extents[d]`: dimension `d`'s, where
-/// known) uses without tuning: on a [`Target`] with `wgmma`, the Hopper path
-/// when this specialization can take it (16-bit operands with rows TMA can
-/// load, or that can be staged into such rows: [`Config::stage`]), with tiles
-/// that keep the SMs busy ([`crate::fit::hopper_tiles`]) and the TMA-store
-/// epilogue where the output takes it ([`Config::tma_store`]), else
-/// [`default_config_within`]. Row kernels and `whole(…)` tiles are fitted to
-/// the extents afterwards ([`crate::fit_default`], [`crate::fit_whole_dims`]).
+/// known) uses without tuning, by the lowering the kernel takes: on a
+/// [`Target`] with `wgmma`, a matmul's or attention kernel's Hopper program
+/// when this specialization can take it (a matmul's with tiles that keep the
+/// SMs busy, [`crate::hopper_tiles`], and the TMA-store epilogue where the
+/// output takes it, [`Config::tma_store`]), else [`default_config_within`].
+/// Row kernels and `whole(…)` tiles are fitted to the extents afterwards
+/// ([`crate::fit_default`], [`crate::fit_whole_dims`]).
 pub fn default_config_at(
-    kernel: &crate::ir::Kernel,
+    kernel: &Planned,
     spec: &crate::spec::Spec,
     target: Target,
     extents: &[Option<usize>],
 ) -> Config {
     let specialized = kernel.specialize(&spec.constexprs);
     let kernel = specialized.as_deref().unwrap_or(kernel);
-    if target.wgmma {
-        if let Some(c) = default_wgmma_attention(kernel) {
-            if crate::emit::lower(kernel, spec, &c).is_ok() {
-                return c;
-            }
-        }
-        // The TMA-store epilogue where the output allows it and it fits:
-        // faster at every shape measured, 1.006-1.41x on an H200
-        // (docs/PERFORMANCE.md, session 14).
-        let with_tma = |c: Config| {
-            let t = c.clone().tma_store(true);
-            match crate::emit::lower(kernel, spec, &t) {
-                Ok(l) if l.shared_bytes as usize <= target.shared_limit => t,
-                _ => c,
-            }
-        };
-        let hopper = |tiles| {
-            let c = default_wgmma_config(kernel, target.shared_limit, tiles)?;
-            if crate::emit::lower(kernel, spec, &c).is_ok() {
-                return Some(with_tma(c));
-            }
-            // Operands TMA cannot load as they are: copied into aligned scratch,
-            // the Hopper path still beats the portable one's narrow loads by far.
-            let staged = c.stage(true);
-            (!crate::staging::unaligned_operands(kernel, spec).is_empty()
-                && crate::emit::lower(kernel, spec, &staged).is_ok())
-            .then(|| with_tma(staged))
-        };
-        let tiles = crate::fit::hopper_tiles(kernel, extents, target.sms);
-        if let Some(c) = hopper(tiles).or_else(|| hopper(HopperTiles::Pairs)) {
-            return c;
-        }
-    }
-    default_config_within(kernel, target.shared_limit)
+    kernel.chosen().default_at(kernel, spec, target, extents)
 }
 
-/// A config that works for `kernel` without tuning.
+/// A config that works for `kernel` without tuning, the default of the
+/// lowering it takes.
 ///
 /// Matmul kernels get 128x256x64 blocks (M x N x K), 8 warps (64x64 warp tiles)
 /// and 4 stages: 192 KB of shared memory, the fastest of the swept configs on an
 /// H200 at large shapes (docs/PERFORMANCE.md). GPUs with less shared memory per
-/// block get fewer stages: see [`default_config_within`]. Other kernels take
-/// the general lowering's default ([`crate::emit::general::default_config`]).
-pub fn default_config(kernel: &crate::ir::Kernel) -> Config {
-    use crate::plan::{classify, Shape};
-    match classify(kernel) {
-        Shape::Gemm(g) => {
-            let mut bs = vec![64; kernel.dims.len()];
-            bs[g.m] = 128;
-            bs[g.n] = 256;
-            bs[g.k] = 64;
-            Config::new(&bs).num_warps(8).num_stages(4)
-        }
-        Shape::Attention(a) => {
-            // FlashAttention-2's shape for head dimensions up to 128: 4 warps of
-            // 32 query rows, 64 keys a step.
-            let mut bs = vec![1; kernel.dims.len()];
-            bs[a.m] = 128;
-            bs[a.n] = 64;
-            bs[a.d] = 128;
-            Config::new(&bs).num_warps(4)
-        }
-        Shape::Rows => {
-            // A warp per row, 1024 columns per step: 32 values a thread (bf16),
-            // loaded 16 bytes at a time; one pass for rows of up to 1024.
-            let bs: Vec<usize> = (0..kernel.dims.len())
-                .map(|d| if kernel.grid.contains(&d) { 4 } else { 1024 })
-                .collect();
-            Config::new(&bs).num_warps(4)
-        }
-        Shape::General => crate::emit::general::default_config(kernel, &[]),
-    }
+/// block get fewer stages: see [`default_config_within`]. Kernels the general
+/// lowering takes get its default ([`crate::emit::general::default_config`]).
+pub fn default_config(kernel: &Planned) -> Config {
+    kernel.chosen().default_config(kernel)
 }

@@ -2,8 +2,10 @@
 //! CUDA C. Pure Rust: nothing here touches a GPU, a driver or NVRTC.
 //!
 //! The pipeline is [`Kernel`] (built by the `#[fused_kernel]` macro) →
-//! [`check()`] for a [`Spec`] (the argument facts known at launch) → [`lower`] for a
-//! [`Config`] → [`Lowered`] (CUDA C source, parameter ABI, launch geometry).
+//! [`Planned`] (the lowering it takes, chosen once from the registry
+//! `emit::LOWERINGS`) → [`check()`] for a [`Spec`] (the argument facts known
+//! at launch) → [`lower`] for a [`Config`] → [`Lowered`] (CUDA C source,
+//! parameter ABI, launch geometry).
 
 pub mod check;
 pub mod config;
@@ -24,13 +26,16 @@ pub mod staging;
 
 pub use check::check;
 pub use config::{
-    default_config, default_config_at, default_config_for, default_config_within,
-    default_wgmma_attention, default_wgmma_config, Config, Target,
+    default_config, default_config_at, default_config_for, default_config_within, Config, Target,
 };
 pub use dtype::DType;
-pub use emit::{lower, Lowered, Param, SplitTail};
+pub use emit::{
+    default_wgmma_attention, default_wgmma_config, hopper_tiles, lower, HopperTiles, Lowered,
+    Param, SplitTail,
+};
 pub use error::CodegenError;
-pub use fit::{fit_default, fit_whole_dims, hopper_tiles, HopperTiles};
+pub use fit::{fit_default, fit_whole_dims, group_rows};
 pub use ir::Kernel;
+pub use plan::Planned;
 pub use space::{Axis, ConfigSpace};
 pub use spec::{ScalarKind, Spec, TensorSpec};

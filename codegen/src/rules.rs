@@ -8,6 +8,7 @@
 //! computes are tested against the tensor instead, element by element.
 
 use crate::ir::*;
+use crate::plan::Planned;
 
 /// `tensors[tensor].shape[axis]` must equal (`exact`) or be at least the
 /// extent of tile `dim`.
@@ -51,9 +52,9 @@ impl SizeRule {
 }
 
 /// The size rules of `k` (specialized), one per (tensor, axis, tile), in
-/// source order.
-pub fn size_rules(k: &Kernel) -> Vec<SizeRule> {
-    let exact = crate::plan::classify(k) != crate::plan::Shape::General;
+/// source order; exact where the lowering it takes needs them so.
+pub fn size_rules(k: &Planned) -> Vec<SizeRule> {
+    let exact = k.chosen().exact_sizes();
     let mut rules: Vec<SizeRule> = Vec::new();
     let mut add = |tensor: TensorId, index: &[Expr], at: &str| {
         for (axis, c) in index.iter().enumerate() {

@@ -6,9 +6,7 @@
 
 use crate::config::{default_config_at, default_config_for, Config, Target};
 use crate::emit::lower;
-use crate::fit::HopperTiles;
-use crate::ir::Kernel;
-use crate::plan::{classify, AttentionShape, GemmShape, Shape};
+use crate::plan::Planned;
 use crate::spec::Spec;
 
 /// One tunable parameter and its values, in increasing order.
@@ -107,8 +105,8 @@ impl Axis {
 /// The configs a kernel can be tuned over on one GPU.
 ///
 /// ```
-/// # use tilefuse_codegen::ir::Kernel;
-/// # fn demo(kernel: &Kernel, spec: &tilefuse_codegen::Spec) {
+/// # use tilefuse_codegen::Planned;
+/// # fn demo(kernel: &Planned, spec: &tilefuse_codegen::Spec) {
 /// let target = tilefuse_codegen::Target { shared_limit: 227 * 1024, wgmma: true, sms: 132 };
 /// let space = tilefuse_codegen::ConfigSpace::new(kernel, spec, target);
 /// let seeds = space.seeds(spec, true); // proven configs that fit, the default first
@@ -116,73 +114,24 @@ impl Axis {
 /// ```
 #[derive(Clone, Debug)]
 pub struct ConfigSpace {
-    kernel: Kernel,
+    kernel: Planned,
     /// The specialization and GPU the space was made for (the default's inputs).
     spec: Spec,
     target: Target,
-    /// The Hopper tiles of the launch's extents ([`ConfigSpace::with_extents`]).
-    tiles: HopperTiles,
+    /// The launch's extents, where known ([`ConfigSpace::with_extents`]).
+    extents: Vec<Option<usize>>,
     axes: Vec<Axis>,
     default: Config,
-    gemm: Option<GemmShape>,
-    /// Some matmul operand is unaligned and can be staged (the `stage` axis).
+    /// Some operand is unaligned and can be staged (the `stage` axis).
     stageable: bool,
 }
-
-const GEMM_BLOCKS_MN: [usize; 4] = [32, 64, 128, 256];
-const GEMM_BLOCKS_K: [usize; 3] = [32, 64, 128];
 
 impl ConfigSpace {
     /// The space of `kernel` for `spec` on `target`: with `wgmma`, matmuls also get
     /// the Hopper path's configs.
-    pub fn new(kernel: &Kernel, spec: &Spec, target: Target) -> ConfigSpace {
+    pub fn new(kernel: &Planned, spec: &Spec, target: Target) -> ConfigSpace {
         let default = default_config_for(kernel, spec, target);
-        let gemm = match classify(kernel) {
-            Shape::Gemm(g) => Some(g),
-            _ => None,
-        };
-        let mut axes = match &gemm {
-            Some(g) => vec![
-                Axis::Block {
-                    dim: g.m,
-                    values: GEMM_BLOCKS_MN.to_vec(),
-                },
-                Axis::Block {
-                    dim: g.n,
-                    values: GEMM_BLOCKS_MN.to_vec(),
-                },
-                Axis::Block {
-                    dim: g.k,
-                    values: GEMM_BLOCKS_K.to_vec(),
-                },
-                Axis::Warps(vec![2, 4, 8, 16]),
-                Axis::Stages(vec![2, 3, 4, 5, 6]),
-                Axis::GroupM(vec![1, 4, 8, 16]),
-            ],
-            None => match classify(kernel) {
-                Shape::Rows => rows_axes(kernel),
-                Shape::Attention(a) => vec![
-                    Axis::Block {
-                        dim: a.m,
-                        values: vec![64, 128, 256],
-                    },
-                    Axis::Block {
-                        dim: a.n,
-                        values: vec![32, 64, 128],
-                    },
-                    Axis::Warps(vec![4, 8]),
-                ],
-                Shape::General => crate::emit::general::axes(kernel),
-                Shape::Gemm(_) => Vec::new(),
-            },
-        };
-        if gemm.is_some() && target.wgmma {
-            axes.push(Axis::Persistent);
-            axes.push(Axis::ClusterM(vec![1, 2]));
-            axes.push(Axis::StreamK);
-            axes.push(Axis::TmaStore);
-            axes.push(Axis::PingPong);
-        }
+        let mut axes = kernel.chosen().axes(kernel, target);
         let stageable = !crate::staging::unaligned_operands(kernel, spec).is_empty();
         if stageable {
             axes.push(Axis::Stage);
@@ -191,10 +140,9 @@ impl ConfigSpace {
             kernel: kernel.clone(),
             spec: spec.clone(),
             target,
-            tiles: HopperTiles::Pairs,
+            extents: Vec::new(),
             axes,
             default,
-            gemm,
             stageable,
         }
     }
@@ -204,15 +152,37 @@ impl ConfigSpace {
     /// ([`crate::default_config_at`], [`crate::fit_default`],
     /// [`crate::fit_whole_dims`]).
     pub fn with_extents(mut self, extents: &[Option<usize>]) -> ConfigSpace {
-        self.tiles = crate::fit::hopper_tiles(&self.kernel, extents, self.target.sms);
+        self.extents = extents.to_vec();
         let default = default_config_at(&self.kernel, &self.spec, self.target, extents);
         let default = crate::fit::fit_default(&self.kernel, default, extents);
         self.default = crate::fit::fit_whole_dims(&self.kernel, default, extents);
         self
     }
 
+    /// What the tuner may change.
     pub fn axes(&self) -> &[Axis] {
         &self.axes
+    }
+
+    /// The kernel the space was made for.
+    pub fn kernel(&self) -> &Planned {
+        &self.kernel
+    }
+
+    /// The GPU the space was made for.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The launch's extents the default was fitted to (`extents[d]`:
+    /// dimension `d`'s, where known); empty without [`ConfigSpace::with_extents`].
+    pub fn extents(&self) -> &[Option<usize>] {
+        &self.extents
+    }
+
+    /// Whether some operand is unaligned and can be staged ([`Config::stage`]).
+    pub fn stageable(&self) -> bool {
+        self.stageable
     }
 
     /// The config used without tuning (fitted to the GPU's shared memory).
@@ -243,48 +213,7 @@ impl ConfigSpace {
     /// `quick` keeps the few that won most often on H100/H200 class GPUs.
     pub fn seeds(&self, spec: &Spec, quick: bool) -> Vec<Config> {
         let mut out = vec![self.default.clone()];
-        let proposals = match &self.gemm {
-            Some(g) => {
-                let mut p = Vec::new();
-                if self.target.wgmma {
-                    // Unaligned operands: every Hopper seed staged (TMA needs it).
-                    let hopper = wgmma_seeds(self.kernel.dims.len(), g, quick, self.tiles)
-                        .into_iter()
-                        .map(|c| c.stage(self.stageable));
-                    // The TMA-store epilogue where the output takes it (faster
-                    // at every shape measured, docs/PERFORMANCE.md session 14);
-                    // the fastest seed also storing fragments, so the search
-                    // still weighs the two.
-                    for (i, c) in hopper.enumerate() {
-                        let t = c.clone().tma_store(true);
-                        let twin = self.fits(&t, spec).is_ok();
-                        if twin {
-                            p.push(t);
-                        }
-                        if !twin || i == 0 {
-                            p.push(c);
-                        }
-                    }
-                }
-                let portable = gemm_seeds(self.kernel.dims.len(), g, quick);
-                if self.stageable {
-                    // Unaligned operands: the portable seeds staged, and the best
-                    // one also as it is, so the search weighs the copies against
-                    // the narrow loads.
-                    p.extend(portable.iter().map(|c| c.clone().stage(true)));
-                    p.extend(portable.into_iter().take(1));
-                } else {
-                    p.extend(portable);
-                }
-                p
-            }
-            None => match classify(&self.kernel) {
-                Shape::Rows => self.rows_seeds(),
-                Shape::Attention(a) => self.attention_seeds(&a),
-                Shape::General => crate::emit::general::seeds(&self.kernel, &self.default),
-                Shape::Gemm(_) => Vec::new(),
-            },
-        };
+        let proposals = self.kernel.chosen().seeds(self, spec, quick);
         for c in proposals {
             if !out.contains(&c) && self.fits(&c, spec).is_ok() {
                 out.push(c);
@@ -316,186 +245,4 @@ impl ConfigSpace {
         }
         out
     }
-
-    /// Row kernels: a warp per row for short rows, a whole block per row (one
-    /// pass, the row in registers) for long ones. (rows per program, columns per
-    /// step, warps.)
-    fn rows_seeds(&self) -> Vec<Config> {
-        const PROVEN: [(usize, usize, usize); 8] = [
-            (4, 1024, 4),
-            (1, 4096, 8),
-            (1, 8192, 8),
-            (1, 8192, 16),
-            (2, 4096, 8),
-            (8, 1024, 8),
-            (1, 2048, 4),
-            (16, 512, 16),
-        ];
-        PROVEN
-            .iter()
-            .map(|&(rows, cols, w)| {
-                let mut c = self.default.clone().num_warps(w);
-                for (d, b) in c.block_sizes.iter_mut().enumerate() {
-                    *b = if self.kernel.grid.contains(&d) {
-                        rows
-                    } else {
-                        cols
-                    };
-                }
-                c
-            })
-            .collect()
-    }
-
-    /// Attention: on Hopper, the wgmma program's (rows, keys a step, stages),
-    /// FlashAttention-3's shapes first (176 keys: its non-causal choice at head
-    /// dimension 128); then the `mma.sync` program's (rows, keys a step, warps),
-    /// FlashAttention-2's shapes first.
-    fn attention_seeds(&self, a: &AttentionShape) -> Vec<Config> {
-        const HOPPER: [(usize, usize, usize); 6] = [
-            (128, 128, 3),
-            (128, 176, 2),
-            (128, 64, 4),
-            (128, 128, 2),
-            (64, 128, 3),
-            (64, 64, 4),
-        ];
-        const PROVEN: [(usize, usize, usize); 7] = [
-            (128, 64, 4),
-            (128, 32, 4),
-            (128, 128, 8),
-            (128, 64, 8),
-            (64, 64, 4),
-            (256, 64, 8),
-            (64, 128, 4),
-        ];
-        let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
-            let mut c = Config {
-                wgmma,
-                ..self.default.clone()
-            }
-            .num_warps(warps);
-            c.block_sizes[a.m] = bm;
-            c.block_sizes[a.n] = bn;
-            c
-        };
-        let hopper = HOPPER
-            .iter()
-            .filter(|_| self.target.wgmma)
-            .map(|&(bm, bn, stages)| seed(bm, bn, bm / 16, true).num_stages(stages));
-        let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
-        hopper.chain(portable).collect()
-    }
-}
-
-/// Proven GEMM configs (M block, N block, K block, warps, stages), fastest first
-/// at large bf16 shapes on an H200 (docs/PERFORMANCE.md, the swept configs).
-fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
-    const PROVEN: [(usize, usize, usize, usize, usize); 12] = [
-        (128, 256, 64, 8, 4),
-        (256, 128, 64, 8, 4),
-        (128, 256, 32, 8, 4),
-        (128, 256, 64, 8, 3),
-        (256, 128, 32, 8, 4),
-        (128, 128, 64, 4, 3),
-        (128, 128, 32, 4, 4),
-        (128, 128, 64, 8, 4),
-        (64, 128, 64, 4, 4),
-        (128, 64, 64, 4, 4),
-        (64, 64, 64, 4, 3),
-        (64, 256, 64, 8, 4),
-    ];
-    let take = if quick { 6 } else { PROVEN.len() };
-    PROVEN[..take]
-        .iter()
-        .map(|&(bm, bn, bk, w, s)| {
-            let mut bs = vec![64; dims];
-            bs[g.m] = bm;
-            bs[g.n] = bn;
-            bs[g.k] = bk;
-            Config::new(&bs).num_warps(w).num_stages(s)
-        })
-        .collect()
-}
-
-/// Hopper configs (M block, N block, consumer warps, stages, persistent, blocks
-/// per cluster, ping-pong), fastest first on an H200: BK is 64 and the M block
-/// 16 x warps, or with ping-pong each warpgroup's (64 or 128 rows). Ping-pong
-/// comes last: it measured 3–18% slower than the default at nine of ten shapes
-/// (docs/PERFORMANCE.md, session 18), so only the full level tries it.
-fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool, tiles: HopperTiles) -> Vec<Config> {
-    type Seed = (usize, usize, usize, usize, bool, usize, bool);
-    const PROVEN: [Seed; 12] = [
-        (128, 256, 8, 4, true, 2, false),
-        (128, 256, 8, 4, false, 1, false),
-        (128, 192, 8, 4, true, 1, false),
-        (128, 256, 8, 4, false, 2, false),
-        (128, 128, 8, 6, true, 2, false),
-        (128, 256, 8, 3, false, 1, false),
-        (128, 128, 8, 5, false, 1, false),
-        (64, 256, 4, 4, false, 1, false),
-        (128, 192, 8, 4, false, 1, false),
-        (128, 128, 8, 5, true, 1, true),
-        (128, 128, 8, 5, true, 2, true),
-        (64, 256, 8, 4, true, 2, true),
-    ];
-    // Launches whose 128×128 tiles fit one wave (the default's own tiles
-    // there): the configs of small tiles that came closest to it or beat it
-    // at nine such shapes on an H200 (docs/PERFORMANCE.md, session 22), first.
-    const ONE_WAVE: [Seed; 3] = [
-        (64, 256, 4, 4, false, 1, false),
-        (128, 128, 8, 5, false, 1, false),
-        (128, 192, 8, 4, true, 1, false),
-    ];
-    // Quick: four proven configs, or where those tiles leave SMs idle the three
-    // above and the pairs (the default of larger launches) for scale.
-    let take = match (quick, tiles) {
-        (false, _) => PROVEN.len(),
-        (true, HopperTiles::Narrow) => 1,
-        (true, _) => 4,
-    };
-    let first: &[Seed] = match tiles {
-        HopperTiles::Narrow => &ONE_WAVE,
-        _ => &[],
-    };
-    first
-        .iter()
-        .chain(PROVEN.iter().filter(|s| !first.contains(s)).take(take))
-        .map(|&(bm, bn, w, s, p, cl, pp)| {
-            let mut bs = vec![64; dims];
-            bs[g.m] = bm;
-            bs[g.n] = bn;
-            bs[g.k] = 64;
-            Config::new(&bs)
-                .num_warps(w)
-                .num_stages(s)
-                .wgmma(true)
-                .persistent(p)
-                .cluster_m(cl)
-                .pingpong(pp)
-        })
-        .collect()
-}
-
-/// Row (reducing) kernels: the columns per step of each `tile()` loop, the rows
-/// per program, and warps.
-fn rows_axes(kernel: &Kernel) -> Vec<Axis> {
-    let mut axes = Vec::new();
-    for d in 0..kernel.dims.len() {
-        if !kernel.grid.contains(&d) {
-            axes.push(Axis::Block {
-                dim: d,
-                values: vec![256, 512, 1024, 2048, 4096, 8192],
-            });
-        }
-    }
-    for &d in &kernel.grid {
-        axes.push(Axis::Block {
-            dim: d,
-            values: vec![1, 2, 4, 8, 16],
-        });
-    }
-    axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
-    axes.push(Axis::Occupancy(vec![0, 512, 768, 1024]));
-    axes
 }

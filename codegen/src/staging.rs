@@ -10,45 +10,24 @@
 //! the whole GEMM onto the fast path.
 
 use crate::config::Config;
-use crate::ir::{Kernel, Stmt, TensorId};
-use crate::plan::{classify, Shape};
+use crate::ir::TensorId;
+use crate::plan::Planned;
 use crate::spec::Spec;
 
-/// The matmul operands of `kernel` that a staged launch copies for `spec`: 2-D,
-/// contiguous along their last dimension, not 16-byte aligned, and only read by
-/// the kernel. Empty when the kernel is not a matmul or waits on flags (its
+/// The operands of `kernel` that a staged launch copies for `spec`, as the
+/// lowering it takes decides: a matmul's A and B where they are 2-D,
+/// contiguous along their last dimension, not 16-byte aligned, and only read
+/// by the kernel. Empty when the kernel is not a matmul or waits on flags (its
 /// operands are still being written when the launch is queued, so a copy made
 /// before it would read stale data).
-pub fn unaligned_operands(kernel: &Kernel, spec: &Spec) -> Vec<TensorId> {
-    let Shape::Gemm(g) = classify(kernel) else {
-        return Vec::new();
-    };
-    let mut written = vec![false; kernel.tensors.len()];
-    let mut waits = false;
-    kernel.walk_stmts(&mut |s| match s {
-        Stmt::Store { tensor, .. } => written[*tensor] = true,
-        Stmt::Wait { .. } => waits = true,
-        _ => {}
-    });
-    if waits {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for t in [g.a, g.b] {
-        let Some(ts) = spec.tensors.get(t) else {
-            continue;
-        };
-        if ts.rank == 2 && ts.last_contiguous && ts.align < 16 && !written[t] && !out.contains(&t) {
-            out.push(t);
-        }
-    }
-    out
+pub fn unaligned_operands(kernel: &Planned, spec: &Spec) -> Vec<TensorId> {
+    kernel.chosen().unaligned_operands(kernel, spec)
 }
 
 /// What `lower` compiles for: `spec` with the staged operands 16-byte aligned
 /// (the copies are), and which operands those are. Without `config.stage` the
 /// spec is unchanged and nothing is staged.
-pub fn staged_spec(kernel: &Kernel, spec: &Spec, config: &Config) -> (Spec, Vec<TensorId>) {
+pub fn staged_spec(kernel: &Planned, spec: &Spec, config: &Config) -> (Spec, Vec<TensorId>) {
     if !config.stage {
         return (spec.clone(), Vec::new());
     }

@@ -9,7 +9,7 @@ use common::*;
 
 /// Lowers `k` for `spec` and `cfg` through the general lowering.
 fn general(k: &Kernel, spec: &Spec, cfg: &Config) -> Lowered {
-    let l = lower(k, spec, cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let l = lower(&plan(k), spec, cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
     assert_eq!(l.path, "general", "{}", k.name);
     if let Ok(dir) = std::env::var("TILEFUSE_DUMP_DIR") {
         // The source and how to launch it (for running it outside the runtime).
@@ -460,12 +460,16 @@ fn storing_one_blocks_partial_reduction_in_its_loop_is_an_error() {
 fn general_configs_need_powers_of_two_and_each_blocks_of_one() {
     let k = pointwise_2d();
     expect_config_err(
-        lower(&k, &pointwise_2d_spec(), &Config::new(&[4, 1000])),
+        lower(&plan(&k), &pointwise_2d_spec(), &Config::new(&[4, 1000])),
         "power of two",
     );
     let k = jagged_sum();
     expect_config_err(
-        lower(&k, &spec_of(&k, &ints(2)), &Config::new(&[2, 128, 32])),
+        lower(
+            &plan(&k),
+            &spec_of(&k, &ints(2)),
+            &Config::new(&[2, 128, 32]),
+        ),
         "must be 1",
     );
 }
@@ -518,7 +522,7 @@ fn add_lowers_at_the_tuning_seeds() {
     let spec = spec_of(&k, &ints(2));
     let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(16384), Some(8192)]);
     for seed in tilefuse_codegen::emit::general::seeds(&k, &c) {
-        lower(&k, &spec, &seed).unwrap_or_else(|e| panic!("{seed}: {e}"));
+        lower(&plan(&k), &spec, &seed).unwrap_or_else(|e| panic!("{seed}: {e}"));
     }
     general(&k, &spec, &c);
     // Named variants, for measuring them outside the runtime.

@@ -5,10 +5,9 @@
 mod common;
 
 use common::*;
-use tilefuse_codegen::plan::{classify, Shape};
 use tilefuse_codegen::{
     default_config_at, default_config_for, hopper_tiles, lower, Config, ConfigSpace, HopperTiles,
-    Kernel, Target,
+    Planned, Target,
 };
 
 const H200: Target = Target {
@@ -18,8 +17,8 @@ const H200: Target = Target {
 };
 
 /// `extents[d]` for a matmul launch of M×N×K.
-fn extents(k: &Kernel, m: usize, n: usize, kk: usize) -> Vec<Option<usize>> {
-    let Shape::Gemm(g) = classify(k) else {
+fn extents(k: &Planned, m: usize, n: usize, kk: usize) -> Vec<Option<usize>> {
+    let Some(g) = k.plan::<GemmShape>() else {
         panic!("not a matmul");
     };
     let mut e = vec![None; k.dims.len()];
@@ -28,8 +27,8 @@ fn extents(k: &Kernel, m: usize, n: usize, kk: usize) -> Vec<Option<usize>> {
 }
 
 /// (M block, N block, blocks per cluster) of a config.
-fn tile_of(k: &Kernel, c: &Config) -> (usize, usize, usize) {
-    let Shape::Gemm(g) = classify(k) else {
+fn tile_of(k: &Planned, c: &Config) -> (usize, usize, usize) {
+    let Some(g) = k.plan::<GemmShape>() else {
         panic!("not a matmul");
     };
     (c.block_sizes[g.m], c.block_sizes[g.n], c.cluster_m)
@@ -37,7 +36,7 @@ fn tile_of(k: &Kernel, c: &Config) -> (usize, usize, usize) {
 
 #[test]
 fn tiles_follow_the_waves_they_need() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let at = |m, n| hopper_tiles(&k, &extents(&k, m, n, 4096), 132);
     // 128×128 tiles fit one wave of 132 SMs.
     assert_eq!(at(1000, 1000), HopperTiles::Narrow); // 64 tiles
@@ -62,10 +61,10 @@ fn tiles_follow_the_waves_they_need() {
 
 #[test]
 fn unknown_extents_or_sms_keep_the_pairs() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     assert_eq!(hopper_tiles(&k, &[], 132), HopperTiles::Pairs);
     let mut only_m = extents(&k, 512, 512, 512);
-    let Shape::Gemm(g) = classify(&k) else {
+    let Some(g) = k.plan::<GemmShape>() else {
         unreachable!()
     };
     only_m[g.n] = None;
@@ -75,7 +74,7 @@ fn unknown_extents_or_sms_keep_the_pairs() {
         HopperTiles::Pairs
     );
     // Not a matmul: nothing to fit.
-    let add = pointwise_2d();
+    let add = Planned::new(pointwise_2d());
     assert_eq!(
         hopper_tiles(&add, &[Some(64), Some(64)], 132),
         HopperTiles::Pairs
@@ -84,7 +83,7 @@ fn unknown_extents_or_sms_keep_the_pairs() {
 
 #[test]
 fn the_default_takes_the_tiles_of_its_extents_and_fits_the_gpu() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     let pairs = default_config_for(&k, &spec, H200);
     assert_eq!(tile_of(&k, &pairs), (128, 256, 2));
@@ -128,7 +127,7 @@ fn the_default_takes_the_tiles_of_its_extents_and_fits_the_gpu() {
 
 #[test]
 fn staged_operands_and_portable_gpus_keep_their_paths() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let ragged = unaligned_spec(&k);
     let c = default_config_at(&k, &ragged, H200, &extents(&k, 777, 2222, 3333));
     assert_eq!(tile_of(&k, &c), (128, 128, 1));
@@ -147,7 +146,7 @@ fn staged_operands_and_portable_gpus_keep_their_paths() {
 
 #[test]
 fn the_tuner_starts_from_the_default_of_its_extents() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     let ext = extents(&k, 512, 4096, 4096);
     let space = ConfigSpace::new(&k, &spec, H200).with_extents(&ext);

@@ -39,7 +39,7 @@ fn absurd_configs_are_errors_not_panics() {
     for k in kernels() {
         let spec = declared_spec(&k);
         for cfg in configs(&k) {
-            let r = std::panic::catch_unwind(|| lower(&k, &spec, &cfg).map(drop));
+            let r = std::panic::catch_unwind(|| lower(&plan(&k), &spec, &cfg).map(drop));
             assert!(r.is_ok(), "`{}` with {cfg} panicked", k.name);
         }
     }
@@ -68,7 +68,9 @@ fn absurd_extents_give_a_default_not_a_panic() {
         ] {
             for e in [0usize, 1, 1 << 40, usize::MAX] {
                 let extents = vec![Some(e); k.dims.len()];
-                let r = std::panic::catch_unwind(|| default_config_at(&k, &spec, target, &extents));
+                let r = std::panic::catch_unwind(|| {
+                    default_config_at(&plan(&k), &spec, target, &extents)
+                });
                 assert!(
                     r.is_ok(),
                     "`{}` at extents {e} on {target:?} panicked",

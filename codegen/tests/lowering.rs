@@ -43,7 +43,7 @@ fn addmm_contracts_by_name() {
     // A K-major B (`a·bᵀ`) checks, and the general lowering takes it.
     let k = with_b(&[TN, TK], "b[(tn, tk)]");
     check(&k, &declared_spec(&k)).expect("a·bᵀ checks");
-    let l = lower(&k, &declared_spec(&k), &default_config(&k)).unwrap();
+    let l = lower(&plan(&k), &declared_spec(&k), &default_config(&plan(&k))).unwrap();
     assert_eq!(l.path, "general");
 
     let k = with_b(&[TN, TM], "b[(tn, tm)]");
@@ -341,7 +341,7 @@ fn float_remainder_is_fmod_and_floats_do_not_go_into_int_tensors() {
         ),
         "out[ti] = x[ti] % 2",
     );
-    let l = lowered(&k, &declared_spec(&k), &default_config(&k));
+    let l = lowered(&k, &declared_spec(&k), &default_config(&plan(&k)));
     assert!(kernel_part(&l).contains("fmodf("), "{}", kernel_part(&l));
 
     let mut k = pointwise_1d();
@@ -396,10 +396,10 @@ fn check_rejects_bad_arguments() {
     ));
 }
 
-// ---------------------------------------------------------------- plan::classify
+// ---------------------------------------------------------------- Planned
 
 #[test]
-fn classify_matmul_is_gemm() {
+fn a_matmul_is_planned_as_a_gemm() {
     let want = GemmShape {
         m: TM,
         n: TN,
@@ -409,24 +409,27 @@ fn classify_matmul_is_gemm() {
         b: B,
         k_loop: 1,
     };
-    assert_eq!(classify(&matmul()), Shape::Gemm(want.clone()));
-    assert_eq!(classify(&matmul_bias_gelu()), Shape::Gemm(want));
+    for k in [plan(&matmul()), plan(&matmul_bias_gelu())] {
+        assert_eq!(k.lowering(), "gemm");
+        assert_eq!(k.plan::<GemmShape>(), Some(&want));
+    }
 }
 
 #[test]
-fn classify_elementwise_is_general() {
-    assert_eq!(classify(&pointwise_2d()), Shape::General);
-    assert_eq!(classify(&pointwise_1d()), Shape::General);
-    assert_eq!(classify(&rows_inner_loop()), Shape::General);
+fn elementwise_kernels_are_planned_as_general() {
+    for k in [pointwise_2d(), pointwise_1d(), rows_inner_loop()] {
+        assert_eq!(plan(&k).lowering(), "general");
+    }
 }
 
 /// A matmul outside the GEMM lowering's form takes the general lowering,
 /// which lowers it (and names its path).
 fn general_takes(k: &Kernel) {
-    assert_eq!(classify(k), Shape::General);
-    let spec = matmul_spec(k);
-    let c = default_config(k);
-    let l = lower(k, &spec, &c).unwrap_or_else(|e| panic!("{e}"));
+    let k = plan(k);
+    assert_eq!(k.lowering(), "general");
+    let spec = matmul_spec(&k);
+    let c = default_config(&k);
+    let l = lower(&k, &spec, &c).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(l.path, "general");
 }
 
@@ -611,7 +614,7 @@ fn lower_matmul_rejects_non_contiguous_operand() {
     let k = matmul();
     let mut spec = declared_spec(&k);
     spec.tensors[B].last_contiguous = false;
-    match lower(&k, &spec, &gemm_config()) {
+    match lower(&plan(&k), &spec, &gemm_config()) {
         Err(CodegenError::Argument { arg, message, .. }) => {
             assert_eq!(arg, "b");
             assert!(message.contains("second operand"), "{message}");
@@ -672,7 +675,7 @@ fn lower_matmul_with_wait() {
     // Non-contiguous flags are an argument error.
     let mut spec = declared_spec(&k);
     spec.tensors[3].last_contiguous = false;
-    match lower(&k, &spec, &gemm_config()) {
+    match lower(&plan(&k), &spec, &gemm_config()) {
         Err(CodegenError::Argument { arg, .. }) => assert_eq!(arg, "flags"),
         other => panic!("{other:?}"),
     }
@@ -802,7 +805,7 @@ fn lower_elementwise_with_two_waits_numbers_sites() {
             },
         );
     }
-    let cfg = default_config(&k);
+    let cfg = default_config(&plan(&k));
     let l = lowered(&k, &declared_spec(&k), &cfg);
     assert_eq!(l.wait_sites, vec!["wait(flags, 0, 1)", "wait(flags, 1, 2)"]);
     let body = kernel_part(&l);
@@ -814,39 +817,45 @@ fn lower_elementwise_with_two_waits_numbers_sites() {
 fn lower_config_errors() {
     let k = matmul();
     let spec = declared_spec(&k);
-    let msg = expect_config_err(lower(&k, &spec, &Config::new(&[128, 256])), "2 block sizes");
+    let msg = expect_config_err(
+        lower(&plan(&k), &spec, &Config::new(&[128, 256])),
+        "2 block sizes",
+    );
     assert!(msg.contains("tm, tn, tk"), "{msg}");
     expect_config_err(
-        lower(&k, &spec, &Config::new(&[128, 256, 48]).num_warps(8)),
+        lower(&plan(&k), &spec, &Config::new(&[128, 256, 48]).num_warps(8)),
         "K block (48)",
     );
     expect_config_err(
-        lower(&k, &spec, &gemm_config().num_stages(1)),
+        lower(&plan(&k), &spec, &gemm_config().num_stages(1)),
         "num_stages (1)",
     );
-    expect_config_err(lower(&k, &spec, &gemm_config().num_warps(3)), "num_warps");
     expect_config_err(
-        lower(&k, &spec, &Config::new(&[256, 256, 32]).num_warps(2)),
+        lower(&plan(&k), &spec, &gemm_config().num_warps(3)),
+        "num_warps",
+    );
+    expect_config_err(
+        lower(&plan(&k), &spec, &Config::new(&[256, 256, 32]).num_warps(2)),
         "1024 accumulators",
     );
     expect_config_err(
-        lower(&k, &spec, &Config::new(&[128, 96, 32]).num_warps(4)),
+        lower(&plan(&k), &spec, &Config::new(&[128, 96, 32]).num_warps(4)),
         "N block (96)",
     );
     expect_config_err(
-        lower(&k, &spec, &Config::new(&[120, 128, 32]).num_warps(4)),
+        lower(&plan(&k), &spec, &Config::new(&[120, 128, 32]).num_warps(4)),
         "M block (120)",
     );
     expect_config_err(
-        lower(&k, &spec, &Config::new(&[16, 16, 32]).num_warps(16)),
+        lower(&plan(&k), &spec, &Config::new(&[16, 16, 32]).num_warps(16)),
         "16 warps cannot split a 16x16 block",
     );
     expect_config_err(
-        lower(&k, &spec, &Config::new(&[128, 0, 32])),
+        lower(&plan(&k), &spec, &Config::new(&[128, 0, 32])),
         "block size 0",
     );
     // The config is named in the error.
-    match lower(&k, &spec, &gemm_config().num_stages(9)) {
+    match lower(&plan(&k), &spec, &gemm_config().num_stages(9)) {
         Err(e @ CodegenError::Config { .. }) => {
             let text = e.to_string();
             assert!(text.contains("`matmul`"), "{text}");
@@ -923,7 +932,7 @@ fn lower_matmul_rejects_reassigning_acc_after_loop() {
         2,
         assign(ACC, un(UnOp::Relu, Expr::Var(ACC)), "acc = relu(acc)"),
     );
-    let (at, message) = expect_unsupported(lower(&k, &declared_spec(&k), &gemm_config()));
+    let (at, message) = expect_unsupported(lower(&plan(&k), &declared_spec(&k), &gemm_config()));
     assert_eq!(at, "acc = relu(acc)");
     assert!(message.contains("let y = relu(acc)"), "{message}");
 }
@@ -933,7 +942,7 @@ fn lower_matmul_rejects_reassigning_acc_after_loop() {
 #[test]
 fn lower_elementwise_2d() {
     let k = pointwise_2d();
-    let cfg = default_config(&k);
+    let cfg = default_config(&plan(&k));
     assert_eq!(cfg.block_sizes, vec![4, 1024]);
     let l = lowered(&k, &pointwise_2d_spec(), &cfg);
     assert_eq!(l.path, "general");
@@ -979,14 +988,14 @@ fn lower_elementwise_2d() {
     );
     // A float start index is an error naming it.
     spec.scalars[3] = ScalarKind::Float;
-    let e = lower(&k, &spec, &cfg).unwrap_err().to_string();
+    let e = lower(&plan(&k), &spec, &cfg).unwrap_err().to_string();
     assert!(e.contains("`i`") && e.contains("integer"), "{e}");
 }
 
 #[test]
 fn lower_elementwise_1d() {
     let k = pointwise_1d();
-    let cfg = default_config(&k);
+    let cfg = default_config(&plan(&k));
     assert_eq!(cfg.block_sizes, vec![4096]);
     let l = lowered(&k, &declared_spec(&k), &cfg);
     assert_eq!(l.shared_bytes, 0);
@@ -1005,7 +1014,7 @@ fn lower_elementwise_1d() {
 #[test]
 fn lower_elementwise_inner_loop() {
     let k = rows_inner_loop();
-    let cfg = default_config(&k);
+    let cfg = default_config(&plan(&k));
     assert_eq!(cfg.block_sizes, vec![4, 1024]);
     let l = lowered(&k, &declared_spec(&k), &cfg);
     assert_eq!(l.shared_bytes, 0);
@@ -1039,7 +1048,7 @@ fn lower_int_ops_keep_the_type_of_the_tensor() {
         ),
         "out[ti] = max(x[ti] % 3, -x[ti])",
     )];
-    let l = lowered(&k, &declared_spec(&k), &default_config(&k));
+    let l = lowered(&k, &declared_spec(&k), &default_config(&plan(&k)));
     let body = kernel_part(&l);
     assert!(body.contains("const int tf_v = tf_max("), "{body}");
     assert!(body.contains("% (int)(3ll))"), "{body}");
@@ -1066,7 +1075,7 @@ fn a_value_carried_across_a_loop_stays_in_registers() {
     ];
     let mut spec = declared_spec(&k);
     spec.tensors[0].rank = 1;
-    let l = lowered(&k, &spec, &default_config(&k));
+    let l = lowered(&k, &spec, &default_config(&plan(&k)));
     let body = kernel_part(&l);
     let decl = body.find("float v0_").expect("s declared");
     let lp = body.find("for (long long tb1").expect("the loop");
@@ -1079,7 +1088,7 @@ fn a_value_carried_across_a_loop_stays_in_registers() {
 #[test]
 fn default_config_matmul() {
     let k = matmul();
-    let c = default_config(&k);
+    let c = default_config(&plan(&k));
     assert_eq!(c.block_sizes, vec![128, 256, 64]);
     assert_eq!(c.num_warps, 8);
     assert_eq!(c.num_stages, 4);
@@ -1089,11 +1098,11 @@ fn default_config_matmul() {
     // Fitted to a GPU's shared memory: an H100/H200 keeps 4 stages, an A100
     // (164 KB) gets 3, and a 100 KB GPU 2; never fewer than 2.
     use tilefuse_codegen::default_config_within;
-    assert_eq!(default_config_within(&k, 227 * 1024).num_stages, 4);
-    assert_eq!(default_config_within(&k, 164 * 1024).num_stages, 3);
-    assert_eq!(default_config_within(&k, 100 * 1024).num_stages, 2);
-    assert_eq!(default_config_within(&k, 1024).num_stages, 2);
-    let fitted = default_config_within(&k, 164 * 1024);
+    assert_eq!(default_config_within(&plan(&k), 227 * 1024).num_stages, 4);
+    assert_eq!(default_config_within(&plan(&k), 164 * 1024).num_stages, 3);
+    assert_eq!(default_config_within(&plan(&k), 100 * 1024).num_stages, 2);
+    assert_eq!(default_config_within(&plan(&k), 1024).num_stages, 2);
+    let fitted = default_config_within(&plan(&k), 164 * 1024);
     assert!(lowered(&k, &declared_spec(&k), &fitted).shared_bytes as usize <= 164 * 1024);
 
     // Dimension order does not matter: tk declared first.
@@ -1123,7 +1132,7 @@ fn default_config_matmul() {
             "out[(tm, tn)] = acc.cast()",
         ),
     ];
-    let c = default_config(&k);
+    let c = default_config(&plan(&k));
     assert_eq!(c.block_sizes, vec![64, 128, 256]);
     lowered(&k, &declared_spec(&k), &c);
 }
@@ -1135,7 +1144,7 @@ fn default_config_pointwise_is_valid() {
         (pointwise_1d(), declared_spec(&pointwise_1d())),
         (rows_inner_loop(), declared_spec(&rows_inner_loop())),
     ] {
-        let c = default_config(&k);
+        let c = default_config(&plan(&k));
         assert_eq!(c.block_sizes.len(), k.dims.len(), "{}", k.name);
         assert!(matches!(c.num_warps, 1 | 2 | 4 | 8 | 16));
         let l = lowered(&k, &spec, &c);
@@ -1228,7 +1237,7 @@ fn a_let_keeps_its_value_at_binding() {
         ),
         store(1, &[0], Expr::Var(1), "out[ti] = b"),
     ];
-    let l = lowered(&k, &declared_spec(&k), &default_config(&k));
+    let l = lowered(&k, &declared_spec(&k), &default_config(&plan(&k)));
     let body = kernel_part(&l);
     let b = body.find("* 2.0f)").expect("b");
     let a = body.find("+ 1.0f)").expect("a's update");
@@ -1313,7 +1322,7 @@ fn gemm_let_of_acc_before_loop_is_rejected() {
         cast(Expr::Var(1), None),
         "out[(tm, tn)] = base.cast()",
     );
-    match lower(&k, &declared_spec(&k), &gemm_config()) {
+    match lower(&plan(&k), &declared_spec(&k), &gemm_config()) {
         Err(CodegenError::Unsupported { at, message, .. }) => {
             assert!(at.contains("let base"), "{at}");
             assert!(message.contains("before the K loop"), "{message}");
@@ -1351,7 +1360,7 @@ fn matmul_grid_starting_at_rotates_the_tile_order() {
     k.grid_start = vec![s, 0];
     let mut spec = declared_spec(&k);
     spec.scalars[s] = ScalarKind::Int;
-    let src = lowered(&k, &spec, &default_config(&k)).source;
+    let src = lowered(&k, &spec, &default_config(&plan(&k))).source;
     assert!(
         src.contains(&format!(
             "tile_m = (tile_m + ((s{s} / 128) % tiles_m + tiles_m)) % tiles_m;"
@@ -1412,13 +1421,16 @@ fn lower_matmul_on_the_wgmma_path() {
     // 4 stages of 48 KB, barriers and the alignment slack.
     assert_eq!(l.shared_bytes as usize, 4 * 48 * 1024 + 64 + 1024);
 
-    expect_config_err(lower(&k, &spec, &cfg.clone().num_warps(4)), "M block");
+    expect_config_err(
+        lower(&plan(&k), &spec, &cfg.clone().num_warps(4)),
+        "M block",
+    );
     let mut bad = cfg.clone();
     bad.block_sizes[TK] = 32;
-    expect_config_err(lower(&k, &spec, &bad), "K block of 64");
+    expect_config_err(lower(&plan(&k), &spec, &bad), "K block of 64");
     let mut ragged = spec.clone();
     ragged.tensors[A].align = 2;
-    expect_config_err(lower(&k, &ragged, &cfg), "TMA");
+    expect_config_err(lower(&plan(&k), &ragged, &cfg), "TMA");
 }
 
 /// Persistent blocks loop over the tiles; a cluster of two blocks along M shares
@@ -1467,18 +1479,18 @@ fn lower_wgmma_persistent_and_clustered() {
 
     let mut narrow = cfg.clone().cluster_m(2);
     narrow.block_sizes[TN] = 192;
-    expect_config_err(lower(&k, &spec, &narrow), "128 or 256");
+    expect_config_err(lower(&plan(&k), &spec, &narrow), "128 or 256");
     expect_config_err(
-        lower(&k, &spec, &cfg.clone().cluster_m(4)),
+        lower(&plan(&k), &spec, &cfg.clone().cluster_m(4)),
         "cluster_m takes 1, or 2",
     );
     let portable = Config::new(&[128, 256, 64]).num_warps(8);
     expect_config_err(
-        lower(&k, &spec, &portable.clone().persistent(true)),
+        lower(&plan(&k), &spec, &portable.clone().persistent(true)),
         "persistent grid",
     );
     expect_config_err(
-        lower(&k, &spec, &portable.cluster_m(2)),
+        lower(&plan(&k), &spec, &portable.cluster_m(2)),
         "cluster_m takes 1, or 2",
     );
     // Matmul options on an elementwise kernel: an error, not a cluster launch that
@@ -1486,7 +1498,7 @@ fn lower_wgmma_persistent_and_clustered() {
     let pw = pointwise_2d();
     let pw_spec = pointwise_2d_spec();
     let pw_cfg = Config::new(&[4, 256]).wgmma(true).cluster_m(2);
-    expect_config_err(lower(&pw, &pw_spec, &pw_cfg), "leave them unset");
+    expect_config_err(lower(&plan(&pw), &pw_spec, &pw_cfg), "leave them unset");
 }
 
 /// Stream-K: the split-tail parameters plus the count of shared units, and a unit
@@ -1526,7 +1538,7 @@ fn lower_wgmma_stream_k() {
         .ends_with(", stream_k"));
 
     let portable = Config::new(&[128, 256, 64]).num_warps(8).stream_k(true);
-    expect_config_err(lower(&k, &spec, &portable), "stream-K");
+    expect_config_err(lower(&plan(&k), &spec, &portable), "stream-K");
 }
 
 /// Ping-pong: each consumer warpgroup walks every segment, counts the other's
@@ -1581,11 +1593,15 @@ fn lower_wgmma_pingpong() {
     assert!(l.source.contains(" + mi * 64));"));
 
     expect_config_err(
-        lower(&k, &spec, &cfg.clone().persistent(false).pingpong(true)),
+        lower(
+            &plan(&k),
+            &spec,
+            &cfg.clone().persistent(false).pingpong(true),
+        ),
         "set num_warps 8 and persistent",
     );
     expect_config_err(
-        lower(&k, &spec, &wide.clone().num_warps(4)),
+        lower(&plan(&k), &spec, &wide.clone().num_warps(4)),
         "set num_warps 8 and persistent",
     );
     let big = Config::new(&[128, 256, 64])
@@ -1593,9 +1609,12 @@ fn lower_wgmma_pingpong() {
         .wgmma(true)
         .persistent(true)
         .pingpong(true);
-    expect_config_err(lower(&k, &spec, &big), "64x256 or 128x128");
+    expect_config_err(lower(&plan(&k), &spec, &big), "64x256 or 128x128");
     let portable = Config::new(&[128, 128, 64]).num_warps(8).pingpong(true);
-    expect_config_err(lower(&k, &spec, &portable), "set `wgmma` and `persistent`");
+    expect_config_err(
+        lower(&plan(&k), &spec, &portable),
+        "set `wgmma` and `persistent`",
+    );
 }
 
 /// The TMA-store epilogue: the output's descriptor among the parameters,
@@ -1654,12 +1673,12 @@ fn lower_wgmma_tma_store() {
 
     // Only the Hopper path has it, and only for a TMA-able output.
     let portable = Config::new(&[128, 256, 64]).num_warps(8).tma_store(true);
-    expect_config_err(lower(&k, &spec, &portable), "TMA-store");
+    expect_config_err(lower(&plan(&k), &spec, &portable), "TMA-store");
     let mut f32_out = matmul();
     f32_out.tensors[OUT].declared = Some(DType::F32);
     expect_config_err(
         lower(
-            &f32_out,
+            &plan(&f32_out),
             &declared_spec(&f32_out),
             &cfg.clone().tma_store(true),
         ),
@@ -1695,7 +1714,7 @@ fn lower_wgmma_tma_store() {
     let mut unaligned = spec.clone();
     unaligned.tensors[2].align = 4;
     expect_config_err(
-        lower(&k, &unaligned, &cfg.clone().tma_store(true)),
+        lower(&plan(&k), &unaligned, &cfg.clone().tma_store(true)),
         "rows are 4-byte aligned",
     );
 }

@@ -18,7 +18,7 @@ fn portable(shared: usize) -> Target {
 
 #[test]
 fn gemm_space_has_block_warp_stage_and_group_axes() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let space = ConfigSpace::new(&k, &declared_spec(&k), portable(H200_SHARED));
     let names: Vec<String> = space.axes().iter().map(Axis::name).collect();
     assert_eq!(
@@ -38,7 +38,7 @@ fn gemm_space_has_block_warp_stage_and_group_axes() {
 
 #[test]
 fn seeds_start_with_the_default_and_all_fit() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     let space = ConfigSpace::new(&k, &spec, portable(H200_SHARED));
     let seeds = space.seeds(&spec, false);
@@ -56,7 +56,7 @@ fn seeds_start_with_the_default_and_all_fit() {
 
 #[test]
 fn pruning_names_what_does_not_fit() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     // An A100-class limit: 128x256x64 with 4 stages (192 KB) does not fit, and the
     // default drops to 3 stages.
@@ -85,7 +85,7 @@ fn pruning_names_what_does_not_fit() {
 
 #[test]
 fn neighbors_are_one_step_along_one_axis_and_fit() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     let space = ConfigSpace::new(&k, &spec, portable(H200_SHARED));
     let c = Config::new(&[128, 128, 64]).num_warps(4).num_stages(3);
@@ -117,7 +117,7 @@ fn neighbors_are_one_step_along_one_axis_and_fit() {
 
 #[test]
 fn pointwise_space_tunes_the_contiguous_block_and_warps() {
-    let k = pointwise_2d();
+    let k = Planned::new(pointwise_2d());
     let spec = pointwise_2d_spec();
     let space = ConfigSpace::new(&k, &spec, portable(H200_SHARED));
     assert!(space
@@ -134,7 +134,7 @@ fn pointwise_space_tunes_the_contiguous_block_and_warps() {
 
 #[test]
 fn on_hopper_the_default_and_seeds_take_the_wgmma_path_when_the_spec_allows() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     let h200 = Target {
         shared_limit: H200_SHARED,

@@ -27,7 +27,7 @@ fn ragged_spec(k: &Kernel) -> Spec {
 
 #[test]
 fn the_unaligned_operands_are_staged_and_compiled_as_aligned() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = ragged_spec(&k);
     assert_eq!(unaligned_operands(&k, &spec), vec![A, B]);
     let e = expect_config_err(lower(&k, &spec, &hopper_config()), "16-byte aligned rows");
@@ -53,7 +53,7 @@ fn the_unaligned_operands_are_staged_and_compiled_as_aligned() {
 
 #[test]
 fn aligned_operands_and_outputs_are_not_staged() {
-    let k = matmul();
+    let k = Planned::new(matmul());
     let spec = declared_spec(&k);
     assert!(unaligned_operands(&k, &spec).is_empty());
     assert!(lowered(&k, &spec, &hopper_config().stage(true))
@@ -84,6 +84,7 @@ fn a_kernel_that_waits_for_its_operands_is_never_staged() {
             at: "wait(flags, 0, 1)".into(),
         },
     );
+    let k = Planned::new(k);
     let spec = ragged_spec(&k);
     assert!(unaligned_operands(&k, &spec).is_empty());
     assert!(lowered(&k, &spec, &gemm_config().stage(true))
@@ -100,7 +101,7 @@ fn a_kernel_that_waits_for_its_operands_is_never_staged() {
 
 #[test]
 fn stage_is_an_option_of_matmuls() {
-    let k = pointwise_2d();
+    let k = Planned::new(pointwise_2d());
     expect_config_err(
         lower(
             &k,

@@ -12,7 +12,7 @@ use tilefuse_codegen::ir::*;
 use tilefuse_codegen::prims::cast::{self, Num};
 use tilefuse_codegen::prims::wrap_int;
 use tilefuse_codegen::prims::AtomicOp;
-use tilefuse_codegen::{CodegenError, Config, DType, ScalarKind, Spec, TensorSpec};
+use tilefuse_codegen::{CodegenError, Config, DType, Planned, ScalarKind, Spec, TensorSpec};
 
 /// A runtime scalar argument, as the GPU launch takes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -67,7 +67,7 @@ impl Default for Options {
 /// tensors' memory; a `wait` waits up to 10 s for another thread or process to
 /// set its flag ([`run_with`] sets the time).
 pub fn run(
-    kernel: &Kernel,
+    kernel: &Planned,
     config: &Config,
     constexprs: &[i64],
     tensors: &[HostTensor],
@@ -128,7 +128,7 @@ fn refused(e: CodegenError) -> InterpretError {
 
 /// [`run`] with [`Options`].
 pub fn run_with(
-    kernel: &Kernel,
+    kernel: &Planned,
     config: &Config,
     constexprs: &[i64],
     tensors: &[HostTensor],
@@ -186,8 +186,8 @@ pub fn run_with(
     }
     // What the GPU path checks and lowers, refused here as there.
     let spec = spec_of(tensors, scalars, constexprs);
-    let lowered = tilefuse_codegen::lower(kernel, &spec, config).map_err(refused)?;
     let k = &*kernel.specialize(constexprs).map_err(refused)?;
+    let lowered = tilefuse_codegen::lower(k, &spec, config).map_err(refused)?;
     let (checked, types) = check_types(k, &spec).map_err(refused)?;
     let mut extents = vec![None; k.dims.len()];
     for (d, dim) in k.dims.iter().enumerate() {

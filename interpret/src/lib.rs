@@ -50,10 +50,10 @@
 //! bf16 tolerance that results are compared at.
 //!
 //! ```
-//! use tilefuse_codegen::{ir::*, Config, DType};
+//! use tilefuse_codegen::{ir::*, Config, DType, Planned};
 //! use tilefuse_interpret::{run, HostTensor, Scalar};
 //! // out[i] = x[i] * 2 over tiles of 4: a 1-D kernel written as IR.
-//! let k = Kernel {
+//! let k = Planned::new(Kernel {
 //!     name: "double".into(),
 //!     tensors: vec![
 //!         TensorParam { name: "x".into(), rank: 1, declared: Some(DType::F32) },
@@ -76,7 +76,7 @@
 //!         },
 //!         at: "out[t] = x[t] * 2.0".into(),
 //!     }],
-//! };
+//! });
 //! let x = HostTensor::from_f64(DType::F32, &[10], (0..10).map(f64::from).collect()).unwrap();
 //! let out = HostTensor::filled(DType::F32, &[10], f64::NAN);
 //! let tensors = [x, out];

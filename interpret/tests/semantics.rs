@@ -6,7 +6,7 @@
 
 use tilefuse_codegen::ir::*;
 use tilefuse_codegen::prims::rand::{normal, philox, uniform};
-use tilefuse_codegen::{Config, DType, ScalarKind, Spec, TensorSpec};
+use tilefuse_codegen::{Config, DType, Planned, ScalarKind, Spec, TensorSpec};
 use tilefuse_interpret::{run, run_with, HostTensor, InterpretError, Options, Scalar};
 
 // ---- building kernels ------------------------------------------------------
@@ -45,8 +45,9 @@ struct K {
 }
 
 impl K {
-    fn build(self, body: Vec<Stmt>) -> Kernel {
-        Kernel {
+    /// The kernel, planned (as `run` takes it).
+    fn build(self, body: Vec<Stmt>) -> Planned {
+        Planned::new(Kernel {
             name: "k".into(),
             tensors: self.tensors,
             scalars: self
@@ -69,7 +70,7 @@ impl K {
                 })
                 .collect(),
             body,
-        }
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, FnArg, ItemFn, Pat, ReturnType, Stmt, Type};
 use tilefuse_codegen::dtype::DType;
 use tilefuse_codegen::spec::{ScalarKind, Spec, TensorSpec};
-use tilefuse_codegen::{default_config, lower, CodegenError, Config, Kernel};
+use tilefuse_codegen::{default_config, lower, CodegenError, Config, Kernel, Planned};
 
 /// `Tensor<T>` (behind any references) → `T`'s dtype.
 fn tensor_dtype_of_type(ty: &Type) -> Option<DType> {
@@ -231,7 +231,8 @@ pub fn expand(
         at,
     } = parse(&mut func)?;
     let stmts = &func.block.stmts;
-    let kernel = b.kernel.clone();
+    // Planned once: the lowering it takes chosen for the checks below.
+    let kernel = Planned::new(b.kernel.clone());
 
     // Checks that need no GPU: when every dtype is known, the kernel's types
     // and its lowering with the default or pinned config.

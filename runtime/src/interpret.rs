@@ -6,14 +6,14 @@ use crate::error::{Error, Result};
 use crate::status;
 use std::time::Duration;
 use tilefuse_codegen::ir::Kernel;
-use tilefuse_codegen::Config;
+use tilefuse_codegen::{Config, Planned};
 use tilefuse_interpret::{HostTensor, InterpretError, Options, Scalar};
 
 /// Runs `k` (specialized, its arguments checked) on the host, returning when
 /// every program has run. A `wait` waits as long as a GPU launch's would
 /// ([`status::wait_timeout_ms`]) and fails with the same error.
 pub(crate) fn launch(
-    k: &Kernel,
+    k: &Planned,
     config: &Config,
     consts: &[i64],
     tensors: &[TensorArg],

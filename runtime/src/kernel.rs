@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tilefuse_codegen::ir::Kernel;
 use tilefuse_codegen::{
     default_config, default_config_at, default_config_within, hopper_tiles, lower, Config,
-    HopperTiles, Lowered, Param, Spec, TensorSpec,
+    HopperTiles, Lowered, Param, Planned, Spec, TensorSpec,
 };
 
 /// A compiled kernel for one specialization, config and device.
@@ -46,10 +46,11 @@ pub struct KernelDef {
     name: &'static str,
     json: &'static str,
     pinned: Option<&'static str>,
-    ir: OnceLock<std::result::Result<Kernel, String>>,
+    /// The IR, planned once: the lowering it takes chosen.
+    ir: OnceLock<std::result::Result<Planned, String>>,
     /// The IR with its compile-time `if`s decided, per constexpr values (empty
-    /// when the kernel has none).
-    specialized: OnceLock<Mutex<HashMap<Vec<i64>, Arc<Kernel>>>>,
+    /// when the kernel has none), each planned once.
+    specialized: OnceLock<Mutex<HashMap<Vec<i64>, Planned>>>,
     /// Whether the IR has compile-time `if`s.
     branches: OnceLock<bool>,
     variants: OnceLock<Mutex<HashMap<VariantKey, Arc<Variant>>>>,
@@ -72,22 +73,6 @@ impl<T: 'static> Drop for PopOnDrop<T> {
         self.0.with(|o| {
             o.borrow_mut().pop();
         });
-    }
-}
-
-/// A kernel's IR as a launch sees it: the definition's own, or a specialization.
-enum IrRef<'a> {
-    Plain(&'a Kernel),
-    Specialized(Arc<Kernel>),
-}
-
-impl std::ops::Deref for IrRef<'_> {
-    type Target = Kernel;
-    fn deref(&self) -> &Kernel {
-        match self {
-            IrRef::Plain(k) => k,
-            IrRef::Specialized(k) => k,
-        }
     }
 }
 
@@ -116,10 +101,14 @@ impl KernelDef {
         self.name
     }
 
-    /// The kernel's tile IR.
-    pub fn ir(&self) -> Result<&Kernel> {
+    /// The kernel's tile IR, planned (the lowering it takes chosen once).
+    pub fn ir(&self) -> Result<&Planned> {
         self.ir
-            .get_or_init(|| Kernel::from_json(self.json).map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                Kernel::from_json(self.json)
+                    .map(Planned::new)
+                    .map_err(|e| e.to_string())
+            })
             .as_ref()
             .map_err(|e| Error::Definition {
                 kernel: self.name.to_string(),
@@ -130,21 +119,21 @@ impl KernelDef {
     }
 
     /// The IR for these constexpr values: compile-time `if`s decided (see
-    /// `Kernel::specialize`), made once per values.
-    fn ir_for(&self, consts: &[i64]) -> Result<IrRef<'_>> {
+    /// `Planned::specialize`), made and planned once per values.
+    fn ir_for(&self, consts: &[i64]) -> Result<Planned> {
         let k = self.ir()?;
         if k.constexprs.is_empty() || !*self.branches.get_or_init(|| k.has_branches()) {
-            return Ok(IrRef::Plain(k));
+            return Ok(k.clone());
         }
         let map = self.specialized.get_or_init(Default::default);
         if let Some(s) = map.lock().unwrap_or_else(|p| p.into_inner()).get(consts) {
-            return Ok(IrRef::Specialized(s.clone()));
+            return Ok(s.clone());
         }
-        let s = Arc::new(k.specialize(consts)?.into_owned());
+        let s = k.specialize(consts)?.into_owned();
         map.lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(consts.to_vec(), s.clone());
-        Ok(IrRef::Specialized(s))
+        Ok(s)
     }
 
     /// The config pinned on the attribute, if any.
@@ -180,9 +169,10 @@ impl KernelDef {
             return Ok(c);
         }
         let target = dev.target();
+        // The IR of this specialization: its branches taken.
+        let k = self.ir_for(&spec.constexprs)?;
         let tiles = match target.wgmma {
-            // The IR of this specialization: its branches taken.
-            true => hopper_tiles(&*self.ir_for(&spec.constexprs)?, extents, target.sms),
+            true => hopper_tiles(&k, extents, target.sms),
             false => HopperTiles::Pairs,
         };
         let key = (spec.clone(), dev.ordinal(), tiles);
@@ -190,7 +180,7 @@ impl KernelDef {
         if let Some(c) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(c.clone());
         }
-        let c = default_config_at(self.ir()?, spec, target, extents);
+        let c = default_config_at(&k, spec, target, extents);
         map.lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, c.clone());
@@ -258,7 +248,7 @@ impl KernelDef {
     }
 
     /// `config` with its tile-order groups capped by [`KernelDef::with_group_rows`].
-    fn group_rows_capped(&self, k: &Kernel, mut config: Config) -> Config {
+    fn group_rows_capped(&self, k: &Planned, config: Config) -> Config {
         let cap = GROUP_ROWS.with(|o| {
             o.borrow()
                 .iter()
@@ -266,14 +256,10 @@ impl KernelDef {
                 .find(|(n, _)| std::ptr::eq(*n, self.name) || *n == self.name)
                 .map(|(_, r)| *r)
         });
-        if let (Some(rows), tilefuse_codegen::plan::Shape::Gemm(g)) =
-            (cap, tilefuse_codegen::plan::classify(k))
-        {
-            let band =
-                config.block_sizes.get(g.m).copied().unwrap_or(1).max(1) * config.cluster_m.max(1);
-            config.group_m = config.group_m.min((rows / band).max(1));
+        match cap {
+            Some(rows) => tilefuse_codegen::group_rows(k, config, rows),
+            None => config,
         }
-        config
     }
 
     /// A specialization from the dtypes written in the source: contiguous, aligned
@@ -304,7 +290,8 @@ impl KernelDef {
 
     /// Lowers the kernel to CUDA C for a specialization and config (no GPU needed).
     pub fn lower(&self, spec: &Spec, config: &Config) -> Result<Lowered> {
-        Ok(lower(self.ir()?, spec, config)?)
+        // The specialization, planned once for all lowerings of these values.
+        Ok(lower(&self.ir_for(&spec.constexprs)?, spec, config)?)
     }
 
     /// Lowers and compiles the kernel with NVRTC for `arch` (no GPU needed).
@@ -368,7 +355,7 @@ impl KernelDef {
         })
     }
 
-    fn check_sizes(&self, k: &Kernel, tensors: &[TensorArg], scalars: &[ScalarArg]) -> Result<()> {
+    fn check_sizes(&self, k: &Planned, tensors: &[TensorArg], scalars: &[ScalarArg]) -> Result<()> {
         let ctx = || format!("kernel `{}`", k.name);
         for d in &k.dims {
             let Some(e) = d.extent else { continue };
@@ -401,7 +388,7 @@ impl KernelDef {
     fn variant(
         &self,
         dev: &Arc<Device>,
-        k: &Kernel,
+        k: &Planned,
         spec: Spec,
         config: Config,
     ) -> Result<Arc<Variant>> {
@@ -451,7 +438,7 @@ impl KernelDef {
         let spec = self.spec_of(k, tensors, scalars, consts)?;
         // Sizes, tuning and compilation see only the branches taken.
         let specialized = self.ir_for(consts)?;
-        let k = &*specialized;
+        let k = &specialized;
         self.check_sizes(k, tensors, scalars)?;
         if dev.is_host() {
             // Interpret mode: the pinned or default config's block sizes, no tuning.
@@ -488,7 +475,7 @@ impl KernelDef {
     pub(crate) fn variant_for(
         &self,
         dev: &Arc<Device>,
-        k: &Kernel,
+        k: &Planned,
         spec: &Spec,
         config: &Config,
     ) -> Result<Arc<Variant>> {
@@ -671,7 +658,7 @@ pub(crate) fn launch_variant(
 /// Lowers and compiles one variant for `dev` (or takes its cubin from the disk
 /// cache). Needs no GPU context: the autotuner runs it on several threads.
 pub(crate) fn compile_variant(
-    k: &Kernel,
+    k: &Planned,
     spec: &Spec,
     config: &Config,
     dev: &Device,

@@ -86,12 +86,11 @@ fn wgmma_gemm_matches_cublas_on_ragged_shapes() {
 /// do, pairs of them beyond; each through the launch path, against cuBLAS.
 #[test]
 fn the_untuned_default_fits_its_tiles_to_the_sms() {
-    use tilefuse::codegen::plan::{classify, Shape};
-    use tilefuse::codegen::HopperTiles;
+    use tilefuse::codegen::{emit::GemmShape, HopperTiles};
     let Some(dev) = hopper() else { return };
     let sms = dev.sm_count();
     let ir = mm_bf16::kernel().ir().unwrap();
-    let Shape::Gemm(g) = classify(ir) else {
+    let Some(g) = ir.plan::<GemmShape>() else {
         panic!("mm_bf16 is a matmul")
     };
     // Ragged: 8 × sms/8 tiles of 128×256 (more than a wave of 128×128 ones).

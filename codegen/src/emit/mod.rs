@@ -1,20 +1,23 @@
 //! Lowering of a checked kernel to self-contained CUDA C, for one specialization
-//! and one config.
+//! and one config, by the lowering its plan chose ([`crate::plan::Planned`]).
+//!
+//! The registry of lowerings is `LOWERINGS`: each lives in its own folder
+//! here (its plan, configs, tuning space, option checks and emitter, behind
+//! `crate::plan::lowering::Lowering`); adding one is its folder, its `mod`
+//! line and its entry in the list.
 
 mod attention;
 mod expr;
 mod gemm;
-mod gemm_hopper;
-mod gemm_mainloop;
 pub mod general;
 mod hopper;
+mod options;
 pub mod prelude;
 mod rows;
-mod tma_store;
 
-pub(crate) use rows::takes as rows_take;
-
+pub use attention::{default_wgmma_attention, AttentionShape};
 pub use expr::CTy;
+pub use gemm::{default_wgmma_config, hopper_tiles, GemmShape, HopperTiles};
 /// The device helpers of the Hopper lowerings (after [`prelude::PRELUDE`]):
 /// `mbarrier`s, among them the bounded `tf_mbar_wait`, TMA and `wgmma` descriptors.
 pub use hopper::HELPERS as HOPPER_HELPERS;
@@ -23,11 +26,23 @@ use crate::check::{check, Checked};
 use crate::config::Config;
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::plan::{classify, GemmShape, Shape};
+use crate::plan::lowering::AnyLowering;
+use crate::plan::Planned;
 use crate::spec::{ScalarKind, Spec};
 use expr::ElemCtx;
 use std::collections::HashMap;
 use std::fmt::Write;
+
+/// The registry: every lowering, in the order they are tried; a kernel takes
+/// the first that takes it. Attention and GEMM both look for `addmm` loops
+/// (attention's has two, the GEMM's one); the general lowering, last, takes
+/// every kernel.
+pub(crate) static LOWERINGS: &[&dyn AnyLowering] = &[
+    &attention::lowering::Attention,
+    &gemm::lowering::Gemm,
+    &rows::lowering::Rows,
+    &general::lowering::General,
+];
 
 /// One kernel parameter, in the order the generated function takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,8 +154,9 @@ pub struct Lowered {
     pub staged: Vec<TensorId>,
 }
 
-/// Checks `kernel` and lowers it to CUDA C for `spec` and `config`.
-pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
+/// Checks `kernel` and lowers it to CUDA C for `spec` and `config`, by the
+/// lowering it takes.
+pub fn lower(kernel: &Planned, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
     let kernel = &*kernel.specialize(&spec.constexprs)?;
     let (spec, staged) = crate::staging::staged_spec(kernel, spec, config);
     let spec = &spec;
@@ -207,71 +223,9 @@ pub fn lower(kernel: &Kernel, spec: &Spec, config: &Config) -> Result<Lowered, C
             "a persistent grid is an option of the Hopper (wgmma) matmul path; set `wgmma` too, or drop `persistent`",
         ));
     }
-    let shape = classify(kernel);
-    // Attention has a Hopper program too (`wgmma`), without the matmul's options.
-    let attention = matches!(shape, Shape::Attention(_));
-    if matches!(shape, Shape::General | Shape::Rows | Shape::Attention(_))
-        && ((config.wgmma && !attention)
-            || config.persistent
-            || config.cluster_m != 1
-            || config.stage
-            || config.tma_store
-            || config.stream_k
-            || config.pingpong)
-    {
-        return Err(config_err(
-            kernel,
-            config,
-            if attention {
-                "`persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel"
-            } else {
-                "`wgmma`, `persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for this kernel"
-            },
-        ));
-    }
-    if config.occupancy != 0 && !matches!(shape, Shape::Rows) {
-        return Err(config_err(
-            kernel,
-            config,
-            "`occupancy` is an option of kernels that reduce tiles (`x.sum(t)`, `.max(t)`, `.min(t)`); leave it 0 here",
-        ));
-    }
-    if matches!(shape, Shape::Gemm(_) | Shape::Rows) {
-        let mut bounded = None;
-        kernel.walk_stmts(&mut |s| {
-            if let Stmt::Loop {
-                dim,
-                until: Some(_),
-                ..
-            } = s
-            {
-                bounded.get_or_insert(*dim);
-            }
-        });
-        if let Some(d) = bounded {
-            return Err(CodegenError::Unsupported {
-                kernel: kernel.name.clone(),
-                at: format!("for {} in tile(…).until(…)", kernel.dims[d].name),
-                message: "`.until(…)` bounds the key loop of an attention kernel; other loops walk their whole extent"
-                    .into(),
-            });
-        }
-    }
-    let mut e = Emitter::new(kernel, spec, &checked, config);
-    let mut lowered = match shape {
-        Shape::Gemm(g) if config.wgmma => gemm_hopper::emit(&mut e, &g),
-        Shape::Gemm(g) => gemm::emit(&mut e, &g),
-        Shape::Rows => match rows::emit(&mut e) {
-            // A construct the row lowering's check let through: the general
-            // lowering takes every kernel.
-            Err(CodegenError::Unsupported { .. }) => {
-                general::emit(&mut Emitter::new(kernel, spec, &checked, config))
-            }
-            other => other,
-        },
-        Shape::Attention(a) => attention::emit(&mut e, &a),
-        Shape::General => general::emit(&mut e),
-    }?;
+    kernel.chosen().check_options(kernel, config)?;
+    let mut e = Emitter::new(kernel, kernel.lowering(), spec, &checked, config);
+    let mut lowered = kernel.chosen().emit(&mut e)?;
     lowered.staged = staged;
     Ok(lowered)
 }
@@ -311,6 +265,8 @@ pub(crate) fn config_err(k: &Kernel, c: &Config, message: impl Into<String>) -> 
 /// Shared state of the lowerings: the output text and what it has declared.
 pub(crate) struct Emitter<'a> {
     pub k: &'a Kernel,
+    /// The name of the lowering that took the kernel, for errors.
+    pub lowering: &'static str,
     pub spec: &'a Spec,
     pub checked: &'a Checked,
     pub cfg: &'a Config,
@@ -346,9 +302,16 @@ pub(crate) struct TmaStore {
 }
 
 impl<'a> Emitter<'a> {
-    fn new(k: &'a Kernel, spec: &'a Spec, checked: &'a Checked, cfg: &'a Config) -> Self {
+    fn new(
+        k: &'a Kernel,
+        lowering: &'static str,
+        spec: &'a Spec,
+        checked: &'a Checked,
+        cfg: &'a Config,
+    ) -> Self {
         Emitter {
             k,
+            lowering,
             spec,
             checked,
             cfg,
@@ -399,7 +362,13 @@ impl<'a> Emitter<'a> {
     }
 
     fn path_name(&self) -> &'static str {
-        classify(self.k).name()
+        self.lowering
+    }
+
+    /// A new emitter for the same kernel, specialization and config, with
+    /// nothing emitted: for a lowering that hands the kernel to another.
+    pub fn fresh(&self) -> Emitter<'a> {
+        Emitter::new(self.k, self.lowering, self.spec, self.checked, self.cfg)
     }
 
     /// An element context with the given dimension coordinates bound.

@@ -5,10 +5,10 @@
 
 pub use tilefuse_codegen::config::Config;
 pub use tilefuse_codegen::dtype::DType;
+pub use tilefuse_codegen::emit::{AttentionShape, GemmShape};
 pub use tilefuse_codegen::ir::*;
-pub use tilefuse_codegen::plan::{classify, GemmShape, Shape};
 pub use tilefuse_codegen::spec::{ScalarKind, Spec, TensorSpec};
-pub use tilefuse_codegen::{check, default_config, lower, CodegenError, Lowered};
+pub use tilefuse_codegen::{check, default_config, lower, CodegenError, Lowered, Planned};
 
 // ---------------------------------------------------------------- IR builders
 
@@ -463,8 +463,14 @@ pub fn rows_inner_loop() -> Kernel {
     }
 }
 
+/// `k` planned: the lowering it takes chosen (for the functions that read
+/// the choice).
+pub fn plan(k: &Kernel) -> Planned {
+    Planned::new(k.clone())
+}
+
 pub fn lowered(k: &Kernel, spec: &Spec, cfg: &Config) -> Lowered {
-    match lower(k, spec, cfg) {
+    match lower(&plan(k), spec, cfg) {
         Ok(l) => l,
         Err(e) => panic!("lowering `{}` with {cfg} failed: {e}", k.name),
     }

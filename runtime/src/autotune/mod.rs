@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tilefuse_codegen::ir::Kernel;
+use tilefuse_codegen::Planned;
 use tilefuse_codegen::{Config, Spec};
 
 /// How hard to tune.
@@ -158,7 +159,7 @@ pub fn tuned_in_process() -> Vec<(String, Tuned)> {
 /// One launch, as the tuner needs it.
 pub(crate) struct Launch<'a> {
     pub dev: &'a Arc<Device>,
-    pub kernel: &'a Kernel,
+    pub kernel: &'a Planned,
     pub spec: &'a Spec,
     pub tensors: &'a [TensorArg],
     pub scalars: &'a [ScalarArg],
@@ -274,7 +275,7 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
         launch.dev.compute_capability(),
         crate::jit::nvrtc_version()?,
     );
-    let ir = serde_json::to_string(k).unwrap_or_default();
+    let ir = serde_json::to_string(k.kernel()).unwrap_or_default();
     let spec = serde_json::to_string(launch.spec).unwrap_or_default();
     let cands = explicit.map(|c| {
         c.iter()

@@ -17,10 +17,10 @@
 use super::super::hopper::{tma_load_fn, wgmma_fn, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
 use super::frag::{Frags, Geo};
+use super::AttentionShape;
 use super::{key_tiles, loop_body, operands, outside, uniform_compares, without};
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::plan::AttentionShape;
 use std::fmt::Write;
 
 /// Bytes of one swizzle atom (8 rows of 128 bytes); tiles start on one.

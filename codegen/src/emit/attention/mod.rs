@@ -15,14 +15,18 @@
 
 mod frag;
 mod hopper;
+pub(super) mod lowering;
+mod shape;
+mod space;
 
 use super::expr::{CTy, ElemCtx};
 use super::{config_err, rewrite, Emitter, Lowered};
 use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::plan::AttentionShape;
 use frag::{Frags, Geo, Layout};
+pub use lowering::default_wgmma_attention;
+pub use shape::AttentionShape;
 use std::fmt::Write;
 
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {

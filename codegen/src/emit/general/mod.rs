@@ -24,6 +24,7 @@
 mod config;
 mod dot;
 mod layout;
+pub(crate) mod lowering;
 mod memory;
 mod rand;
 mod reduce;

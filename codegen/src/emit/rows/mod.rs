@@ -9,7 +9,9 @@
 //! decides one pass (it covers the row) or a looped reduction.
 
 mod load;
+pub(super) mod lowering;
 mod reduce;
+mod space;
 mod store;
 
 use super::expr::CTy;
@@ -211,7 +213,7 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
 /// directly inside the grid loop, reductions only inside them and along
 /// their tile, tensors indexed by the rows and the loop's tile, and a
 /// reduction somewhere. The general lowering takes the rest.
-pub(crate) fn takes(k: &Kernel) -> bool {
+fn takes(k: &Kernel) -> bool {
     let [rd] = k.grid[..] else { return false };
     if !k.grid_start.is_empty() {
         return false;

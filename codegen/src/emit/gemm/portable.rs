@@ -7,12 +7,12 @@
 //! row of 16-byte chunks is swizzled so that the eight rows an `ldmatrix` reads land
 //! in eight different bank groups.
 
-use super::expr::{float_lit, narrow, tensor_mask, tensor_offset, CTy};
-use super::{config_err, one_line, reads_var, Emitter, Lowered, Param, SplitTail};
+use super::GemmShape;
 use crate::dtype::DType;
+use crate::emit::expr::{float_lit, narrow, tensor_mask, tensor_offset, CTy};
+use crate::emit::{config_err, one_line, reads_var, Emitter, Lowered, Param, SplitTail};
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::plan::GemmShape;
 use std::fmt::Write;
 
 /// Block and warp geometry derived from the config. The accumulator is
@@ -215,9 +215,9 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         );
     }
     // The K loop.
-    super::gemm_mainloop::emit(
+    super::mainloop::emit(
         &mut e.out,
-        &super::gemm_mainloop::Mainloop {
+        &super::mainloop::Mainloop {
             bm,
             bn,
             bk,
@@ -265,7 +265,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bn,
         bk,
         stream_k: false,
-        min_part_k_tiles: super::PORTABLE_MIN_PART_K_TILES,
+        min_part_k_tiles: crate::emit::PORTABLE_MIN_PART_K_TILES,
     });
     Ok(lowered)
 }

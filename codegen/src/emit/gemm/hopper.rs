@@ -39,14 +39,14 @@
 //! transposed (`imm-trans-b`). Rows and K beyond the tensors are zero-filled by
 //! the TMA unit, so ragged shapes need no masks in the K loop.
 
-use super::gemm::{
+use super::portable::{
     after_loop, before_loop, grid_rotation, grouped_tile, split_fixup, FixupSite, Geometry,
 };
-use super::hopper::WgmmaA;
-use super::{config_err, Emitter, Lowered, Param, SplitTail, TmaStore};
+use super::GemmShape;
+use crate::emit::hopper::WgmmaA;
+use crate::emit::{config_err, Emitter, Lowered, Param, SplitTail, TmaStore};
 use crate::error::CodegenError;
 use crate::ir::*;
-use crate::plan::GemmShape;
 use std::fmt::Write;
 
 /// The bytes of one 64-element (128-byte) swizzle row times 8 rows.
@@ -164,8 +164,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
 
     let helpers = format!(
         "{}{}",
-        super::hopper::HELPERS,
-        super::hopper::wgmma_fn("tf_wgmma", bn, dtype, WgmmaA::Shared, true)
+        crate::emit::hopper::HELPERS,
+        crate::emit::hopper::wgmma_fn("tf_wgmma", bn, dtype, WgmmaA::Shared, true)
     );
     let out_map = tma_out.map(|(t, _)| {
         (
@@ -300,7 +300,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
                 let _ = write!(
                     waits,
                     "        {{  // {}\n{test}        }}\n",
-                    super::one_line(at)
+                    crate::emit::one_line(at)
                 );
             }
             // Scalar lets (tile lets are the consumers' business and emit nothing here).
@@ -552,7 +552,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bn,
         bk,
         stream_k: c.stream_k,
-        min_part_k_tiles: super::HOPPER_MIN_PART_K_TILES,
+        min_part_k_tiles: crate::emit::HOPPER_MIN_PART_K_TILES,
     });
     // One program per cluster tile; the launch multiplies by the cluster size.
     for (&d, (_, b)) in e.k.grid.iter().zip(&mut l.grid) {

@@ -21,9 +21,9 @@
 //! just to be read out of staging) and fences the async proxy before the
 //! signal's barrier, so the count moves only after the tile is in memory.
 
-use super::{Emitter, TmaStore};
+use super::GemmShape;
+use crate::emit::{Emitter, TmaStore};
 use crate::ir::*;
-use crate::plan::GemmShape;
 
 /// Shared memory of one warpgroup's staging ring: two boxes of 64 rows × 128 bytes.
 pub(super) const WG_BYTES: usize = 2 * BOX_BYTES;

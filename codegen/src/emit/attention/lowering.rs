@@ -1,0 +1,139 @@
+//! The attention lowering's entry in the registry: which kernels it takes,
+//! its untuned configs (FlashAttention-2's and -3's shapes) and their fitting
+//! to the head dimension, the options it accepts, and its emitters.
+
+use super::shape::{self, AttentionShape};
+use crate::config::{Config, Target};
+use crate::emit::options::{no_matmul_options, no_occupancy};
+use crate::emit::{lower, Emitter, Lowered};
+use crate::error::CodegenError;
+use crate::ir::Kernel;
+use crate::plan::lowering::Lowering;
+use crate::plan::Planned;
+use crate::space::{Axis, ConfigSpace};
+use crate::spec::Spec;
+
+/// The attention lowering (see [`AttentionShape`]).
+pub(crate) struct Attention;
+
+impl Lowering for Attention {
+    type Plan = AttentionShape;
+
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    fn take(&self, k: &Kernel) -> Option<AttentionShape> {
+        shape::find(k)
+    }
+
+    /// As every fast path (see [`crate::rules`]).
+    fn exact_sizes(&self) -> bool {
+        true
+    }
+
+    /// FlashAttention-2's shape for head dimensions up to 128: 4 warps of 32
+    /// query rows, 64 keys a step.
+    fn default_config(&self, k: &Kernel, a: &AttentionShape) -> Config {
+        let mut bs = vec![1; k.dims.len()];
+        bs[a.m] = 128;
+        bs[a.n] = 64;
+        bs[a.d] = 128;
+        Config::new(&bs).num_warps(4)
+    }
+
+    /// On a target with `wgmma`, the Hopper program's default
+    /// ([`default_wgmma_attention`]) where this specialization lowers with it.
+    fn default_at(
+        &self,
+        k: &Planned,
+        a: &AttentionShape,
+        spec: &Spec,
+        target: Target,
+        _extents: &[Option<usize>],
+    ) -> Config {
+        if target.wgmma {
+            let c = wgmma_default(k, a);
+            if lower(k, spec, &c).is_ok() {
+                return c;
+            }
+        }
+        self.default_within(k, a, self.default_config(k, a), target.shared_limit)
+    }
+
+    /// For head dimensions past 128, where the output accumulators grow, the
+    /// default takes 8 warps (16 rows each) instead of 4 (32 rows each), and
+    /// the Hopper default 64 keys a step instead of 128, in two stages.
+    fn fit_whole_dims(
+        &self,
+        k: &Kernel,
+        a: &AttentionShape,
+        given: &Config,
+        mut fitted: Config,
+    ) -> Config {
+        if *given == self.default_config(k, a) && fitted.block_sizes[a.d] > 128 {
+            fitted = fitted.num_warps(8);
+        }
+        if *given == wgmma_default(k, a) && fitted.block_sizes[a.d] > 128 {
+            fitted.block_sizes[a.n] = 64;
+            fitted = fitted.num_stages(2);
+        }
+        fitted
+    }
+
+    fn axes(&self, _k: &Kernel, a: &AttentionShape, _target: Target) -> Vec<Axis> {
+        super::space::axes(a)
+    }
+
+    fn seeds(
+        &self,
+        a: &AttentionShape,
+        space: &ConfigSpace,
+        _spec: &Spec,
+        _quick: bool,
+    ) -> Vec<Config> {
+        super::space::seeds(a, space)
+    }
+
+    /// `wgmma` (its Hopper program), none of the matmul's other options, no
+    /// `occupancy`.
+    fn check_options(
+        &self,
+        k: &Kernel,
+        _a: &AttentionShape,
+        c: &Config,
+    ) -> Result<(), CodegenError> {
+        no_matmul_options(
+            k,
+            c,
+            true,
+            "`persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
+        )?;
+        no_occupancy(k, c)
+    }
+
+    fn emit(&self, a: &AttentionShape, e: &mut Emitter) -> Result<Lowered, CodegenError> {
+        super::emit(e, a)
+    }
+}
+
+/// The Hopper attention program's default (FlashAttention-3's shape for head
+/// dimensions up to 128): two consumer warpgroups of 64 query rows, 128 keys a
+/// step, three stages of `k` and `v` (a stage is released one tile late, when
+/// its `p·v` completes with the next tile's `q·kᵀ`: with two, every tile waited
+/// for its loads, 430 TFLOP/s against 544 at batch 8 × 16 heads × 4096 × 128 on
+/// an H200). [`crate::fit_whole_dims`] takes 64 keys a step and two stages for
+/// head dimensions past 128 (the output accumulators and the tiles grow).
+/// `None` where `kernel` is not an attention kernel.
+pub fn default_wgmma_attention(kernel: &Planned) -> Option<Config> {
+    Some(wgmma_default(kernel, kernel.plan()?))
+}
+
+/// [`default_wgmma_attention`] of an attention kernel.
+fn wgmma_default(k: &Kernel, a: &AttentionShape) -> Config {
+    let mut bs = vec![1; k.dims.len()];
+    bs[a.m] = 128;
+    bs[a.n] = 128;
+    bs[a.d] = 128;
+    Config::new(&bs).num_warps(8).num_stages(3).wgmma(true)
+}

@@ -1,0 +1,61 @@
+//! The attention lowering's tuning space: query rows and keys a step per
+//! program, warps, and proven starting points on both programs.
+
+use super::AttentionShape;
+use crate::config::Config;
+use crate::space::{Axis, ConfigSpace};
+
+/// Rows and keys a step, and warps.
+pub(super) fn axes(a: &AttentionShape) -> Vec<Axis> {
+    vec![
+        Axis::Block {
+            dim: a.m,
+            values: vec![64, 128, 256],
+        },
+        Axis::Block {
+            dim: a.n,
+            values: vec![32, 64, 128],
+        },
+        Axis::Warps(vec![4, 8]),
+    ]
+}
+
+/// On Hopper, the wgmma program's (rows, keys a step, stages),
+/// FlashAttention-3's shapes first (176 keys: its non-causal choice at head
+/// dimension 128); then the `mma.sync` program's (rows, keys a step, warps),
+/// FlashAttention-2's shapes first.
+pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
+    const HOPPER: [(usize, usize, usize); 6] = [
+        (128, 128, 3),
+        (128, 176, 2),
+        (128, 64, 4),
+        (128, 128, 2),
+        (64, 128, 3),
+        (64, 64, 4),
+    ];
+    const PROVEN: [(usize, usize, usize); 7] = [
+        (128, 64, 4),
+        (128, 32, 4),
+        (128, 128, 8),
+        (128, 64, 8),
+        (64, 64, 4),
+        (256, 64, 8),
+        (64, 128, 4),
+    ];
+    let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
+        let mut c = Config {
+            wgmma,
+            ..space.default_config().clone()
+        }
+        .num_warps(warps);
+        c.block_sizes[a.m] = bm;
+        c.block_sizes[a.n] = bn;
+        c
+    };
+    let hopper = HOPPER
+        .iter()
+        .filter(|_| space.target().wgmma)
+        .map(|&(bm, bn, stages)| seed(bm, bn, bm / 16, true).num_stages(stages));
+    let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
+    hopper.chain(portable).collect()
+}

@@ -1,0 +1,54 @@
+//! The row lowering's tuning space: the columns per step of each `tile()`
+//! loop, the rows per program, warps and occupancy, and proven starting points.
+
+use crate::config::Config;
+use crate::ir::Kernel;
+use crate::space::{Axis, ConfigSpace};
+
+/// The columns per step of each `tile()` loop, the rows per program, and warps.
+pub(super) fn axes(kernel: &Kernel) -> Vec<Axis> {
+    let mut axes = Vec::new();
+    for d in 0..kernel.dims.len() {
+        if !kernel.grid.contains(&d) {
+            axes.push(Axis::Block {
+                dim: d,
+                values: vec![256, 512, 1024, 2048, 4096, 8192],
+            });
+        }
+    }
+    for &d in &kernel.grid {
+        axes.push(Axis::Block {
+            dim: d,
+            values: vec![1, 2, 4, 8, 16],
+        });
+    }
+    axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
+    axes.push(Axis::Occupancy(vec![0, 512, 768, 1024]));
+    axes
+}
+
+/// A warp per row for short rows, a whole block per row (one pass, the row
+/// in registers) for long ones. (rows per program, columns per step, warps.)
+pub(super) fn seeds(space: &ConfigSpace) -> Vec<Config> {
+    const PROVEN: [(usize, usize, usize); 8] = [
+        (4, 1024, 4),
+        (1, 4096, 8),
+        (1, 8192, 8),
+        (1, 8192, 16),
+        (2, 4096, 8),
+        (8, 1024, 8),
+        (1, 2048, 4),
+        (16, 512, 16),
+    ];
+    let grid = &space.kernel().grid;
+    PROVEN
+        .iter()
+        .map(|&(rows, cols, w)| {
+            let mut c = space.default_config().clone().num_warps(w);
+            for (d, b) in c.block_sizes.iter_mut().enumerate() {
+                *b = if grid.contains(&d) { rows } else { cols };
+            }
+            c
+        })
+        .collect()
+}
