@@ -12,6 +12,8 @@
 
 pub(crate) mod form;
 pub(crate) mod lowering;
+#[cfg(test)]
+mod tests;
 
 use crate::error::CodegenError;
 use crate::ir::Kernel;
