@@ -78,8 +78,9 @@
 //!   `tanh`, `erf`, `relu`, `gelu`, `gelu_tanh`, `silu`, `sigmoid`, their derivatives
 //!   (`relu_grad`, `gelu_grad`, `gelu_tanh_grad`, `silu_grad`, `sigmoid_grad`),
 //!   `min`, `max`, `powf` (`pow`), `atan2`. As in Triton, `exp` is `2^(x·log2 e)` on the
-//!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp);
-//!   the others are CUDA's libm. Tiles broadcast by dimension name: `acc + bias[tn]`
+//!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp), and so are
+//!   the exponentials and divisions inside `sigmoid`, `silu`, `gelu_grad` and their
+//!   kin; the others are CUDA's libm. Tiles broadcast by dimension name: `acc + bias[tn]`
 //!   adds the bias to every row;
 //! - types: tensors of bf16, f16, f32, i8, u8, i16, i32, u32, i64; floats compute in
 //!   f32, integers in their type promoted as C promotes them (an integer literal takes
@@ -97,8 +98,10 @@
 //!   picks `a` where the mask holds, else `b` (`select(tn.index() == label, v, 0.0)`,
 //!   `examples/cross_entropy.rs`);
 //! - random numbers: `rand(seed, offset)` (uniform in [0, 1)), `randn(…)`,
-//!   `randint(…)`: Philox 4x32-10 keyed by the seed and counting from each element's
-//!   integer offset, as Triton's `tl.rand`, so a dropout mask can be recomputed;
+//!   `randint(…)`: Philox 4x32-10 keyed by the seed, as Triton's `tl.rand`, from each
+//!   element's integer offset, so a dropout mask can be recomputed; four consecutive
+//!   offsets share one call's words (two for `randn`), as cuRAND's `uniform4`, so
+//!   offsets that run along a tile (`tm.index() * n + tn.index()`) draw once per four;
 //! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
 //!   parameters are baked into the generated code;
 //! - `if cond { … } else { … }`, as a statement or a value

@@ -69,17 +69,17 @@ fn elementwise_2d_moves_16_bytes_a_thread() {
     assert_eq!(l.grid, vec![(0, 4), (1, 1024)]);
     assert_eq!(l.shared_bytes, 0);
     let body = kernel_part(&l);
-    // Runs of 8 (16 bytes of the bf16 output): f32 x and y in two 16-byte
-    // pieces a run, the output in one.
+    // Runs of 4 (16 bytes of f32, the type that moves the most bytes): x and
+    // y in one 16-byte piece a run, the bf16 output in 8 bytes.
     assert!(
-        body.contains("const uint4 tf_w1 = *(const uint4*)(tf_p + 4);"),
+        body.contains("const uint4 tf_w0 = *(const uint4*)(tf_p + 0);"),
         "{body}"
     );
-    assert!(body.contains("*(uint4*)(tf_p + 0) = make_uint4("), "{body}");
+    assert!(body.contains("*(uint2*)(tf_p + 0) = make_uint2("), "{body}");
     // Runs inside the extent go whole, the ragged edge element by element.
-    assert!(body.contains(" + 8 <= s1"), "{body}");
+    assert!(body.contains(" + 4 <= s1"), "{body}");
     assert!(
-        body.contains("for (int tf_j = 0; tf_j < 8; ++tf_j)"),
+        body.contains("for (int tf_j = 0; tf_j < 4; ++tf_j)"),
         "{body}"
     );
     // The launch checks sizes, so a tile's own index needs no bounds test.
@@ -598,4 +598,41 @@ fn a_launch_of_few_programs_gets_more_warps_and_deeper_tiles() {
     // Enough column blocks: 4 warps, as before.
     let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(65536), Some(16384)]);
     assert_eq!(c.num_warps, 4);
+}
+
+/// `atomic_add(out[(ids[tn], td)], values[(tn, td)])` on f32: each thread's
+/// run goes out 16 bytes a reduction (`red.global.add.v4.f32` on sm_90),
+/// element by element at the ragged edge; the gathered row index stays a
+/// plain load (no trip through shared memory for a vector of the tile).
+#[test]
+fn a_segment_sum_adds_16_bytes_a_reduction() {
+    let mut k = kernel("segment_sum");
+    k.tensors = vec![
+        tensor("values", 2, Some(DType::BF16)),
+        tensor("ids", 1, Some(DType::I64)),
+        tensor("out", 2, Some(DType::F32)),
+    ];
+    k.scalars = vec![scalar("n"), scalar("d")];
+    k.dims = vec![dim("tn", 0), dim("td", 1)];
+    k.grid = vec![0, 1];
+    k.body = vec![atomic(
+        AtomicOp::Add,
+        2,
+        vec![load(1, &[0], "ids[tn]"), Expr::TileIndex(1)],
+        cast(load(0, &[0, 1], "values[(tn, td)]"), Some(DType::F32)),
+        "atomic_add(out[(ids[tn], td)], values[(tn, td)].cast())",
+    )];
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[4, 1024]));
+    let body = kernel_part(&l);
+    // f32 moves the most bytes: runs of 4, one reduction each.
+    assert!(
+        body.contains("tf_red_add_v4(tf_p + 0, tf_s[0], tf_s[1], tf_s[2], tf_s[3]);"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tf_atomic_add(tf_p + tf_j, tf_s[tf_j])"),
+        "{body}"
+    );
+    assert!(!body.contains("in the scope's layout"), "{body}");
+    assert!(l.source.contains("red.global.add.v4.f32"));
 }

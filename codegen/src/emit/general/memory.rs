@@ -20,7 +20,7 @@ use crate::prims::AtomicOp;
 
 /// How one index component addresses its axis.
 #[derive(Clone, Debug)]
-enum Comp {
+pub(super) enum Comp {
     /// Dimension `d`'s index plus an offset (a C scalar), if any.
     Affine { d: DimId, off: Option<String> },
     /// The same index for every element (a C scalar).
@@ -260,7 +260,12 @@ impl Gen<'_, '_> {
 
     /// The run a vectorized access moves along: the last component's
     /// dimension, its position in layout `l`, and the chunk size in bytes.
-    fn vector_run(&self, t: TensorId, comps: &[Comp], l: usize) -> Option<(DimId, usize, usize)> {
+    pub(super) fn vector_run(
+        &self,
+        t: TensorId,
+        comps: &[Comp],
+        l: usize,
+    ) -> Option<(DimId, usize, usize)> {
         let ts = &self.e.spec.tensors[t];
         let Some(Comp::Affine { d, .. }) = comps.last() else {
             return None;
@@ -397,8 +402,11 @@ impl Gen<'_, '_> {
         let Some(Comp::Affine { d, .. }) = comps.last() else {
             return None;
         };
+        // A value over fewer dimensions (`ids[tn]` beside a `[tn, td]` tile)
+        // is small: loaded in place.
         if !ts.last_contiguous
             || !dims.contains(d)
+            || dims.len() != self.layouts[l].dims.len()
             || comps.iter().any(|c| matches!(c, Comp::Gather(_)))
         {
             return None;
@@ -598,6 +606,15 @@ impl Gen<'_, '_> {
                 let value = (value, pre.as_slice(), at);
                 self.store_runs(t, &comps, &dims, (d, p, chunk), &owner, value, l, d1)?;
             }
+            (Some(AtomicOp::Add), Some((d, p, chunk)))
+                if dims.contains(&d)
+                    && dtype == DType::F32
+                    && chunk == 16
+                    && self.layouts[l].spt[p] % 4 == 0 =>
+            {
+                let value = (value, pre.as_slice(), at);
+                self.atomic_add_runs(t, &comps, &dims, (d, p, chunk), &owner, value, l, d1)?;
+            }
             _ => {
                 let n = self.open(l, &dims, d1);
                 let mut mask = vec![owner.clone(), self.live_c(l, &dims)];
@@ -633,7 +650,7 @@ impl Gen<'_, '_> {
     /// and starts aligned. Returns the test of element `tf_j` of the run, for
     /// the element-by-element branch.
     #[allow(clippy::too_many_arguments)]
-    fn run_head(
+    pub(super) fn run_head(
         &mut self,
         t: TensorId,
         comps: &[Comp],
@@ -673,7 +690,7 @@ impl Gen<'_, '_> {
 
     /// The C of the current element of a stored `value` (a `.cast()` with no
     /// type is the store's own narrowing).
-    fn stored(
+    pub(super) fn stored(
         &self,
         value: &Expr,
         pre: &[(Expr, Val)],

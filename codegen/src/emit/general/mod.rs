@@ -21,6 +21,7 @@
 //! lanes by shuffles, then warps through shared memory. `addmm` multiplies
 //! through shared memory with FMAs (the fast matmul paths are elsewhere).
 
+mod atomic;
 mod config;
 mod dot;
 mod layout;
@@ -557,7 +558,8 @@ impl Gen<'_, '_> {
         dims.sort_unstable();
         let block: Vec<usize> = dims.iter().map(|&d| self.block(d)).collect();
         // Votes: bytes moved along each dimension as the last, contiguous index.
-        let mut votes: HashMap<DimId, (usize, usize)> = HashMap::new();
+        // Per dimension: bytes moved in all, and by element size.
+        let mut votes: HashMap<DimId, (usize, [usize; 9])> = HashMap::new();
         let mut vote = |t: TensorId, index: &[Expr], dims_of: &[DimId]| {
             let ts = &self.e.spec.tensors[t];
             if !ts.last_contiguous {
@@ -566,9 +568,9 @@ impl Gen<'_, '_> {
             if let Some(d) = index.last().and_then(|c| memory::affine_dim(k, c)) {
                 if active.contains(&d) {
                     let vol: usize = dims_of.iter().map(|&x| self.block(x)).product();
-                    let e = votes.entry(d).or_insert((0, 16));
+                    let e = votes.entry(d).or_insert((0, [0; 9]));
                     e.0 += vol * ts.dtype.size();
-                    e.1 = e.1.min(ts.dtype.size());
+                    e.1[ts.dtype.size()] += vol * ts.dtype.size();
                 }
             }
         };
@@ -596,10 +598,18 @@ impl Gen<'_, '_> {
                 });
             }
         }
+        // Runs of 16 bytes of the element size that moves the most bytes (the
+        // narrower on a tie): float -> int8/16/32/64 conversions keep the f32
+        // and i64 accesses whole-sector per instruction, the bytes' runs short.
         let best = votes
             .iter()
             .max_by_key(|(d, (bytes, _))| (*bytes, usize::MAX - **d))
-            .map(|(d, (_, size))| (*d, *size));
+            .map(|(d, (_, by_size))| {
+                let size = (1..by_size.len())
+                    .max_by_key(|&s| (by_size[s], usize::MAX - s))
+                    .unwrap_or(2);
+                (*d, size)
+            });
         let (contiguous, vec) = match best {
             Some((d, size)) => (dims.iter().position(|&x| x == d), 16 / size.max(1)),
             // No access to follow: the innermost dimension, one element a run.
