@@ -207,8 +207,30 @@ fn atomics_are_masked_and_done_once_per_element() {
     let k = histogram();
     let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[1024]));
     let body = kernel_part(&l);
-    assert!(body.contains("tf_atomic_add(t1 + ("), "{body}");
+    // Counts of at most 2048 bins go to the program's copy in shared memory,
+    // added into the tensor at the program's end; more, to the tensor.
+    assert!(
+        body.contains("const bool tf_pv1 = t1_n0 <= 2048;"),
+        "{body}"
+    );
+    assert!(body.contains("(tf_pv1 ? tf_bins1 + ("), "{body}");
+    assert!(
+        body.contains("if (tf_c != 0) tf_atomic_add(t1 + tf_i * t1_s0, tf_c);"),
+        "{body}"
+    );
+    assert!(body.contains(": t1 + ("), "{body}");
     assert!(body.contains("< (unsigned long long)t1_n0"), "{body}");
+    assert_eq!(l.shared_bytes, 2048 * 4);
+    // A kernel that also reads the counts keeps its atomics global.
+    let mut reads = k.clone();
+    reads.body.push(store(
+        0,
+        &[0],
+        load_ix(1, vec![Expr::Int(0)], "counts[0]"),
+        "bins[ti] = counts[0]",
+    ));
+    let l = general(&reads, &spec_of(&reads, &ints(1)), &Config::new(&[1024]));
+    assert!(!kernel_part(&l).contains("tf_bins1"), "{}", kernel_part(&l));
     // A block smaller than the layout's reach: copies skip the atomic.
     let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[64]));
     assert!(kernel_part(&l).contains("tf_u0_0"), "{}", kernel_part(&l));

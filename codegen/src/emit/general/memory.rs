@@ -625,7 +625,9 @@ impl Gen<'_, '_> {
                     None => format!("t{t}[{offset}] = {};", narrow(dtype, "tf_v", ty)),
                     Some(op) => {
                         let cv = convert("tf_v", ty, dtype.cty());
-                        format!("{};", op.cuda(dtype, &format!("t{t} + ({offset})"), &cv))
+                        let idx = comps.first().map(|c| self.comp_c(c, l)).unwrap_or_default();
+                        let target = self.atomic_target(t, &idx, &offset);
+                        format!("{};", op.cuda(dtype, &target, &cv))
                     }
                 };
                 self.w(

@@ -27,6 +27,7 @@ mod dot;
 mod layout;
 pub(crate) mod lowering;
 mod memory;
+mod private;
 mod rand;
 mod reduce;
 
@@ -75,6 +76,8 @@ struct Gen<'e, 'a> {
     /// Register indices given by an expression instead of the loop variable
     /// `r{d}` (an element of a vector run).
     rsub: HashMap<DimId, String>,
+    /// Tensors whose atomics go to a copy in shared memory ([`private`]).
+    private: Vec<TensorId>,
 }
 
 /// Checks the config for this lowering: blocks that are powers of two (the
@@ -110,6 +113,7 @@ pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
     check_config(e)?;
     let threads = e.cfg.threads();
     let k = e.k;
+    let private = private::private_tensors(k, e.spec);
     let mut g = Gen {
         e,
         layouts: Vec::new(),
@@ -121,12 +125,21 @@ pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         smem: 0,
         threads,
         rsub: HashMap::new(),
+        private,
     };
     let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
     let root = g.scope_layout(&k.body, &active);
     g.stmts(&k.body, &active, root, 1)?;
-    let body = std::mem::take(&mut g.body);
-    let (layouts, smem) = (g.layouts.clone(), g.smem);
+    let mut body = std::mem::take(&mut g.body);
+    body.push_str(&g.private_flush());
+    // The private copies after what the conversions and reductions share.
+    let base = g.smem.next_multiple_of(16);
+    let head = g.private_head(base);
+    let smem = match g.private_bytes() {
+        0 => g.smem,
+        b => base + b,
+    };
+    let layouts = g.layouts.clone();
     let e = g.e;
     let params = e.begin(threads, 1, "", &[]);
     let _ = writeln!(
@@ -155,6 +168,7 @@ pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
             }
         }
     }
+    e.out.push_str(&head);
     program_tiles(e)?;
     e.out.push_str(&body);
     e.out.push_str("}\n");
