@@ -204,7 +204,11 @@ impl Gen<'_, '_> {
                 );
                 out.push(Comp::Scalar(name));
             } else {
-                out.push(Comp::Gather(self.materialize(c, at, l, depth, pre)?));
+                // The index's own loads first, in 16-byte runs where they
+                // run along the layout (`idx[tn]`), not element by element.
+                let mut with = pre.to_vec();
+                self.hoist_into(c, at, l, depth, &mut with)?;
+                out.push(Comp::Gather(self.materialize(c, at, l, depth, &with)?));
             }
         }
         Ok(out)
