@@ -36,9 +36,8 @@ __device__ __forceinline__ void tf_atomic_max(long long* p, long long v) { atomi
 __device__ __forceinline__ void tf_atomic_min(int* p, int v) { atomicMin(p, v); }
 __device__ __forceinline__ void tf_atomic_min(unsigned int* p, unsigned int v) { atomicMin(p, v); }
 __device__ __forceinline__ void tf_atomic_min(long long* p, long long v) { atomicMin(p, v); }
-// f32 max/min by compare-and-swap until the stored value is no smaller
-// (larger): what fmaxf/fminf give, NaNs included.
-__device__ __forceinline__ void tf_atomic_max_cas(float* p, float v) {
+// f32 max/min: compare-and-swap until the stored value is no smaller (larger).
+__device__ __forceinline__ void tf_atomic_max(float* p, float v) {
   unsigned int* a = (unsigned int*)p; unsigned int old = *a;
   while (fmaxf(__uint_as_float(old), v) != __uint_as_float(old)) {
     const unsigned int seen = atomicCAS(a, old, __float_as_uint(fmaxf(__uint_as_float(old), v)));
@@ -46,29 +45,13 @@ __device__ __forceinline__ void tf_atomic_max_cas(float* p, float v) {
     old = seen;
   }
 }
-__device__ __forceinline__ void tf_atomic_min_cas(float* p, float v) {
+__device__ __forceinline__ void tf_atomic_min(float* p, float v) {
   unsigned int* a = (unsigned int*)p; unsigned int old = *a;
   while (fminf(__uint_as_float(old), v) != __uint_as_float(old)) {
     const unsigned int seen = atomicCAS(a, old, __float_as_uint(fminf(__uint_as_float(old), v)));
     if (seen == old) break;
     old = seen;
   }
-}
-// f32 max/min in one integer atomic: floats of one sign order as their bits
-// (as ints when positive, reversed as unsigned when negative). A NaN argument
-// changes nothing (as fmaxf); a NaN already stored (the one case the bits
-// order wrongly) is replaced by the compare-and-swap.
-__device__ __forceinline__ void tf_atomic_max(float* p, float v) {
-  if (v != v) return;
-  const unsigned int b = __float_as_uint(v);
-  const unsigned int old = (b >> 31) ? atomicMin((unsigned int*)p, b) : (unsigned int)atomicMax((int*)p, (int)b);
-  if (old > 0x7f800000u && old < 0x80000000u) tf_atomic_max_cas(p, v);
-}
-__device__ __forceinline__ void tf_atomic_min(float* p, float v) {
-  if (v != v) return;
-  const unsigned int b = __float_as_uint(v);
-  const unsigned int old = (b >> 31) ? atomicMax((unsigned int*)p, b) : (unsigned int)atomicMin((int*)p, (int)b);
-  if (old > 0xff800000u) tf_atomic_min_cas(p, v);
 }
 // 16-bit floats: the half of the aligned word `p` is in, updated by CAS.
 template <typename F>
