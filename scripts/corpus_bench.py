@@ -4,7 +4,7 @@ eager PyTorch and under torch.compile (Triton), at the shape the Rust side
 (`tests/kernels/src/bin/corpus.rs --bench`) uses, timed the same way: CUDA
 events around one call, L2 flushed before each, 5 warm-ups, median of 50.
 
-    python3 scripts/corpus_bench.py [FILTER]
+    python3 scripts/corpus_bench.py [FILTER[,FILTER...]]
 
 Prints one line per case:
     torch NAME SHAPE: eager MS ms, compile MS ms
@@ -44,7 +44,8 @@ def main():
     for mod in pkgutil.iter_modules(corpus.__path__):
         m = importlib.import_module(f"corpus.{mod.name}")
         for name, make in m.CASES.items():
-            if flt and flt not in name:
+            # Comma-separated parts, a case matching any (as `corpus --bench`).
+            if flt and not any(p and p in name for p in flt.split(",")):
                 continue
             try:
                 shape, fn = make()

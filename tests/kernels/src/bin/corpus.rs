@@ -3,7 +3,8 @@
 //! GPU (CUDA events, warm-up, median of 50, L2 flushed) and prints one line
 //! per case: milliseconds, GB/s and the share of the device-to-device copy
 //! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says.
-//! A name filter may follow (`corpus --bench softmax`). `corpus --source`
+//! A name filter may follow (`corpus --bench softmax`; several, comma-separated:
+//! `corpus --bench add,rope`, a case matching any). `corpus --source`
 //! prints each kernel's CUDA C at its untuned default for an H100/H200 (no
 //! GPU needed; extents unknown, so blocks not fitted to a launch).
 //!
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
     let mut ok = true;
     let cases = tilefuse_kernels::cases()
         .into_iter()
-        .filter(|c| filter.as_deref().is_none_or(|f| c.name.contains(f)));
+        .filter(|c| filter.as_deref().is_none_or(|f| matches(f, c.name)));
     if !bench {
         for case in cases {
             match (case.check)(&dev, 7) {
@@ -114,7 +115,7 @@ fn print_sources(filter: Option<&str>) -> ExitCode {
     };
     let mut seen = std::collections::HashSet::new();
     for case in tilefuse_kernels::cases() {
-        if filter.is_some_and(|f| !case.name.contains(f)) {
+        if filter.is_some_and(|f| !matches(f, case.name)) {
             continue;
         }
         for def in (case.kernels)() {
@@ -135,4 +136,11 @@ fn print_sources(filter: Option<&str>) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Whether a case's name contains one of the filter's comma-separated parts.
+fn matches(filter: &str, name: &str) -> bool {
+    filter
+        .split(',')
+        .any(|part| !part.is_empty() && name.contains(part))
 }
