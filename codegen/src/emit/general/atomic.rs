@@ -6,6 +6,7 @@
 
 use super::memory::Comp;
 use super::{Gen, Val};
+use crate::emit::expr::{convert, CTy};
 use crate::error::CodegenError;
 use crate::ir::*;
 
@@ -20,43 +21,27 @@ impl Gen<'_, '_> {
         dims: &[DimId],
         (d, p, chunk): (DimId, usize, usize),
         owner: &str,
-        (value, pre, at): (&Expr, &[(Expr, Val)], &str),
+        value: (&Expr, &[(Expr, Val)], &str),
         l: usize,
         depth: usize,
     ) -> Result<(), CodegenError> {
-        let lay = self.layouts[l].clone();
-        let (spt, runs) = (lay.spt[p], lay.per_thread(p) / lay.spt[p]);
-        let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
-        let Some(Comp::Affine { off, .. }) = comps.last() else {
+        let spt = self.layouts[l].spt[p];
+        let to_f32 = |v: &str, ty: CTy| convert(v, ty, CTy::F32);
+        let run = (d, p, chunk.max(16));
+        let Some((n, d2, mask)) = self.open_run(
+            t,
+            comps,
+            dims,
+            run,
+            owner,
+            value,
+            ("float", &to_f32),
+            l,
+            depth,
+        )?
+        else {
             return Ok(());
         };
-        let off = off.clone();
-        let n = self.open(l, &others, depth);
-        let d1 = depth + n;
-        self.w(
-            d1,
-            format!(
-                "#pragma unroll\n{}for (int tf_q = 0; tf_q < {runs}; ++tf_q) {{",
-                super::indent(d1)
-            ),
-        );
-        let d2 = d1 + 1;
-        self.w(d2, format!("float tf_s[{spt}];"));
-        self.w(
-            d2,
-            format!(
-                "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) {{",
-                super::indent(d2)
-            ),
-        );
-        self.rsub.insert(d, format!("(tf_q * {spt} + tf_j)"));
-        let (v, ty) = self.stored(value, pre, at, l)?;
-        let v = crate::emit::expr::convert(&v, ty, crate::emit::expr::CTy::F32);
-        self.w(d2 + 1, format!("tf_s[tf_j] = {v};"));
-        self.w(d2, "}");
-        self.rsub.insert(d, format!("(tf_q * {spt})"));
-        let ok = vec![owner.to_string(), self.live_c(l, &others)];
-        let mask = self.run_head(t, comps, (d, spt, chunk.max(16)), &off, ok, "", l, d2);
         for g in (0..spt).step_by(4) {
             self.w(
                 d2 + 1,
@@ -68,18 +53,8 @@ impl Gen<'_, '_> {
                 ),
             );
         }
-        self.w(d2, "} else {");
-        self.w(
-            d2 + 1,
-            format!(
-                "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) if ({mask}) tf_atomic_add(tf_p + tf_j, tf_s[tf_j]);",
-                super::indent(d2 + 1)
-            ),
-        );
-        self.rsub.remove(&d);
-        self.w(d2, "}");
-        self.w(d1, "}");
-        self.close(n, depth);
+        let slow = "tf_atomic_add(tf_p + tf_j, tf_s[tf_j]);";
+        self.close_run(d, spt, (n, d2), &mask, slow, depth);
         Ok(())
     }
 }

@@ -29,6 +29,10 @@ pub(super) enum Comp {
     Gather(Val),
 }
 
+/// How a run's element is made from a value's C and type (narrowed to a
+/// store's type, converted to an atomic's).
+pub(super) type RunElem = dyn Fn(&str, CTy) -> String;
+
 /// The tile dimension `c` runs along as a tile's own index, plus or minus a
 /// scalar: `tn`, `tn + off`, `off + tn`, `tn - off` (`None` for anything else).
 pub(super) fn affine_dim(k: &Kernel, c: &Expr) -> Option<DimId> {
@@ -710,11 +714,14 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// A vectorized store (see [`Gen::load_runs`]): each run's values are
-    /// narrowed and packed into words, stored whole where the run is inside
-    /// the extent and the tensor, else element by element.
+    /// Opens the runs of a vectorized write of `value` to `t[comps]` over
+    /// `dims`: the loops over the other dimensions and the runs, the run's
+    /// values in `tf_s[spt]` (each as `elem` makes it from the element's C and
+    /// type, in C type `ty`), then [`Gen::run_head`]'s `if (…) {` of a whole
+    /// run. Returns `(loops to close, the run's depth, the element mask)`; the
+    /// caller writes the whole run, then [`Gen::close_run`].
     #[allow(clippy::too_many_arguments)]
-    fn store_runs(
+    pub(super) fn open_run(
         &mut self,
         t: TensorId,
         comps: &[Comp],
@@ -722,16 +729,15 @@ impl Gen<'_, '_> {
         (d, p, chunk): (DimId, usize, usize),
         owner: &str,
         (value, pre, at): (&Expr, &[(Expr, Val)], &str),
+        (ty, elem): (&str, &RunElem),
         l: usize,
         depth: usize,
-    ) -> Result<(), CodegenError> {
+    ) -> Result<Option<(usize, usize, String)>, CodegenError> {
         let lay = self.layouts[l].clone();
         let (spt, runs) = (lay.spt[p], lay.per_thread(p) / lay.spt[p]);
-        let dtype = self.e.spec.tensors[t].dtype;
-        let es = dtype.size();
         let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
         let Some(Comp::Affine { off, .. }) = comps.last() else {
-            return Ok(());
+            return Ok(None);
         };
         let off = off.clone();
         let n = self.open(l, &others, depth);
@@ -744,8 +750,7 @@ impl Gen<'_, '_> {
             ),
         );
         let d2 = d1 + 1;
-        // The run's values, narrowed to the tensor's type.
-        self.w(d2, format!("{} tf_s[{spt}];", dtype.c_storage()));
+        self.w(d2, format!("{ty} tf_s[{spt}];"));
         self.w(
             d2,
             format!(
@@ -754,16 +759,77 @@ impl Gen<'_, '_> {
             ),
         );
         self.rsub.insert(d, format!("(tf_q * {spt} + tf_j)"));
-        let (v, ty) = self.stored(value, pre, at, l)?;
-        self.w(d2 + 1, format!("const {} tf_v = {v};", ty.c()));
-        self.w(
-            d2 + 1,
-            format!("tf_s[tf_j] = {};", narrow(dtype, "tf_v", ty)),
-        );
+        let (v, vty) = self.stored(value, pre, at, l)?;
+        self.w(d2 + 1, format!("const {} tf_v = {v};", vty.c()));
+        self.w(d2 + 1, format!("tf_s[tf_j] = {};", elem("tf_v", vty)));
         self.w(d2, "}");
         self.rsub.insert(d, format!("(tf_q * {spt})"));
         let ok = vec![owner.to_string(), self.live_c(l, &others)];
         let mask = self.run_head(t, comps, (d, spt, chunk), &off, ok, "", l, d2);
+        Ok(Some((n, d2, mask)))
+    }
+
+    /// Closes what [`Gen::open_run`] opened, after the element-by-element
+    /// branch `slow` (one statement, for element `tf_j` under `mask`).
+    pub(super) fn close_run(
+        &mut self,
+        d: DimId,
+        spt: usize,
+        (n, d2): (usize, usize),
+        mask: &str,
+        slow: &str,
+        depth: usize,
+    ) {
+        self.w(d2, "} else {");
+        self.w(
+            d2 + 1,
+            format!(
+                "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) if ({mask}) {slow}",
+                super::indent(d2 + 1)
+            ),
+        );
+        self.rsub.remove(&d);
+        self.w(d2, "}");
+        self.w(d2 - 1, "}");
+        self.close(n, depth);
+    }
+
+    /// A vectorized store (see [`Gen::load_runs`]): each run's values are
+    /// narrowed and packed into words, stored whole where the run is inside
+    /// the extent and the tensor, else element by element.
+    #[allow(clippy::too_many_arguments)]
+    fn store_runs(
+        &mut self,
+        t: TensorId,
+        comps: &[Comp],
+        dims: &[DimId],
+        (d, p, chunk): (DimId, usize, usize),
+        owner: &str,
+        value: (&Expr, &[(Expr, Val)], &str),
+        l: usize,
+        depth: usize,
+    ) -> Result<(), CodegenError> {
+        let spt = self.layouts[l].spt[p];
+        let dtype = self.e.spec.tensors[t].dtype;
+        let es = dtype.size();
+        // The run's values, narrowed to the tensor's type.
+        let narrowed = move |v: &str, ty: CTy| narrow(dtype, v, ty);
+        let storage = dtype.c_storage();
+        let run = (d, p, chunk);
+        let Some((n, d2, mask)) = self.open_run(
+            t,
+            comps,
+            dims,
+            run,
+            owner,
+            value,
+            (storage, &narrowed),
+            l,
+            depth,
+        )?
+        else {
+            return Ok(());
+        };
         let ctype = match chunk {
             16 => "uint4",
             8 => "uint2",
@@ -797,18 +863,7 @@ impl Gen<'_, '_> {
                 format!("*({ctype}*)(tf_p + {}) = {value};", c * chunk / es),
             );
         }
-        self.w(d2, "} else {");
-        self.w(
-            d2 + 1,
-            format!(
-                "#pragma unroll\n{}for (int tf_j = 0; tf_j < {spt}; ++tf_j) if ({mask}) tf_p[tf_j] = tf_s[tf_j];",
-                super::indent(d2 + 1)
-            ),
-        );
-        self.rsub.remove(&d);
-        self.w(d2, "}");
-        self.w(d1, "}");
-        self.close(n, depth);
+        self.close_run(d, spt, (n, d2), &mask, "tf_p[tf_j] = tf_s[tf_j];", depth);
         Ok(())
     }
 }
