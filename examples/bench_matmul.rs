@@ -148,29 +148,65 @@ struct Row {
     others: Vec<(String, f64, f64)>,
 }
 
-/// `--shapes MxNxK,...`, if given.
-fn shapes_arg() -> tilefuse::Result<Option<Vec<[usize; 3]>>> {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(i) = args.iter().position(|a| a == "--shapes") else {
-        return Ok(None);
-    };
-    let bad = |what: &str| tilefuse::Error::Argument {
-        context: "bench_matmul".into(),
-        arg: "--shapes".into(),
-        message: format!("{what}: expected MxNxK[,MxNxK...] with positive sizes"),
-    };
-    let list = args.get(i + 1).ok_or_else(|| bad("no value"))?;
+/// The command line: `--help` lists it; an unknown or misspelled flag is an
+/// error that names the flag it resembles (`--shape` → `--shapes`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "bench_matmul",
+    about = "The generated bf16 GEMM against cuBLAS, same run, same GPU"
+)]
+struct Cli {
+    /// Also time 14 fixed configs at each shape.
+    #[arg(long)]
+    sweep: bool,
+    /// Also tune each shape (TILEFUSE_AUTOTUNE's level; quick if off) and time the winner.
+    #[arg(long)]
+    tune: bool,
+    /// The autotuner's pick against the untuned default, at large and LLM shapes.
+    #[arg(long)]
+    tune_only: bool,
+    /// The Hopper default with and without the TMA-store epilogue.
+    #[arg(long)]
+    epilogue: bool,
+    /// The Hopper default against ping-pong configs.
+    #[arg(long)]
+    pingpong: bool,
+    /// The Hopper default against smaller tiles, where its tiles do not fill the GPU.
+    #[arg(long)]
+    fill: bool,
+    /// Shapes for --tune-only, --epilogue, --pingpong and --fill: MxNxK[,MxNxK...].
+    #[arg(long, value_parser = parse_shapes)]
+    shapes: Option<Shapes>,
+}
+
+/// `--shapes`' value.
+#[derive(Clone, Debug)]
+struct Shapes(Vec<[usize; 3]>);
+
+/// `MxNxK[,MxNxK...]` with positive sizes.
+fn parse_shapes(list: &str) -> Result<Shapes, String> {
     list.split(',')
         .map(|s| {
-            let v: Vec<usize> = s
-                .split('x')
-                .map(|x| x.parse().ok().filter(|&x| x > 0))
-                .collect::<Option<_>>()
-                .ok_or_else(|| bad(s))?;
-            <[usize; 3]>::try_from(v).map_err(|_| bad(s))
+            s.split('x')
+                .map(|x| x.parse().ok().filter(|&x: &usize| x > 0))
+                .collect::<Option<Vec<usize>>>()
+                .and_then(|v| <[usize; 3]>::try_from(v).ok())
+                .ok_or_else(|| format!("`{s}`: expected MxNxK[,MxNxK...] with positive sizes"))
         })
-        .collect::<tilefuse::Result<Vec<_>>>()
-        .map(Some)
+        .collect::<Result<Vec<_>, _>>()
+        .map(Shapes)
+}
+
+/// The command line, parsed once in `main`.
+static CLI: std::sync::OnceLock<Cli> = std::sync::OnceLock::new();
+
+fn cli() -> &'static Cli {
+    CLI.get_or_init(<Cli as clap::Parser>::parse)
+}
+
+/// `--shapes MxNxK,...`, if given.
+fn shapes_arg() -> tilefuse::Result<Option<Vec<[usize; 3]>>> {
+    Ok(cli().shapes.clone().map(|s| s.0))
 }
 
 /// `--tune-only`: the tuned config against the one an untuned launch uses.
@@ -508,10 +544,10 @@ fn interleaved_runs(
 }
 
 fn run() -> tilefuse::Result<bool> {
-    let sweep = std::env::args().any(|a| a == "--sweep");
+    let sweep = cli().sweep;
     // --tune: also tune each shape (TILEFUSE_AUTOTUNE's level; quick if off) and
     // time the winner the same way as the default.
-    let tune = std::env::args().any(|a| a == "--tune");
+    let tune = cli().tune;
     let level = match autotune::effort()? {
         Effort::Off => Effort::Quick,
         e => e,
@@ -526,16 +562,16 @@ fn run() -> tilefuse::Result<bool> {
         dev.arch(),
         dev.sm_count()
     );
-    if std::env::args().any(|a| a == "--tune-only") {
+    if cli().tune_only {
         return tune_only(&dev, level);
     }
-    if std::env::args().any(|a| a == "--epilogue") {
+    if cli().epilogue {
         return epilogue_ab(&dev);
     }
-    if std::env::args().any(|a| a == "--pingpong") {
+    if cli().pingpong {
         return pingpong_ab(&dev);
     }
-    if std::env::args().any(|a| a == "--fill") {
+    if cli().fill {
         return fill_ab(&dev);
     }
     let mut rows = Vec::new();
@@ -862,5 +898,7 @@ fn burst(
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
+    // Bad flags are reported before any GPU work (clap exits with status 2).
+    let _ = cli();
     exit_code(run())
 }

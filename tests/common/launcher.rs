@@ -4,6 +4,7 @@
 /// `TILEFUSE_RUN`, else `tilefuse-run` next to the test's build folder
 /// (`target/<profile>/deps/<test>-…` → `target/<profile>/tilefuse-run`, built by
 /// `cargo test --workspace`).
+#[allow(dead_code)] // Not every test that includes this launches the launcher.
 pub fn launcher() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("TILEFUSE_RUN") {
         return p.into();

@@ -1,0 +1,35 @@
+//! The benchmark's command line: a misspelled flag or a malformed value is an
+//! error (exit status 2) that names it, before any GPU work, so a typo never
+//! runs the default benchmark silently. Runs `bench_matmul` as built by
+//! `cargo test` (or from `TILEFUSE_EXAMPLES_DIR`); no GPU needed.
+
+#[path = "common/launcher.rs"]
+mod launcher;
+use std::process::Command;
+
+fn bench_matmul(args: &[&str]) -> (Option<i32>, String) {
+    let bin = launcher::example("bench_matmul");
+    let out = Command::new(&bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", bin.display()));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_misspelled_flag_is_an_error_that_names_the_right_one() {
+    let (code, err) = bench_matmul(&["--shape", "1x2x3"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unexpected argument '--shape'"), "{err}");
+    assert!(err.contains("'--shapes'"), "{err}");
+}
+
+#[test]
+fn a_malformed_shape_is_an_error_that_says_what_was_expected() {
+    let (code, err) = bench_matmul(&["--tune-only", "--shapes", "1x2,3x0x4"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("`1x2`: expected MxNxK"), "{err}");
+}
