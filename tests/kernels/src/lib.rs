@@ -1,6 +1,6 @@
 //! The corpus: everyday kernels of a tile DSL, written the way a user writes
 //! them, one family per module. Each [`Case`] makes its inputs from a seed on
-//! a device (a GPU, or [`Device::interpreter`]), runs its kernels, and returns
+//! a device (a GPU, or [`tilefuse::Device::interpreter`]), runs its kernels, and returns
 //! each output with its float64 reference; the same seed gives the same inputs
 //! on every device, so the GPU's outputs are also compared with interpret
 //! mode's. Its benchmark runs it at a large shape, next to the same operation

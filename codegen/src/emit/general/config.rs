@@ -109,11 +109,11 @@ fn walk_level<'a>(k: &Kernel, stmts: &'a [Stmt], f: &mut dyn FnMut(DimId, &'a [S
 
 /// The untuned config of a kernel the general lowering takes, for extents
 /// `extents[d]` where known: 4 warps; each path of scopes gets about
-/// [`BUDGET`] elements, the contiguous dimensions first (up to the extent,
+/// 4096 elements (`BUDGET`), the contiguous dimensions first (up to the extent,
 /// rounded up to a power of two; several in one path, as a transpose has,
 /// share it evenly), then the others from the innermost loop out. A launch
-/// that cannot have [`MIN_PROGRAMS`] programs (a column sum's few column
-/// blocks, each walking every row) gets [`STARVED_WARPS`] warps and loop
+/// that cannot have 256 programs (`MIN_PROGRAMS`; a column sum's few column
+/// blocks, each walking every row) gets 16 warps (`STARVED_WARPS`) and loop
 /// tiles as much larger, so each SM keeps as many bytes in flight.
 pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     let n = k.dims.len();

@@ -14,7 +14,7 @@
 //! Statements lower one by one: an expression's loads, reductions and
 //! matmuls are computed first into temporaries (hoisted), then one unrolled
 //! loop over the result's elements evaluates the elementwise rest with the
-//! primitive tables' C ([`super::expr::ElemCtx`]). Loads and stores take any
+//! primitive tables' C (the emitter's element context, `ElemCtx`). Loads and stores take any
 //! index (tile indices, offsets, gathered integers, scalars) with masks from
 //! the extents and the tensor's bounds, and move 16 bytes at a time where the
 //! index runs contiguously. Reductions combine a thread's registers, then
