@@ -80,7 +80,7 @@ fn matmul_compiles() {
 }
 
 /// The default GEMM config keeps its loop in registers: a spill in the K loop cost
-/// 12% of the GEMM's speed once (docs/PERFORMANCE.md, note 9), so ptxas's report
+/// 12% of the GEMM's speed once (docs/perf-history.md, “Notes: predictions and outcomes”, note 9), so ptxas's report
 /// must say 0 bytes of spill stores, for every arch.
 #[test]
 fn default_gemm_config_does_not_spill() {

@@ -14,7 +14,7 @@ use crate::plan::Planned;
 /// for these extents ([`crate::emit::general::default_config`]); a row kernel
 /// that walks its rows more than once (softmax, norms: a reduction, then a
 /// pass that uses it) a block that fits its row, up to 8192 columns, so the
-/// second walk reads registers instead of memory (docs/PERFORMANCE.md, "row
+/// second walk reads registers instead of memory (docs/perf-history.md, "row
 /// defaults that fit the row"). `extents[d]`: dimension `d`'s extent at this
 /// launch, where known.
 pub fn fit_default(kernel: &Planned, default: Config, extents: &[Option<usize>]) -> Config {

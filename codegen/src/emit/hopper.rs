@@ -28,12 +28,12 @@ __device__ __forceinline__ bool tf_mbar_test(tf_u32 bar, tf_u32 parity) {
 // producer finally waits for every consumer warp's arrival on a `done` barrier,
 // so a consumer stuck anywhere still stops the kernel. (Bounded in the
 // consumers, the waits cost attention 2-3%: ptxas laid the retry out inline;
-// docs/PERFORMANCE.md, "Hopper barrier waits that end".) The clock is %globaltimer's high word (a
+// docs/perf-history.md, "Hopper barrier waits that end".) The clock is %globaltimer's high word (a
 // tick is 2^32 ns, 4.3 s), read on every 4096th failed try. The stop is a
 // store to a shared address outside every block's window, not `trap`: a loop
 // holding a trap (or one left early to trap after it) makes ptxas put a
 // `YIELD` at the head of the enclosing load loop, which cost a ping-pong GEMM
-// 10% (docs/PERFORMANCE.md, "the barrier waits' cost found"). No call either: a call anywhere in a kernel makes ptxas
+// 10% (docs/perf-history.md, "the barrier waits' cost found"). No call either: a call anywhere in a kernel makes ptxas
 // serialize its `wgmma`s, so no printf or assert.
 __device__ __forceinline__ void tf_mbar_wait(tf_u32 bar, tf_u32 parity) {
   tf_u32 n = 0, t0 = 0;

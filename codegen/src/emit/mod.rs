@@ -113,12 +113,12 @@ pub struct SplitTail {
 
 /// The fewest K tiles per part of the portable path's split tail: there four
 /// parts of 4 K tiles beat one whole tile at 1000³ (0.026 against 0.028 ms on an
-/// H200, docs/PERFORMANCE.md, "Generated bf16 GEMM vs cuBLAS").
+/// H200, docs/perf-history.md, "Generated bf16 GEMM vs cuBLAS").
 pub const PORTABLE_MIN_PART_K_TILES: usize = 4;
 /// The Hopper path's: its pipeline takes longer to fill and each part's fix-up
 /// moves a whole 128×256 tile, so short parts lose; at 1000³ the default took
 /// 0.0236 ms in four parts of 4 K tiles, 0.0224 in two of 8, 0.0188 unsplit
-/// (docs/PERFORMANCE.md, "the barrier waits' cost found").
+/// (docs/perf-history.md, "the barrier waits' cost found").
 pub const HOPPER_MIN_PART_K_TILES: usize = 16;
 
 /// The generated code and how to launch it.

@@ -30,7 +30,7 @@ const MIN_WIN_SHARE: f64 = 0.8;
 /// The duel that decides between the confirmation's winner and the default:
 /// this many rounds of the two alone, in turns ([`time_in_turns`]). At 4096³
 /// on an H200 a config that read 1-4% faster among the finalists read 2-3%
-/// slower in the benchmark that followed (docs/PERFORMANCE.md, "the tuner's duel with the default").
+/// slower in the benchmark that followed (docs/perf-history.md, "the tuner's duel with the default").
 const DUEL_ROUNDS: usize = 8;
 
 /// Tunes one launch; `None` when it cannot be tuned (said at debug level).

@@ -79,7 +79,7 @@ impl Lowering for Gemm {
         if target.wgmma {
             // The TMA-store epilogue where the output allows it and it fits:
             // faster at every shape measured, 1.006-1.41x on an H200
-            // (docs/PERFORMANCE.md, "the TMA-store epilogue").
+            // (docs/perf-history.md, "the TMA-store epilogue").
             let with_tma = |c: Config| {
                 let t = c.clone().tma_store(true);
                 match lower(k, spec, &t) {

@@ -54,7 +54,7 @@ pub(super) fn seeds(g: &GemmShape, space: &ConfigSpace, spec: &Spec, quick: bool
             .into_iter()
             .map(|c| c.stage(stageable));
         // The TMA-store epilogue where the output takes it (faster
-        // at every shape measured, docs/PERFORMANCE.md, "the TMA-store epilogue");
+        // at every shape measured, docs/perf-history.md, "the TMA-store epilogue");
         // the fastest seed also storing fragments, so the search
         // still weighs the two.
         for (i, c) in hopper.enumerate() {
@@ -115,7 +115,7 @@ fn gemm_seeds(dims: usize, g: &GemmShape, quick: bool) -> Vec<Config> {
 /// per cluster, ping-pong), fastest first on an H200: BK is 64 and the M block
 /// 16 x warps, or with ping-pong each warpgroup's (64 or 128 rows). Ping-pong
 /// comes last: it measured 3–18% slower than the default at nine of ten shapes
-/// (docs/PERFORMANCE.md, "a ping-pong Hopper GEMM, measured slower"), so only the full level tries it.
+/// (docs/perf-history.md, "a ping-pong Hopper GEMM, measured slower"), so only the full level tries it.
 fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool, tiles: HopperTiles) -> Vec<Config> {
     type Seed = (usize, usize, usize, usize, bool, usize, bool);
     const PROVEN: [Seed; 12] = [
@@ -134,7 +134,7 @@ fn wgmma_seeds(dims: usize, g: &GemmShape, quick: bool, tiles: HopperTiles) -> V
     ];
     // Launches whose 128×128 tiles fit one wave (the default's own tiles
     // there): the configs of small tiles that came closest to it or beat it
-    // at nine such shapes on an H200 (docs/PERFORMANCE.md, "the tuner's duel with the default"), first.
+    // at nine such shapes on an H200 (docs/perf-history.md, "the tuner's duel with the default"), first.
     const ONE_WAVE: [Seed; 3] = [
         (64, 256, 4, 4, false, 1, false),
         (128, 128, 8, 5, false, 1, false),

@@ -19,7 +19,7 @@ pub enum HopperTiles {
     Wide,
     /// 128×128 tiles: even these need one wave at most, so 128×256 ones would
     /// leave half the SMs or more idle (1.14–1.44× at nine such shapes on an
-    /// H200; docs/PERFORMANCE.md, "the tuner's duel with the default").
+    /// H200; docs/perf-history.md, "the tuner's duel with the default").
     Narrow,
 }
 

@@ -48,7 +48,7 @@ impl Lowering for Rows {
     /// walk reads registers instead of memory: 2 rows × 2048 columns with 4
     /// warps up to 2048 columns, 1 × 4096 with 4 warps up to 4096, 1 × 8192
     /// with 8 warps beyond. Measured on an H200 at 16384 rows
-    /// (docs/PERFORMANCE.md, "row defaults that fit the row"): softmax and RMSNorm go from 65-78% of
+    /// (docs/perf-history.md, "row defaults that fit the row"): softmax and RMSNorm go from 65-78% of
     /// the copy bandwidth to 93-98% at 4096 and 8192 columns, LayerNorm from 83%
     /// to 86% at 4096 and stays at 63% at 8192. A single online walk
     /// (cross-entropy's log-sum-exp) reads each element once whatever the
