@@ -111,5 +111,10 @@ fn run() -> tilefuse::Result<bool> {
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
+    // It takes no arguments: one given is a mistake, not something to ignore.
+    if let Some(a) = std::env::args().nth(1) {
+        eprintln!("usage: mma_peak (no arguments): unexpected argument `{a}`");
+        return ExitCode::from(2);
+    }
     exit_code(run())
 }

@@ -1,14 +1,18 @@
-//! The benchmark's command line: a misspelled flag or a malformed value is an
-//! error (exit status 2) that names it, before any GPU work, so a typo never
-//! runs the default benchmark silently. Runs `bench_matmul` as built by
-//! `cargo test` (or from `TILEFUSE_EXAMPLES_DIR`); no GPU needed.
+//! The examples' command lines: a misspelled flag or a malformed value is an
+//! error that names it, before any GPU work, so a typo never runs the default
+//! silently. Runs the examples as built by `cargo test` (or from
+//! `TILEFUSE_EXAMPLES_DIR`); no GPU needed.
 
 #[path = "common/launcher.rs"]
 mod launcher;
 use std::process::Command;
 
 fn bench_matmul(args: &[&str]) -> (Option<i32>, String) {
-    let bin = launcher::example("bench_matmul");
+    example("bench_matmul", args)
+}
+
+fn example(name: &str, args: &[&str]) -> (Option<i32>, String) {
+    let bin = launcher::example(name);
     let out = Command::new(&bin)
         .args(args)
         .output()
@@ -32,4 +36,29 @@ fn a_malformed_shape_is_an_error_that_says_what_was_expected() {
     let (code, err) = bench_matmul(&["--tune-only", "--shapes", "1x2,3x0x4"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("`1x2`: expected MxNxK"), "{err}");
+}
+
+/// Every example refuses an argument it does not know (status 2 for the
+/// hand-parsed ones' usage errors, 1 where the error goes through the
+/// library's `Result`), naming it; none ignores it and runs.
+#[test]
+fn every_example_refuses_an_unknown_flag() {
+    for name in [
+        "matmul",
+        "matmul_bias_gelu",
+        "mma_peak",
+        "softmax",
+        "rms_norm",
+        "layer_norm",
+        "cross_entropy",
+        "attention",
+        "all_gather_matmul",
+        "fused_ops",
+        "matmul_plan",
+        "all_reduce_bias_rms_norm",
+    ] {
+        let (code, err) = example(name, &["--bogus"]);
+        assert!(matches!(code, Some(1) | Some(2)), "{name}: {code:?} {err}");
+        assert!(err.contains("--bogus"), "{name}: {err}");
+    }
 }
