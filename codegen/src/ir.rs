@@ -300,6 +300,22 @@ pub enum Expr {
 }
 
 impl Kernel {
+    /// A kernel named `name` with nothing in it yet: what a test or a tool
+    /// fills in field by field.
+    pub fn empty(name: &str) -> Kernel {
+        Kernel {
+            name: name.into(),
+            tensors: vec![],
+            scalars: vec![],
+            constexprs: vec![],
+            dims: vec![],
+            grid: vec![],
+            grid_start: vec![],
+            vars: vec![],
+            body: vec![],
+        }
+    }
+
     /// A stable hash of the kernel's meaning, for cache keys.
     pub fn fingerprint(&self) -> u64 {
         crate::hash::fnv1a64(self.to_json().as_bytes())

@@ -31,17 +31,7 @@ fn general(k: &Kernel, spec: &Spec, cfg: &Config) -> Lowered {
 }
 
 fn kernel(name: &str) -> Kernel {
-    Kernel {
-        name: name.into(),
-        tensors: vec![],
-        scalars: vec![],
-        constexprs: vec![],
-        dims: vec![],
-        grid: vec![],
-        grid_start: vec![],
-        vars: vec![],
-        body: vec![],
-    }
+    Kernel::empty(name)
 }
 
 fn spec_of(k: &Kernel, scalars: &[ScalarKind]) -> Spec {

@@ -120,17 +120,7 @@ mod tests {
             timeout_ms: 150,
         };
         let text = from_interpreter.to_string();
-        let k = Kernel {
-            name: "k".into(),
-            tensors: vec![],
-            scalars: vec![],
-            constexprs: vec![],
-            dims: vec![],
-            grid: vec![],
-            grid_start: vec![],
-            vars: vec![],
-            body: vec![],
-        };
+        let k = Kernel::empty("k");
         let mapped = interpret_error(&k, from_interpreter);
         assert!(matches!(mapped, Error::WaitTimeout { .. }));
         assert_eq!(mapped.to_string(), text);

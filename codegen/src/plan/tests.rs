@@ -54,17 +54,7 @@ fn double() -> Kernel {
 
 /// A kernel with nothing in it.
 fn empty() -> Kernel {
-    Kernel {
-        name: "empty".into(),
-        tensors: vec![],
-        scalars: vec![],
-        constexprs: vec![],
-        dims: vec![],
-        grid: vec![],
-        grid_start: vec![],
-        vars: vec![],
-        body: vec![],
-    }
+    Kernel::empty("empty")
 }
 
 #[test]
