@@ -75,6 +75,13 @@ pub struct Config {
     /// 0: derived from the registers the kernel's loads hold.
     #[serde(default)]
     pub occupancy: usize,
+    /// General kernels whose first tile loop only accumulates (a column sum's
+    /// walk down the rows): at most this many programs share each grid
+    /// tile's loop, each a contiguous share of its tiles, the last to finish
+    /// combining the shares in order. The runtime picks how many at launch,
+    /// enough to fill the GPU. 0 or 1: each program walks its whole loop.
+    #[serde(default)]
+    pub split: usize,
 }
 
 fn one() -> usize {
@@ -96,6 +103,7 @@ impl Config {
             tma_store: false,
             pingpong: false,
             occupancy: 0,
+            split: 0,
         }
     }
 
@@ -157,6 +165,12 @@ impl Config {
         self
     }
 
+    /// The most programs that share a reduction loop; see [`Config::split`].
+    pub fn split(mut self, ways: usize) -> Config {
+        self.split = ways;
+        self
+    }
+
     /// Resident threads per SM for a row kernel; see [`Config::occupancy`].
     pub fn occupancy(mut self, threads: usize) -> Config {
         self.occupancy = threads;
@@ -198,6 +212,9 @@ impl std::fmt::Display for Config {
         }
         if self.occupancy != 0 {
             write!(f, ", occupancy={}", self.occupancy)?;
+        }
+        if self.split > 1 {
+            write!(f, ", split={}", self.split)?;
         }
         Ok(())
     }

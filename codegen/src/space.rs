@@ -39,13 +39,20 @@ pub enum Axis {
     PingPong,
     /// Row kernels: resident threads per SM (0: derived); see [`Config::occupancy`].
     Occupancy(Vec<usize>),
+    /// General kernels with a loop their programs may share: the most
+    /// programs per grid tile (1: none); see [`Config::split`].
+    Split(Vec<usize>),
 }
 
 impl Axis {
     fn values(&self) -> &[usize] {
         match self {
             Axis::Block { values, .. } | Axis::Warps(values) => values,
-            Axis::Stages(v) | Axis::GroupM(v) | Axis::ClusterM(v) | Axis::Occupancy(v) => v,
+            Axis::Stages(v)
+            | Axis::GroupM(v)
+            | Axis::ClusterM(v)
+            | Axis::Occupancy(v)
+            | Axis::Split(v) => v,
             Axis::Persistent | Axis::Stage | Axis::StreamK | Axis::TmaStore | Axis::PingPong => {
                 &[0, 1]
             }
@@ -65,6 +72,7 @@ impl Axis {
             Axis::TmaStore => usize::from(c.tma_store),
             Axis::PingPong => usize::from(c.pingpong),
             Axis::Occupancy(_) => c.occupancy,
+            Axis::Split(_) => c.split.max(1),
         }
     }
 
@@ -81,6 +89,7 @@ impl Axis {
             Axis::TmaStore => c.tma_store = v != 0,
             Axis::PingPong => c.pingpong = v != 0,
             Axis::Occupancy(_) => c.occupancy = v,
+            Axis::Split(_) => c.split = v,
         }
     }
 
@@ -98,6 +107,7 @@ impl Axis {
             Axis::TmaStore => "tma_store".into(),
             Axis::PingPong => "pingpong".into(),
             Axis::Occupancy(_) => "occupancy".into(),
+            Axis::Split(_) => "split".into(),
         }
     }
 }

@@ -599,17 +599,103 @@ fn a_transpose_moves_16_bytes_both_ways_through_shared_memory() {
 /// than the GPU wants, so each gets 16 warps and a 4x deeper row tile.
 #[test]
 fn a_launch_of_few_programs_gets_more_warps_and_deeper_tiles() {
-    let k = column_and_total_sums();
+    // The column sums with a store before the loop: no program can share it.
+    let mut k = column_and_total_sums();
+    k.body
+        .insert(0, store(1, &[0], Expr::Float(0.0), "cols[tn] = 0.0"));
     let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
     assert_eq!(
-        (c.block_sizes.as_slice(), c.num_warps),
-        (&[64, 256][..], 16)
+        (c.block_sizes.as_slice(), c.num_warps, c.split),
+        (&[64, 256][..], 16, 0)
     );
     let l = general(&k, &spec_of(&k, &ints(2)), &c);
     assert_eq!(l.threads, 512);
+    assert!(l.split_loop.is_none());
     // Enough column blocks: 4 warps, as before.
     let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(65536), Some(16384)]);
     assert_eq!(c.num_warps, 4);
+}
+
+/// A column sum over a tall matrix: programs share the walk down the rows
+/// (the runtime picks how many); each writes its partial sums to scratch and
+/// the last of a column tile's programs adds them in order and stores.
+#[test]
+fn a_column_sum_shares_its_loop_among_programs() {
+    let k = column_and_total_sums();
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
+    // Columns of 512 bytes of bf16, 4 warps: the sharing fills the GPU.
+    assert_eq!(
+        (c.block_sizes.as_slice(), c.num_warps, c.split),
+        (&[256, 16][..], 4, 32)
+    );
+    let l = general(&k, &spec_of(&k, &ints(2)), &c);
+    let split = l.split_loop.clone().expect("a shared loop");
+    assert_eq!(
+        (split.extent, split.block, split.most, split.share_bytes),
+        (1, 16, 32, 256 * 4)
+    );
+    use tilefuse_codegen::emit::Param;
+    for p in [Param::SplitWays, Param::SplitPartials, Param::SplitCounters] {
+        assert!(l.params.contains(&p), "{p:?}");
+    }
+    let body = kernel_part(&l);
+    for want in [
+        "tf_beg1 = (((s1) + B1 - 1) / B1) * tf_part / tf_ways * B1",
+        "atomicAdd(&tf_counters[tf_prog], 1u)",
+        "if (!tf_last) return;",
+        "__ldcg(",
+    ] {
+        assert!(body.contains(want), "`{want}` missing:\n{body}");
+    }
+    // The loop adds each tile into a register tile; the rows are reduced
+    // once, after the loop (no barrier or shuffle in it).
+    let start = body.find("for (long long tb1").unwrap_or(0);
+    let end = body.find("acc's deferred reduction").unwrap_or(0);
+    assert!(start < end, "{body}");
+    assert!(!body[start..end].contains("__syncthreads"), "{body}");
+    assert!(!body[start..end].contains("__shfl"), "{body}");
+    // The shares meet before the store and the atomic after the loop.
+    let meet = body.find("tf_last").unwrap_or(usize::MAX);
+    assert!(meet < body.find("// cols[tn] = acc").unwrap_or(0), "{body}");
+    // Without `split` the loop is the program's own.
+    let l = general(&k, &spec_of(&k, &ints(2)), &c.clone().split(0));
+    assert!(l.split_loop.is_none());
+    assert!(!kernel_part(&l).contains("tf_ways"));
+}
+
+/// Loops whose programs could not share them: `split` is refused there,
+/// naming what a shared loop needs.
+#[test]
+fn a_loop_that_cannot_be_shared_refuses_split() {
+    let base = column_and_total_sums();
+    // A store before the loop would run in every share.
+    let mut before = base.clone();
+    before
+        .body
+        .insert(0, store(1, &[0], Expr::Float(0.0), "cols[tn] = 0.0"));
+    // A tile loop after it would run in one program alone.
+    let mut after = base.clone();
+    after.body.push(loop_(1, vec![]));
+    // A term that reads the accumulator depends on the shares before it.
+    let mut reads = base.clone();
+    if let Stmt::Loop { body, .. } = &mut reads.body[1] {
+        body.insert(
+            0,
+            let_(
+                1,
+                bin(BinOp::Mul, Expr::Var(0), Expr::Float(2.0), "*"),
+                "let t = acc * 2.0",
+            ),
+        );
+    }
+    reads.vars.push(var("t", false));
+    for k in [before, after, reads] {
+        let cfg = Config::new(&[256, 16]).split(32);
+        let e = lower(&plan(&k), &spec_of(&k, &ints(2)), &cfg)
+            .err()
+            .unwrap_or_else(|| panic!("`split` taken by {:?}", k.body));
+        assert!(e.to_string().contains("no loop to share"), "{e}");
+    }
 }
 
 /// `atomic_add(out[(ids[tn], td)], values[(tn, td)])` on f32: each thread's

@@ -5,6 +5,7 @@ use crate::args::{ScalarArg, TensorArg};
 use crate::device::Device;
 use crate::error::{argument, driver, Error, Result};
 use crate::jit;
+use crate::split_loop;
 use crate::split_tail::{self, SplitPlan};
 use crate::status;
 use cudarc::driver::sys::CUfunction_attribute as FnAttr;
@@ -572,6 +573,19 @@ pub(crate) fn launch_variant(
             scratch = dev.split_scratch(floats as usize, (split.split * cluster) as usize)?;
         }
         blocks = split.programs();
+    }
+    // General kernels: programs share a reduction loop when the grid alone
+    // does not fill the GPU.
+    if let Some(sl) = &v.lowered.split_loop {
+        let ext = scalars[sl.extent].int().map_or(0, |x| x.max(0) as u64);
+        let tiles = ext.div_ceil(sl.block as u64);
+        let ways = split_loop::ways(blocks, tiles, resident_programs, sl.most);
+        if ways > 1 {
+            let words = blocks * ways * (sl.share_bytes as u64).div_ceil(4);
+            scratch = dev.split_scratch(words as usize, blocks as usize)?;
+        }
+        split.ways = ways;
+        blocks = blocks.saturating_mul(ways);
     }
     // A persistent kernel loops over its work: one wave of programs is enough.
     if v.lowered.persistent {

@@ -24,6 +24,7 @@ pub mod log;
 pub mod mode;
 pub mod settings;
 pub mod side_stream;
+pub mod split_loop;
 pub mod split_tail;
 mod staging;
 pub mod status;

@@ -14,6 +14,16 @@ def col_sum():
     return f"{M}x{N}", lambda: x.float().sum(0)
 
 
+def col_max_count():
+    x = _bf16(M, N)
+
+    def run():
+        xf = x.float()
+        return xf.amax(0), (xf > 0).sum(0, dtype=torch.int32)
+
+    return f"{M}x{N}", run
+
+
 def total_sum():
     x = _bf16(M, N)
     return f"{M}x{N}", lambda: x.float().sum()
@@ -76,6 +86,7 @@ def argmax():
 
 CASES = {
     "col_sum": col_sum,
+    "col_max_count": col_max_count,
     "total_sum": total_sum,
     "row_sum": row_sum,
     "row_mean": row_mean,

@@ -111,6 +111,22 @@ pub struct SplitTail {
     pub min_part_k_tiles: usize,
 }
 
+/// A general kernel whose first tile loop its programs may share
+/// (`general::split`): the runtime launches `ways` programs per grid tile
+/// (up to `most`), each walking a contiguous share of the loop's tiles, with
+/// `share_bytes` of scratch per program for its accumulators
+/// ([`Param::SplitPartials`]) and an arrival counter per grid tile
+/// ([`Param::SplitCounters`]); [`Param::SplitWays`] passes `ways`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitLoopLaunch {
+    /// The host scalar holding the loop's extent, and its block.
+    pub extent: ScalarId,
+    pub block: usize,
+    /// The most programs that may share one grid tile's loop ([`Config::split`]).
+    pub most: usize,
+    pub share_bytes: usize,
+}
+
 /// The fewest K tiles per part of the portable path's split tail: there four
 /// parts of 4 K tiles beat one whole tile at 1000³ (0.026 against 0.028 ms on an
 /// H200, docs/perf-history.md, "Generated bf16 GEMM vs cuBLAS").
@@ -139,6 +155,8 @@ pub struct Lowered {
     pub path: &'static str,
     /// Set for GEMMs that take the split-tail parameters.
     pub split_tail: Option<SplitTail>,
+    /// Set for general kernels whose programs may share their first loop.
+    pub split_loop: Option<SplitLoopLaunch>,
     /// The blocks loop over the grid's tiles (`pid += gridDim.x`): launch at most as
     /// many as fit on the GPU at once.
     pub persistent: bool,
@@ -708,6 +726,7 @@ impl<'a> Emitter<'a> {
             wait_sites: std::mem::take(&mut self.wait_sites),
             path,
             split_tail: None,
+            split_loop: None,
             persistent: false,
             cluster: 1,
             tiles_in_flight: 1,

@@ -42,6 +42,23 @@ pub(crate) fn no_occupancy(k: &Kernel, c: &Config) -> Result<(), CodegenError> {
     Ok(())
 }
 
+/// Refuses [`Config::split`] for a kernel without a loop its programs can
+/// share (`general::split::find`): `why` says what such a loop is.
+pub(crate) fn no_split(k: &Kernel, c: &Config, why: &str) -> Result<(), CodegenError> {
+    if c.split > 1 {
+        return Err(config_err(
+            k,
+            c,
+            format!("`split` shares a reduction loop among programs; {why}: leave it 0"),
+        ));
+    }
+    Ok(())
+}
+
+/// Why the fast paths refuse [`Config::split`].
+pub(crate) const SPLIT_GENERAL_ONLY: &str =
+    "only the general lowering splits loops, and this kernel takes another";
+
 /// Refuses loops bounded by `.until(…)`, for a lowering whose loops walk
 /// their whole extent.
 pub(crate) fn no_bounded_loops(k: &Kernel) -> Result<(), CodegenError> {

@@ -49,7 +49,13 @@ impl Planned {
             .iter()
             .find_map(|l| l.try_plan(&kernel))
             // The general lowering, last in the registry, takes every kernel.
-            .unwrap_or_else(|| lowering::chosen(&crate::emit::general::lowering::General, ()));
+            .unwrap_or_else(|| {
+                let general = &crate::emit::general::lowering::General;
+                lowering::chosen(
+                    general,
+                    lowering::Lowering::take(general, &kernel).unwrap_or_default(),
+                )
+            });
         Planned {
             kernel: Arc::new(kernel),
             chosen,

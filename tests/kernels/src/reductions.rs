@@ -21,6 +21,25 @@ pub fn col_sum(x: &Tensor<bf16>, out: &Tensor<f32>) {
     }
 }
 
+/// Per column, the largest element and how many are positive: a max and an
+/// integer count carried down the rows (several programs may share the
+/// walk down a tall matrix; their maxima and counts meet at the end).
+#[fused_kernel]
+pub fn col_max_count(x: &Tensor<bf16>, top: &Tensor<f32>, positive: &Tensor<i32>) {
+    let [m, n] = x.shape();
+    for tn in tile(n) {
+        let mut hi = full::<f32>([tn], f32::NEG_INFINITY);
+        let mut count = zeros::<i32>([tn]);
+        for tm in tile(m) {
+            let v = x[(tm, tn)].cast::<f32>();
+            hi = max(hi, v.max(tm));
+            count = count + select(v > 0.0, 1, 0).sum(tm);
+        }
+        top[tn] = hi;
+        positive[tn] = count;
+    }
+}
+
 /// The sum of a whole tensor: each program reduces its tile and adds it in.
 #[fused_kernel]
 pub fn total_sum(x: &Tensor<bf16>, out: &Tensor<f32>) {
@@ -249,14 +268,52 @@ fn bench_input(dev: &Arc<Device>, m: usize, n: usize) -> Result<Tensor<bf16>> {
 
 fn col_sum_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
     let mut rng = Rng::new(seed);
-    let (m, n) = (333, 1000);
+    let mut outs = Vec::new();
+    // Few rows (each program walks them all), then a tall matrix whose walk
+    // down the rows several programs share on a GPU.
+    for (m, n, name) in [(333, 1000, "out"), (3001, 300, "out (tall)")] {
+        let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+        let out = poisoned::<f32>(dev, &[n])?;
+        col_sum(&x, &out)?;
+        let want = (0..n)
+            .map(|j| (0..m).map(|i| xf[i * n + j]).sum())
+            .collect();
+        outs.push(Output::new(name, host(&out)?, want, F32_TOL));
+    }
+    Ok(outs)
+}
+
+fn col_max_count_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (m, n) = (3001, 300);
     let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
-    let out = poisoned::<f32>(dev, &[n])?;
-    col_sum(&x, &out)?;
-    let want = (0..n)
-        .map(|j| (0..m).map(|i| xf[i * n + j]).sum())
+    let top = poisoned::<f32>(dev, &[n])?;
+    let positive = poisoned::<i32>(dev, &[n])?;
+    col_max_count(&x, &top, &positive)?;
+    let xf = &xf;
+    let col = |j: usize| (0..m).map(move |i| xf[i * n + j]);
+    let want_top = (0..n)
+        .map(|j| col(j).fold(f64::NEG_INFINITY, f64::max))
         .collect();
-    Ok(vec![Output::new("out", host(&out)?, want, F32_TOL)])
+    let want_pos = (0..n)
+        .map(|j| col(j).filter(|&v| v > 0.0).count() as f64)
+        .collect();
+    Ok(vec![
+        Output::new("top", host(&top)?, want_top, 0.0),
+        Output::new("positive", host(&positive)?, want_pos, 0.0),
+    ])
+}
+
+fn col_max_count_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n) = (16384, 8192);
+    let x = bench_input(dev, m, n)?;
+    let top = Tensor::<f32>::empty_on(dev, [n])?;
+    let positive = Tensor::<i32>::empty_on(dev, [n])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}"),
+        bytes: m * n * 2 + n * 8,
+        run: Box::new(move || col_max_count(&x, &top, &positive)),
+    })
 }
 
 fn col_sum_bench(dev: &Arc<Device>) -> Result<Bench> {
@@ -571,6 +628,13 @@ pub fn cases() -> Vec<Case> {
             kernels: || vec![col_sum::kernel()],
             check: col_sum_check,
             bench: col_sum_bench,
+        },
+        Case {
+            name: "col_max_count",
+            covers: "max and integer count over columns (a full(-inf) accumulator, select, i32 sum)",
+            kernels: || vec![col_max_count::kernel()],
+            check: col_max_count_check,
+            bench: col_max_count_bench,
         },
         Case {
             name: "total_sum",

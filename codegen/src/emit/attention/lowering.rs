@@ -4,7 +4,7 @@
 
 use super::shape::{self, AttentionShape};
 use crate::config::{Config, Target};
-use crate::emit::options::{no_matmul_options, no_occupancy};
+use crate::emit::options::{no_matmul_options, no_occupancy, no_split, SPLIT_GENERAL_ONLY};
 use crate::emit::{lower, Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::Kernel;
@@ -109,7 +109,8 @@ impl Lowering for Attention {
             true,
             "`persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
         )?;
-        no_occupancy(k, c)
+        no_occupancy(k, c)?;
+        no_split(k, c, SPLIT_GENERAL_ONLY)
     }
 
     fn emit(&self, a: &AttentionShape, e: &mut Emitter) -> Result<Lowered, CodegenError> {

@@ -8,6 +8,7 @@
 //! last index first.
 
 use super::memory::affine_dim;
+use super::split::SplitLoop;
 use crate::config::Config;
 use crate::ir::{DimId, Expr, Kernel, Stmt};
 use crate::space::Axis;
@@ -23,6 +24,18 @@ const MIN_PROGRAMS: usize = 256;
 const MIN_CONTIGUOUS: usize = 64;
 /// Warps of a program in a launch with too few programs for the GPU.
 const STARVED_WARPS: usize = 16;
+/// A grid tile's contiguous block when the runtime shares its loop among
+/// programs: 512 bytes of bf16 a row, so each warp reads whole sectors in
+/// 16-byte vectors; more programs come from sharing the loop, not from
+/// narrower columns.
+const SPLIT_MIN_CONTIGUOUS: usize = 256;
+/// A shared loop's extent below which sharing it cannot fill the GPU (the
+/// launch is then treated as starved, as without sharing).
+const SPLIT_MIN_EXTENT: usize = 1024;
+/// The most programs that share one grid tile's loop, untuned: enough for a
+/// few column tiles to fill a wave of an H100/H200, while the last program
+/// still adds the shares quickly.
+const DEFAULT_SPLIT: usize = 32;
 
 /// Dimensions the widest loads and stores index their contiguous last axis
 /// with: `x[(tm, tn)]` makes `tn` one, and a row vector `s[tm]` beside it
@@ -116,6 +129,14 @@ fn walk_level<'a>(k: &Kernel, stmts: &'a [Stmt], f: &mut dyn FnMut(DimId, &'a [S
 /// blocks, each walking every row) gets 16 warps (`STARVED_WARPS`) and loop
 /// tiles as much larger, so each SM keeps as many bytes in flight.
 pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
+    fitted(k, extents, super::split::find(k).as_ref())
+}
+
+/// [`default_config`] for a kernel whose loop `split` its programs may share
+/// (found once, by the lowering's plan): such a launch is not starved, the
+/// runtime shares the loop instead, so the column tiles stay at least
+/// [`SPLIT_MIN_CONTIGUOUS`] wide.
+pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&SplitLoop>) -> Config {
     let n = k.dims.len();
     let cap = |d: DimId, most: usize| -> usize {
         match extents.get(d).copied().flatten() {
@@ -191,10 +212,22 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
             bs[d] = cap(d, BUDGET.min(room(&bs, d, BUDGET))).max(1);
         }
     }
+    // The runtime shares the loop among programs where it is long enough.
+    let shares = split.is_some_and(|s| {
+        extents
+            .get(s.dim)
+            .copied()
+            .flatten()
+            .is_none_or(|e| e >= SPLIT_MIN_EXTENT)
+    });
     while known && programs(&bs) < MIN_PROGRAMS {
         let floor = |d: DimId| {
             if contiguous.contains(&d) {
-                MIN_CONTIGUOUS
+                if shares {
+                    SPLIT_MIN_CONTIGUOUS
+                } else {
+                    MIN_CONTIGUOUS
+                }
             } else {
                 1
             }
@@ -210,10 +243,10 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         bs[d] /= 2;
     }
     // Starved: the whole launch, `each` dimensions too, has too few programs.
-    let starved = k
-        .grid
-        .iter()
-        .all(|&d| extents.get(d).copied().flatten().is_some())
+    let starved = !shares
+        && k.grid
+            .iter()
+            .all(|&d| extents.get(d).copied().flatten().is_some())
         && count(&k.grid, &bs) < MIN_PROGRAMS;
     let (warps, budget) = match starved {
         true => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
@@ -270,7 +303,8 @@ pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
         }
         false => warps,
     };
-    Config::new(&bs).num_warps(warps)
+    let ways = if split.is_some() { DEFAULT_SPLIT } else { 0 };
+    Config::new(&bs).num_warps(warps).split(ways)
 }
 
 /// What the tuner may change: each tunable dimension's block (powers of two

@@ -2,8 +2,9 @@
 //! configs, tuning space and emitter are the general lowering's own
 //! ([`super::default_config`], [`super::axes`], [`super::seeds`]).
 
+use super::split::{self, SplitLoop};
 use crate::config::{Config, Target};
-use crate::emit::options::{no_matmul_options, no_occupancy, MATMUL_ONLY};
+use crate::emit::options::{no_matmul_options, no_occupancy, no_split, MATMUL_ONLY};
 use crate::emit::{Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::Kernel;
@@ -14,15 +15,24 @@ use crate::spec::Spec;
 /// The general lowering: any checked kernel.
 pub(crate) struct General;
 
+/// What the general lowering finds in a kernel once.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GeneralPlan {
+    /// The loop its programs may share ([`split`]).
+    pub split: Option<SplitLoop>,
+}
+
 impl Lowering for General {
-    type Plan = ();
+    type Plan = GeneralPlan;
 
     fn name(&self) -> &'static str {
         "general"
     }
 
-    fn take(&self, _k: &Kernel) -> Option<()> {
-        Some(())
+    fn take(&self, k: &Kernel) -> Option<GeneralPlan> {
+        Some(GeneralPlan {
+            split: split::find(k),
+        })
     }
 
     /// Its accesses are masked by the extents and nothing fills past them, so
@@ -31,36 +41,55 @@ impl Lowering for General {
         false
     }
 
-    fn default_config(&self, k: &Kernel, _p: &()) -> Config {
-        super::default_config(k, &[])
+    fn default_config(&self, k: &Kernel, p: &GeneralPlan) -> Config {
+        super::config::fitted(k, &[], p.split.as_ref())
     }
 
     /// Its default for these extents.
     fn fit_default(
         &self,
         k: &Kernel,
-        _p: &(),
+        p: &GeneralPlan,
         _default: Config,
         extents: &[Option<usize>],
     ) -> Config {
-        super::default_config(k, extents)
+        super::config::fitted(k, extents, p.split.as_ref())
     }
 
-    fn axes(&self, k: &Kernel, _p: &(), _target: Target) -> Vec<Axis> {
-        super::axes(k)
+    fn axes(&self, k: &Kernel, p: &GeneralPlan, _target: Target) -> Vec<Axis> {
+        let mut axes = super::axes(k);
+        if p.split.is_some() {
+            axes.push(Axis::Split(vec![1, 8, 32, 128]));
+        }
+        axes
     }
 
-    fn seeds(&self, _p: &(), space: &ConfigSpace, _spec: &Spec, _quick: bool) -> Vec<Config> {
+    fn seeds(
+        &self,
+        _p: &GeneralPlan,
+        space: &ConfigSpace,
+        _spec: &Spec,
+        _quick: bool,
+    ) -> Vec<Config> {
         super::seeds(space.kernel(), space.default_config())
     }
 
-    /// None of the matmul's options, no `occupancy`.
-    fn check_options(&self, k: &Kernel, _p: &(), c: &Config) -> Result<(), CodegenError> {
+    /// None of the matmul's options, no `occupancy`; `split` where a loop
+    /// can be shared.
+    fn check_options(&self, k: &Kernel, p: &GeneralPlan, c: &Config) -> Result<(), CodegenError> {
         no_matmul_options(k, c, false, MATMUL_ONLY)?;
-        no_occupancy(k, c)
+        no_occupancy(k, c)?;
+        if p.split.is_none() {
+            no_split(
+                k,
+                c,
+                "this kernel has no loop to share (the program's first tile loop, over its whole extent, with only `let`s before it, accumulating `acc = acc + …` (or max, min, product, `addmm`), and no tile loop after it)",
+            )?;
+        }
+        Ok(())
     }
 
-    fn emit(&self, _p: &(), e: &mut Emitter) -> Result<Lowered, CodegenError> {
-        super::emit(e)
+    fn emit(&self, p: &GeneralPlan, e: &mut Emitter) -> Result<Lowered, CodegenError> {
+        super::emit(e, p)
     }
 }

@@ -23,6 +23,7 @@
 
 mod atomic;
 mod config;
+mod defer;
 mod dot;
 mod layout;
 pub(crate) mod lowering;
@@ -30,12 +31,13 @@ mod memory;
 mod private;
 mod rand;
 mod reduce;
+pub(crate) mod split;
 
 pub use config::{axes, default_config, seeds};
 pub use layout::Layout;
 
 use super::expr::{convert, CTy, ElemCtx};
-use super::{config_err, one_line, Emitter, Lowered};
+use super::{config_err, one_line, Emitter, Lowered, Param, SplitLoopLaunch};
 use crate::error::CodegenError;
 use crate::ir::*;
 use std::collections::HashMap;
@@ -78,6 +80,11 @@ struct Gen<'e, 'a> {
     rsub: HashMap<DimId, String>,
     /// Tensors whose atomics go to a copy in shared memory ([`private`]).
     private: Vec<TensorId>,
+    /// The dimension of the split loop about to be lowered ([`split`]).
+    part_dim: Option<DimId>,
+    /// Accumulations whose reduction waits for the end of their loop
+    /// ([`defer`]), by their statement's address.
+    deferred: HashMap<usize, defer::Deferred>,
 }
 
 /// Checks the config for this lowering: blocks that are powers of two (the
@@ -109,11 +116,20 @@ fn check_config(e: &Emitter) -> Result<(), CodegenError> {
     Ok(())
 }
 
-pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
+pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowered, CodegenError> {
     check_config(e)?;
     let threads = e.cfg.threads();
     let k = e.k;
     let private = private::private_tensors(k, e.spec);
+    // Shared only where the config allows it and the accumulators keep
+    // their exact values in scratch.
+    let checked = e.checked;
+    let split = plan.split.as_ref().filter(|s| {
+        e.cfg.split > 1
+            && s.accs
+                .iter()
+                .all(|(v, _)| split::shareable(checked.vars[*v].dtype))
+    });
     let mut g = Gen {
         e,
         layouts: Vec::new(),
@@ -126,10 +142,32 @@ pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         threads,
         rsub: HashMap::new(),
         private,
+        part_dim: None,
+        deferred: HashMap::new(),
     };
     let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
     let root = g.scope_layout(&k.body, &active);
-    g.stmts(&k.body, &active, root, 1)?;
+    let mut share = 0;
+    match split {
+        Some(s) => {
+            g.stmts(&k.body[..s.at], &active, root, 1)?;
+            g.part_dim = Some(s.dim);
+            g.stmt(&k.body[s.at], &active, root, 1)?;
+            let mut accs = Vec::new();
+            for &(v, op) in &s.accs {
+                let Some(val) = g.vars.get(&v).cloned() else {
+                    return Err(g.unsupported(
+                        &k.vars[v].name,
+                        format!("`{}` is assigned before it has a value", k.vars[v].name),
+                    ));
+                };
+                accs.push((val, op));
+            }
+            share = g.split_meet(&accs, 1)?;
+            g.stmts(&k.body[s.at + 1..], &active, root, 1)?;
+        }
+        None => g.stmts(&k.body, &active, root, 1)?,
+    }
     let mut body = std::mem::take(&mut g.body);
     body.push_str(&g.private_flush());
     // The private copies after what the conversions and reductions share.
@@ -141,7 +179,15 @@ pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
     };
     let layouts = g.layouts.clone();
     let e = g.e;
-    let params = e.begin(threads, 1, "", &[]);
+    let extra: &[(Param, &str)] = match split {
+        Some(_) => &[
+            (Param::SplitWays, "int tf_ways"),
+            (Param::SplitPartials, "float* tf_partials"),
+            (Param::SplitCounters, "unsigned* tf_counters"),
+        ],
+        None => &[],
+    };
+    let params = e.begin(threads, 1, "", extra);
     let _ = writeln!(
         e.out,
         "  const int tid = threadIdx.x, tf_lane = tid & 31, tf_warp = tid >> 5;\n  \
@@ -169,19 +215,35 @@ pub(crate) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         }
     }
     e.out.push_str(&head);
-    program_tiles(e)?;
+    program_tiles(e, split.is_some())?;
     e.out.push_str(&body);
     e.out.push_str("}\n");
-    Ok(e.finish(params, threads, smem, "general"))
+    let mut lowered = e.finish(params, threads, smem, "general");
+    lowered.split_loop = split.and_then(|s| {
+        Some(SplitLoopLaunch {
+            extent: k.dims[s.dim].extent?,
+            block: e.cfg.block_sizes[s.dim],
+            most: e.cfg.split,
+            share_bytes: share,
+        })
+    });
+    Ok(lowered)
 }
 
 /// Decodes the program id into the grid tiles' first indices `tb{d}` (the last
 /// grid dimension moving fastest), honouring `starting_at`.
-fn program_tiles(e: &mut Emitter) -> Result<(), CodegenError> {
+fn program_tiles(e: &mut Emitter, split: bool) -> Result<(), CodegenError> {
     // The launch's grid has fewer than 2^31 programs, so every tile count
     // and program number fits 32 bits (a 64-bit division costs ~100
     // instructions; the blocks are powers of two).
     let _ = writeln!(e.out, "  unsigned int tf_pid = blockIdx.x;");
+    if split {
+        // The shares of one grid tile are neighbours in launch order.
+        let _ = writeln!(
+            e.out,
+            "  const unsigned int tf_part = tf_pid % (unsigned int)tf_ways;\n  tf_pid /= (unsigned int)tf_ways;\n  const unsigned int tf_prog = tf_pid;"
+        );
+    }
     for &d in &e.k.grid {
         let _ = writeln!(e.out, "  long long tb{d};");
     }
@@ -695,6 +757,15 @@ impl Gen<'_, '_> {
                 self.assign(&val, t.dtype, value, at, l, depth)?;
                 self.vars.insert(*var, val);
             }
+            Stmt::Assign { at, .. } if self.deferred.contains_key(&(s as *const Stmt as usize)) => {
+                let key = s as *const Stmt as usize;
+                let d = self.deferred[&key].clone();
+                self.w(
+                    depth,
+                    format!("// {} (reduced after the loop)", one_line(at)),
+                );
+                self.accumulate(&d, at, l, depth)?;
+            }
             Stmt::Assign { var, value, at } => {
                 let Some(val) = self.vars.get(var).cloned() else {
                     return Err(self.unsupported(
@@ -838,7 +909,22 @@ impl Gen<'_, '_> {
         l: usize,
         depth: usize,
     ) -> Result<(), CodegenError> {
-        let pre = self.hoist(value, at, l, depth)?;
+        self.assign_seeded(dst, dtype, value, at, l, depth, Vec::new())
+    }
+
+    /// [`Gen::assign`] with some of `value`'s parts already in registers.
+    #[allow(clippy::too_many_arguments)]
+    fn assign_seeded(
+        &mut self,
+        dst: &Val,
+        dtype: crate::dtype::DType,
+        value: &Expr,
+        at: &str,
+        l: usize,
+        depth: usize,
+        mut pre: Vec<(Expr, Val)>,
+    ) -> Result<(), CodegenError> {
+        self.hoist_into(value, at, l, depth, &mut pre)?;
         let n = self.open(l, &dst.dims, depth);
         let (c, ty) = self.ctx(l, &pre).emit(value, at)?;
         let c = crate::prims::cast::cuda(&c, ty, dtype);
@@ -967,10 +1053,21 @@ impl Gen<'_, '_> {
             let (c, t) = g.ctx(l, &[]).emit(x, &name)?;
             Ok(convert(&c, t, CTy::I64))
         };
+        // A split loop's share: whole tiles, the `tf_part`-th of `tf_ways`.
+        let part = self.part_dim.take() == Some(dim) && range.is_none();
         let (begin, end) = match range {
             Some(r) => (scalar(self, &r.begin)?, scalar(self, &r.end)?),
+            None if part => {
+                let (ext, b) = (self.e.end(dim), format!("B{dim}"));
+                let tiles = format!("(({ext}) + {b} - 1) / {b}");
+                (
+                    format!("({tiles}) * tf_part / tf_ways * {b}"),
+                    format!("tf_min_i({ext}, ({tiles}) * (tf_part + 1) / tf_ways * {b})"),
+                )
+            }
             None => ("0ll".to_string(), self.e.end(dim)),
         };
+        let ranged = range.is_some() || part;
         let stop = match until {
             Some(u) => format!("tf_min_i({end}, {})", scalar(self, u)?),
             None => end.clone(),
@@ -986,7 +1083,7 @@ impl Gen<'_, '_> {
         };
         self.w(depth, format!("{{  // for {name} in …"));
         let d1 = depth + 1;
-        if range.is_some() {
+        if ranged {
             // The first tile's start (vector runs test its alignment) and the end.
             self.w(
                 d1,
@@ -996,17 +1093,27 @@ impl Gen<'_, '_> {
         }
         // Values this loop uses, moved to its layout where it differs.
         let moved = self.enter(body, li, d1)?;
+        let deferred = if each {
+            Vec::new()
+        } else {
+            self.defer(body, dim, li, d1)?
+        };
+        if !deferred.is_empty() {
+            // Where the deferred reductions run: their masks were applied
+            // as the tiles arrived.
+            self.w(d1, format!("[[maybe_unused]] const long long tb{dim} = 0;"));
+        }
         let step = if each {
             "++tb{dim}".replace("{dim}", &dim.to_string())
         } else {
             format!("tb{dim} += B{dim}")
         };
-        let bound = if range.is_some() && until.is_none() {
+        let bound = if ranged && until.is_none() {
             format!("tf_end{dim}")
         } else {
             stop
         };
-        let begin = if range.is_some() {
+        let begin = if ranged {
             format!("tf_beg{dim}")
         } else {
             begin
@@ -1020,6 +1127,10 @@ impl Gen<'_, '_> {
         (self.vars, self.loaded) = saved;
         self.forget_written(body);
         self.w(d1, "}");
+        self.finish_deferred(&deferred, li, d1)?;
+        for s in body {
+            self.deferred.remove(&(s as *const Stmt as usize));
+        }
         self.leave(moved, d1)?;
         self.w(depth, "}");
         Ok(())

@@ -4,7 +4,9 @@
 //! construct passed its check but it cannot emit it).
 
 use crate::config::Config;
-use crate::emit::options::{no_bounded_loops, no_matmul_options, MATMUL_ONLY};
+use crate::emit::options::{
+    no_bounded_loops, no_matmul_options, no_split, MATMUL_ONLY, SPLIT_GENERAL_ONLY,
+};
 use crate::emit::{Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::{Kernel, Stmt};
@@ -97,6 +99,7 @@ impl Lowering for Rows {
     /// `occupancy`, none of the matmul options; loops walk their whole extent.
     fn check_options(&self, k: &Kernel, _p: &(), c: &Config) -> Result<(), CodegenError> {
         no_matmul_options(k, c, false, MATMUL_ONLY)?;
+        no_split(k, c, SPLIT_GENERAL_ONLY)?;
         no_bounded_loops(k)
     }
 
@@ -104,7 +107,9 @@ impl Lowering for Rows {
         match super::emit(e) {
             // A construct the row lowering's check let through: the general
             // lowering takes every kernel.
-            Err(CodegenError::Unsupported { .. }) => crate::emit::general::emit(&mut e.fresh()),
+            Err(CodegenError::Unsupported { .. }) => {
+                crate::emit::general::emit(&mut e.fresh(), &Default::default())
+            }
             other => other,
         }
     }

@@ -1,0 +1,254 @@
+//! A reduction loop shared by several programs (a "split reduction").
+//!
+//! A column sum over a tall matrix has few column tiles, each walking every
+//! row: too few programs to keep the GPU's memory busy. When a program's first
+//! tile loop only accumulates (`acc = acc + x[(tm, tn)].sum(tm)`, max, min,
+//! product or `addmm`) and nothing before it writes memory, the runtime may
+//! launch `ways` programs per grid tile, each walking a contiguous share of
+//! the loop's tiles. Each writes its accumulators to scratch; the last to
+//! arrive (an atomic counter per grid tile) combines the shares in order,
+//! part 0 first, so the result does not depend on timing, then runs the rest
+//! of the program alone. The runtime picks `ways` at launch
+//! (`runtime::split_loop`), from the grid, the loop's extent and the GPU, up to
+//! [`crate::Config::split`]; with one way the kernel runs as written.
+
+use super::{Gen, Val};
+use crate::dtype::{CTy, DType};
+use crate::error::CodegenError;
+use crate::ir::{BinOp, DimId, Expr, Kernel, ReduceOp, Stmt, VarId};
+
+/// A program's first tile loop, when its programs can share it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitLoop {
+    /// Its index among the grid body's statements.
+    pub at: usize,
+    pub dim: DimId,
+    /// The variables the loop accumulates, each with how two shares combine.
+    pub accs: Vec<(VarId, ReduceOp)>,
+}
+
+/// The split loop of `k`, if it has one: the first statement of the grid's
+/// body that is a tile loop over the dimension's whole extent, with only
+/// `let`s and assignments before it, a body of `let`s and accumulations
+/// (`acc = acc ⊕ e` with `e` not reading an accumulator), and no tile loop
+/// after it (the program after the loop runs in one program of the `ways`:
+/// a long loop there would run serially). No `wait` or `signal` anywhere.
+pub fn find(k: &Kernel) -> Option<SplitLoop> {
+    let mut flags = false;
+    k.walk_stmts(&mut |s| flags |= matches!(s, Stmt::Wait { .. } | Stmt::Signal { .. }));
+    if flags {
+        return None;
+    }
+    let at = k
+        .body
+        .iter()
+        .position(|s| !matches!(s, Stmt::Let { .. } | Stmt::Assign { .. }))?;
+    let Stmt::Loop {
+        dim,
+        body,
+        until: None,
+        range: None,
+    } = &k.body[at]
+    else {
+        return None;
+    };
+    if k.is_each(*dim) {
+        return None;
+    }
+    let mut loops_after = false;
+    crate::ir::walk_stmts(&k.body[at + 1..], &mut |s| {
+        loops_after |= matches!(s, Stmt::Loop { dim, .. } if !k.is_each(*dim));
+    });
+    if loops_after {
+        return None;
+    }
+    // Variables defined inside the loop are its own; an assignment to any
+    // other is an accumulation.
+    let local: Vec<VarId> = body
+        .iter()
+        .filter_map(|s| match s {
+            Stmt::Let { var, .. } => Some(*var),
+            _ => None,
+        })
+        .collect();
+    let mut accs: Vec<(VarId, ReduceOp)> = Vec::new();
+    let mut terms: Vec<&Expr> = Vec::new();
+    for s in body {
+        match s {
+            Stmt::Let { value, .. } => terms.push(value),
+            Stmt::Assign { var, value, .. } if !local.contains(var) => {
+                let (op, term) = accumulation(*var, value)?;
+                if accs.iter().any(|(v, _)| v == var) {
+                    return None;
+                }
+                accs.push((*var, op));
+                terms.extend(term);
+            }
+            _ => return None,
+        }
+    }
+    if accs.is_empty() {
+        return None;
+    }
+    // A share's terms may not read what the loop accumulates.
+    let mut reads_acc = false;
+    for t in terms {
+        t.walk(&mut |x| {
+            if let Expr::Var(v) = x {
+                reads_acc |= accs.iter().any(|(a, _)| a == v);
+            }
+        });
+    }
+    (!reads_acc).then_some(SplitLoop {
+        at,
+        dim: *dim,
+        accs,
+    })
+}
+
+/// `acc ⊕ e` (either side) or `addmm(acc, a, b)`: how shares combine, and
+/// the terms added in.
+fn accumulation(acc: VarId, value: &Expr) -> Option<(ReduceOp, Vec<&Expr>)> {
+    let is_acc = |e: &Expr| matches!(e, Expr::Var(v) if *v == acc);
+    match value {
+        Expr::Binary { op, lhs, rhs, .. } => {
+            let op = match op {
+                BinOp::Add => ReduceOp::Sum,
+                BinOp::Mul => ReduceOp::Prod,
+                BinOp::Max => ReduceOp::Max,
+                BinOp::Min => ReduceOp::Min,
+                _ => return None,
+            };
+            match (is_acc(lhs), is_acc(rhs)) {
+                (true, false) => Some((op, vec![&**rhs])),
+                (false, true) => Some((op, vec![&**lhs])),
+                _ => None,
+            }
+        }
+        Expr::Addmm { acc: a0, a, b, .. } if is_acc(a0) => Some((ReduceOp::Sum, vec![&**a, &**b])),
+        _ => None,
+    }
+}
+
+/// The C of `op` combining two values of type `t`: the binary operation the
+/// loop accumulates with (`fmaxf` for a float `max`, as the loop did).
+fn combine_c(op: ReduceOp, t: CTy, a: &str, b: &str) -> String {
+    let bin = match op {
+        ReduceOp::Sum => BinOp::Add,
+        ReduceOp::Prod => BinOp::Mul,
+        ReduceOp::Max => BinOp::Max,
+        ReduceOp::Min => BinOp::Min,
+    };
+    let e = bin.entry();
+    let template = if t == CTy::F32 { e.cuda } else { e.cuda_int };
+    template.replace("{a}", a).replace("{b}", b)
+}
+
+/// Whether an accumulator of `t` can go through scratch: the types whose
+/// registers hold exactly the stored value (`__ldcg` reads them back).
+pub(super) fn shareable(t: DType) -> bool {
+    matches!(t, DType::F32 | DType::I32 | DType::U32 | DType::I64)
+}
+
+/// Bytes of one element of `t` in scratch.
+fn bytes(t: CTy) -> usize {
+    match t {
+        CTy::I64 => 8,
+        _ => 4,
+    }
+}
+
+impl Gen<'_, '_> {
+    /// After a split loop: each share's accumulators (`accs`) go to scratch; the last program of the grid tile to arrive adds the
+    /// shares in order and goes on, the others return. Returns the bytes a
+    /// program's share takes in scratch.
+    pub(super) fn split_meet(
+        &mut self,
+        accs: &[(Val, ReduceOp)],
+        depth: usize,
+    ) -> Result<usize, CodegenError> {
+        // Each accumulator's place in a share, 8-byte aligned.
+        let mut offsets = Vec::new();
+        let mut share = 0usize;
+        for (v, _) in accs {
+            offsets.push(share);
+            let tile: usize = v.dims.iter().map(|&d| self.block(d)).product();
+            share += (tile * bytes(v.cty)).next_multiple_of(8);
+        }
+        let d1 = depth + 1;
+        self.w(depth, "if (tf_ways > 1) {  // the loop's shares meet");
+        self.w(
+            d1,
+            format!(
+                "unsigned char* tf_share = (unsigned char*)tf_partials + ((size_t)tf_prog * tf_ways + tf_part) * {share}ull;"
+            ),
+        );
+        for ((v, _), off) in accs.iter().zip(&offsets) {
+            let (n, at) = self.split_element(v, d1);
+            let owner = self.owner_c(v.layout, &v.dims);
+            let access = self.access(v);
+            self.w(
+                d1 + n,
+                format!(
+                    "if ({owner}) (({}*)(tf_share + {off}))[{at}] = {access};",
+                    v.cty.c()
+                ),
+            );
+            self.close(n, d1);
+        }
+        self.w(d1, "__threadfence();");
+        self.w(d1, "__syncthreads();");
+        self.w(d1, "__shared__ bool tf_last;");
+        self.w(
+            d1,
+            "if (tid == 0) tf_last = atomicAdd(&tf_counters[tf_prog], 1u) == (unsigned int)(tf_ways - 1);",
+        );
+        self.w(d1, "__syncthreads();");
+        self.w(d1, "if (!tf_last) return;");
+        self.w(d1, "__threadfence();");
+        self.w(
+            d1,
+            format!(
+                "const unsigned char* tf_shares = (const unsigned char*)tf_partials + (size_t)tf_prog * tf_ways * {share}ull;"
+            ),
+        );
+        for ((v, op), off) in accs.iter().zip(&offsets) {
+            let (n, at) = self.split_element(v, d1);
+            let d = d1 + n;
+            let access = self.access(v);
+            let c = v.cty.c();
+            // Past L1, which may hold what another SM wrote before.
+            let read = |q: &str| {
+                format!(
+                    "__ldcg((const {c}*)(tf_shares + (size_t)({q}) * {share}ull + {off}) + {at})"
+                )
+            };
+            self.w(d, format!("{c} tf_acc = {};", read("0")));
+            self.w(d, "#pragma unroll 8");
+            self.w(d, "for (int tf_q = 1; tf_q < tf_ways; ++tf_q) {");
+            let next = read("tf_q");
+            self.w(
+                d + 1,
+                format!("tf_acc = {};", combine_c(*op, v.cty, "tf_acc", &next)),
+            );
+            self.w(d, "}");
+            self.w(d, format!("{access} = tf_acc;"));
+            self.close(n, d1);
+        }
+        self.w(depth, "}");
+        Ok(share)
+    }
+
+    /// Opens loops over a thread's elements of `v`; returns how many to
+    /// close and the element's place in its tile (row-major over `v.dims`,
+    /// each dimension its block long).
+    fn split_element(&mut self, v: &Val, depth: usize) -> (usize, String) {
+        let l = v.layout;
+        let n = self.open(l, &v.dims, depth);
+        let mut at = String::from("0");
+        for &d in &v.dims {
+            at = format!("({at}) * {} + {}", self.block(d), self.offset_c(l, d));
+        }
+        (n, at)
+    }
+}
