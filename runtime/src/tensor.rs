@@ -1,3 +1,7 @@
+// Shapes, strides and offsets come from users: arithmetic on them is checked
+// where it enters (`checked_numel`, the view constructors) and allowed, with
+// the invariant that bounds it, where it runs on a tensor already built.
+#![warn(clippy::arithmetic_side_effects)]
 //! `Tensor<T>`: a strided view of a device buffer.
 
 use crate::buffer::{Buffer, Memory};
@@ -88,7 +92,23 @@ pub(crate) fn checked_numel<T>(context: &str, arg: &str, shape: &[usize]) -> Res
     }
 }
 
+/// The bytes of a contiguous `shape` of `T`, checked as [`checked_numel`] checks it.
+pub(crate) fn checked_bytes<T>(context: &str, arg: &str, shape: &[usize]) -> Result<usize> {
+    let n = checked_numel::<T>(context, arg, shape)?;
+    n.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+        argument(
+            context,
+            arg,
+            format!("{shape:?} overflows the address space"),
+        )
+    })
+}
+
 /// Row-major strides of `shape` (checked by [`checked_numel`]: they cannot overflow).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "checked_numel bounds every partial product by isize::MAX"
+)]
 fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![1isize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -97,6 +117,13 @@ fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     strides
 }
 
+// A built tensor's span, strides, offset and byte counts fit an isize (its
+// shape passed `checked_numel`, its views stay inside its buffer), so the
+// arithmetic on them below cannot overflow; user offsets are checked first.
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "bounded by the tensor's invariant: every view lies inside its buffer"
+)]
 impl<T: Element> Tensor<T> {
     /// An uninitialized contiguous tensor on `device`, in `memory`.
     pub fn empty_in(
@@ -105,8 +132,7 @@ impl<T: Element> Tensor<T> {
         memory: Memory,
     ) -> Result<Tensor<T>> {
         let shape = shape.as_ref();
-        let bytes =
-            checked_numel::<T>("Tensor allocation", "shape", shape)? * std::mem::size_of::<T>();
+        let bytes = checked_bytes::<T>("Tensor allocation", "shape", shape)?;
         Ok(Tensor {
             buf: Arc::new(Buffer::alloc(device, bytes, memory)?),
             offset: 0,

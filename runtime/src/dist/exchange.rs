@@ -1,3 +1,6 @@
+// Region sizes and offsets come from users: checked where they enter (`new`,
+// `data`, the copies), allowed where they index what `new` sized.
+#![warn(clippy::arithmetic_side_effects)]
 //! Chunked transfers between the ranks of one node, ordered by flags, on a
 //! high-priority backend stream: the communication half of the fused GEMM +
 //! collective ops.
@@ -83,7 +86,9 @@ impl Exchange {
         // (the caller's and one parity's) is contiguous.
         let world = pg.world_size();
         let sizes = data_bytes.checked_next_multiple_of(256).and_then(|d| {
-            let flags = flag_slots.checked_add(2 * world)?.checked_mul(4)?;
+            let flags = flag_slots
+                .checked_add(world.checked_mul(2)?)?
+                .checked_mul(4)?;
             Some((d, d.checked_add(flags)?))
         });
         let Some((data_bytes, total)) = sizes.filter(|&(_, t)| t <= isize::MAX as usize) else {
@@ -126,8 +131,7 @@ impl Exchange {
 
     /// This rank's region at `byte_offset` as a contiguous tensor of `shape`.
     pub fn data<T: Element>(&self, byte_offset: usize, shape: &[usize]) -> Result<Tensor<T>> {
-        let need = crate::tensor::checked_numel::<T>("Exchange::data", "shape", shape)?
-            * std::mem::size_of::<T>();
+        let need = crate::tensor::checked_bytes::<T>("Exchange::data", "shape", shape)?;
         if byte_offset
             .checked_add(need)
             .is_none_or(|e| e > self.data_bytes)
@@ -161,8 +165,12 @@ impl Exchange {
     }
 
     /// This rank's flags `first .. first + len`, for kernels that `wait` on them.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "the slots are checked first; their bytes lie inside what `new` sized"
+    )]
     pub fn flags(&self, first: usize, len: usize) -> Result<Tensor<u32>> {
-        let last = first.saturating_add(len.max(1) - 1);
+        let last = first.saturating_add(len.saturating_sub(1));
         self.check_slot("Exchange::flags", last)?;
         self.sym
             .tensor_at(self.data_bytes + (self.world + first) * 4, &[len])
@@ -192,15 +200,27 @@ impl Exchange {
 
     /// The byte offset of flag word `word` (barrier words included) in every
     /// rank's buffer.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "words are below 2·world + slots, whose bytes `new` checked"
+    )]
     fn word_byte(&self, word: usize) -> usize {
         self.data_bytes + word * 4
     }
 
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "slots are checked by the callers; see `word_byte`"
+    )]
     fn slot_byte(&self, slot: usize) -> usize {
         self.word_byte(self.world + slot)
     }
 
     /// The barrier word of parity `parity` that rank `from` sets.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "below 2·world + slots; see `word_byte`"
+    )]
     fn barrier_word(&self, parity: usize, from: usize) -> usize {
         match parity {
             0 => from,
@@ -338,7 +358,8 @@ impl Exchange {
             ));
         }
         // Checked: a huge pitch or offset must not wrap into the region.
-        let end = (rows - 1)
+        let end = rows
+            .saturating_sub(1)
             .checked_mul(row_elems)
             .and_then(|x| x.checked_add(cols))
             .and_then(|x| x.checked_mul(elem))
@@ -356,6 +377,8 @@ impl Exchange {
         if local.device().ordinal() != self.sym.device().ordinal() {
             return Err(argument(ctx, name, "is not on this rank's GPU"));
         }
+        // Bounded by `end` (checked above) and by the local tensor's invariant.
+        #[allow(clippy::arithmetic_side_effects, reason = "checked above")]
         let local = LocalRows {
             ptr: local.device_ptr(),
             host: local
@@ -365,14 +388,23 @@ impl Exchange {
             width: cols * elem,
             rows,
         };
+        #[allow(
+            clippy::arithmetic_side_effects,
+            reason = "inside `end`, checked above"
+        )]
+        let row_bytes = row_elems * elem;
         self.backend
-            .copy_rows(&self.sym, peer, byte_offset, row_elems * elem, local, way)
+            .copy_rows(&self.sym, peer, byte_offset, row_bytes, local, way)
     }
 
     /// Ends the call (see the module docs): the backend follows the launch
     /// stream, zeroes this rank's flags, passes a barrier across the ranks (each
     /// peer is done with this rank's regions and flags), and the launch stream
     /// waits for it, so the next call may overwrite them.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "word counts below 2·world + slots (see `word_byte`); ranks modulo world ≥ 1"
+    )]
     pub fn close(&mut self) -> Result<()> {
         self.follow_launch()?;
         let parity = (self.calls % 2) as usize;
@@ -395,7 +427,7 @@ impl Exchange {
             self.backend.wait_word(&self.sym, at, Self::SET, what)?;
         }
         self.backend.launch_follows()?;
-        self.calls += 1;
+        self.calls = self.calls.wrapping_add(1);
         self.open = false;
         Ok(())
     }
@@ -404,7 +436,8 @@ impl Exchange {
     /// (see the module docs: replay the capture of the parity of
     /// [`Exchange::calls`]).
     pub fn replayed(&mut self) {
-        self.calls += 1;
+        // Only its parity matters.
+        self.calls = self.calls.wrapping_add(1);
     }
 
     /// Forgets a call that a failed graph capture left open: nothing of it ran,

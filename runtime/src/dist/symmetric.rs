@@ -1,3 +1,7 @@
+// The buffer's size comes from users: checked in `alloc`; offsets into it
+// are checked where they enter (`tensor_at`) and allowed, with the bound
+// that holds, where they index the pad `alloc` sized.
+#![warn(clippy::arithmetic_side_effects)]
 //! Symmetric memory on one node: the same-sized buffer on every rank, each mapped
 //! into every other rank's address space through CUDA IPC, plus a small signal
 //! pad per rank for barriers done on the GPU with stream memory operations.
@@ -54,7 +58,7 @@ impl SymmetricMemory {
                 message: format!(
                     "symmetric memory spans one node, and these {} ranks run on {} nodes; use NCCL across nodes",
                     pg.world_size(),
-                    pg.world_size() / pg.env().local_world_size
+                    pg.world_size().div_ceil(pg.env().local_world_size.max(1))
                 ),
             });
         }
@@ -75,12 +79,11 @@ impl SymmetricMemory {
         }
         let (rank, world) = (pg.rank(), pg.world_size());
         let dev = pg.device().clone();
-        let pad_offset = bytes.div_ceil(256) * 256;
-        let pad_bytes = world * SLOTS_PER_PEER * 4;
+        let (pad_offset, total) = pad_layout(ctx, bytes, world)?;
         if dev.is_host() {
-            return SymmetricMemory::alloc_host(pg, bytes, pad_offset + pad_bytes, pad_offset);
+            return SymmetricMemory::alloc_host(pg, bytes, total, pad_offset);
         }
-        let local = Arc::new(Buffer::alloc(&dev, pad_offset + pad_bytes, Memory::Plain)?);
+        let local = Arc::new(Buffer::alloc(&dev, total, Memory::Plain)?);
         local.fill_bytes(0)?;
         dev.synchronize()?;
         let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
@@ -213,9 +216,10 @@ impl SymmetricMemory {
     /// (it must fit, at an offset aligned to the element size).
     pub fn tensor_at<T: Element>(&self, byte_offset: usize, shape: &[usize]) -> Result<Tensor<T>> {
         let elem = std::mem::size_of::<T>();
-        let need =
-            crate::tensor::checked_numel::<T>("SymmetricMemory::tensor_at", "shape", shape)? * elem;
-        if byte_offset % elem != 0 || byte_offset.checked_add(need).is_none_or(|e| e > self.bytes) {
+        let need = crate::tensor::checked_bytes::<T>("SymmetricMemory::tensor_at", "shape", shape)?;
+        if byte_offset.checked_rem(elem) != Some(0)
+            || byte_offset.checked_add(need).is_none_or(|e| e > self.bytes)
+        {
             return Err(argument(
                 "SymmetricMemory::tensor_at",
                 "byte_offset/shape",
@@ -285,6 +289,10 @@ impl SymmetricMemory {
     }
 
     /// Rank `owner`'s signal slot `slot` for messages from rank `from`, as mapped here.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "inside the pad `alloc` sized: from < world, slot < SLOTS_PER_PEER"
+    )]
     fn slot(&self, owner: usize, from: usize, slot: usize) -> u64 {
         self.bases[owner] + (self.pad_offset + (from * SLOTS_PER_PEER + slot) * 4) as u64
     }
@@ -329,6 +337,10 @@ impl HostPad {
     /// [`SymmetricMemory::device_barrier`] on the host: writes `epoch` into every
     /// peer's slot for this rank, then waits (at most `timeout`) until every peer
     /// wrote it into this rank's pad.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "words inside the pad `alloc` sized: from < world, slot < SLOTS_PER_PEER"
+    )]
     pub fn barrier(&self, slot: usize, epoch: u32, timeout: Duration) -> Result<()> {
         let word = |from: usize| (self.pad_offset / 4) + from * SLOTS_PER_PEER + slot;
         let peers = (0..self.mems.len()).filter(|&p| p != self.rank);
@@ -377,7 +389,7 @@ impl HostPad {
                     hint,
                 });
             }
-            polls += 1;
+            polls = polls.saturating_add(1);
             if polls > 1000 {
                 std::thread::sleep(Duration::from_micros(100));
             } else {
@@ -412,6 +424,55 @@ impl Drop for SymmetricMemory {
                 // SAFETY: closes the mapping opened in `alloc`, once.
                 let _ = unsafe { sys::cuIpcCloseMemHandle(p) };
             }
+        }
+    }
+}
+
+/// Where a symmetric buffer of `bytes` for `world` ranks puts its signal pad
+/// (the data rounded up to 256 bytes), and its total size; an error naming
+/// `bytes` where they overflow.
+fn pad_layout(ctx: &str, bytes: usize, world: usize) -> Result<(usize, usize)> {
+    let sizes = bytes.checked_next_multiple_of(256).and_then(|pad_offset| {
+        let pad_bytes = world.checked_mul(SLOTS_PER_PEER * 4)?;
+        Some((pad_offset, pad_offset.checked_add(pad_bytes)?))
+    });
+    sizes
+        .filter(|&(_, t)| t <= isize::MAX as usize)
+        .ok_or_else(|| {
+            argument(
+                ctx,
+                "bytes",
+                format!(
+                    "{bytes} bytes and the signal pad of {world} ranks overflow the address space"
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod pad_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_overflow_are_refused_by_name() {
+        assert_eq!(
+            pad_layout("t", 1000, 2).ok(),
+            Some((1024, 1024 + 2 * SLOTS_PER_PEER * 4))
+        );
+        for (bytes, world) in [
+            (usize::MAX, 2),
+            (usize::MAX - 100, 1),
+            (isize::MAX as usize, 8),
+            (0, usize::MAX),
+        ] {
+            let e = pad_layout("SymmetricMemory::alloc", bytes, world)
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|m| m.contains("bytes") && m.contains("overflow")),
+                "{e:?}"
+            );
         }
     }
 }
