@@ -26,7 +26,7 @@
 use std::process::ExitCode;
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::{AllGather, Chunks, ProcessGroup};
-use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
+use tilefuse_testkit::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
 /// C = A · B over the gathered A, reading A only where the all-gather's
 /// progress flags say it has arrived (they reach `epoch`). Chunks along rows:

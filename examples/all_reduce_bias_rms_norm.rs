@@ -24,7 +24,7 @@
 use std::process::ExitCode;
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::{Exchange, ProcessGroup};
-use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error, Rng};
+use tilefuse_testkit::{exit_code, poisoned, random_vec, rel_error, Rng};
 
 /// The most ranks the kernel reads from (one tensor parameter each).
 pub const MAX_WORLD: usize = 4;

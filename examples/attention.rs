@@ -13,7 +13,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{exit_code, poisoned, random_tensor};
+use tilefuse_testkit::{exit_code, poisoned, random_tensor};
 
 /// `out = softmax(q·kᵀ · scale [+ causal mask]) · v`, per batch and head.
 #[fused_kernel]

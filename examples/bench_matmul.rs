@@ -42,7 +42,7 @@ use std::process::ExitCode;
 use tilefuse::prelude::*;
 use tilefuse::runtime::autotune::{self, Effort};
 use tilefuse::runtime::split_tail;
-use tilefuse::verify::{exit_code, random_tensor, rel_error_tensors};
+use tilefuse_testkit::{exit_code, random_tensor, rel_error_tensors};
 
 #[fused_kernel]
 fn matmul(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Tensor<bf16> {

@@ -10,7 +10,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{bench_bandwidth, random_tensor, rel_error, rows_main, Rng};
+use tilefuse_testkit::{bench_bandwidth, random_tensor, rel_error, rows_main, Rng};
 
 /// `loss[i] = logsumexp(logits[i, :]) - logits[i, labels[i]]`, bf16 logits, f32 loss.
 /// A label outside `0..n` picks nothing (its loss is the log-sum-exp).

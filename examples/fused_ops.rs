@@ -29,7 +29,7 @@ use tilefuse::ops::{
 };
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
-use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
+use tilefuse_testkit::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
 const OPS: [&str; 7] = [
     "ag_rows",
@@ -251,7 +251,7 @@ fn bench(
         "matmul_all_gather" => (m / w, k, &p.b),
         _ => (m, k / w, &p.b),
     };
-    let fa = tilefuse::verify::random_tensor::<bf16>([fm, fk], 1.0)?;
+    let fa = tilefuse_testkit::random_tensor::<bf16>([fm, fk], 1.0)?;
     let mut fc = Tensor::<bf16>::empty([fm, fb.size(1)])?;
     let mut wss = [Some(fused_ws), Some(unfused_ws)];
     let algs = [Algorithm::Fused, Algorithm::Unfused];

@@ -10,7 +10,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{bench_bandwidth, poisoned, random_tensor, rel_error, rows_main};
+use tilefuse_testkit::{bench_bandwidth, poisoned, random_tensor, rel_error, rows_main};
 
 /// `out[i, :] = (x[i, :] - mean) / sqrt(var + eps) * weight + bias`, per row.
 #[fused_kernel]

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{mnk_main, poisoned, print_versus, random_tensor, rel_error_tensors};
+use tilefuse_testkit::{mnk_main, poisoned, print_versus, random_tensor, rel_error_tensors};
 
 /// `a[M, K] · b[K, N]` with f32 accumulation, rounded to bf16.
 #[fused_kernel]

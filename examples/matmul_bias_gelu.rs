@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{gelu_f64, mnk_main, print_versus, random_tensor, rel_error};
+use tilefuse_testkit::{gelu_f64, mnk_main, print_versus, random_tensor, rel_error};
 
 /// `gelu(a·b + bias[n])`, bf16 in and out, f32 inside.
 #[fused_kernel]

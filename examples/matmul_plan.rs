@@ -29,7 +29,7 @@ use tilefuse::ops::plan::{
 use tilefuse::ops::Algorithm;
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
-use tilefuse::verify::{exit_code, poisoned, random_vec, rel_error, Rng};
+use tilefuse_testkit::{exit_code, poisoned, random_vec, rel_error, Rng};
 use Distribution::*;
 
 struct Layer {

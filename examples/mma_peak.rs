@@ -10,8 +10,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use std::process::ExitCode;
 use tilefuse::runtime::error::driver;
-use tilefuse::verify::{exit_code, random_tensor};
 use tilefuse::{bf16, Device, Tensor};
+use tilefuse_testkit::{exit_code, random_tensor};
 
 /// `chains` independent accumulators per warp, `iters` rounds of one MMA each.
 fn source(chains: usize) -> String {

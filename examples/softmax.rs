@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse::verify::{bench_bandwidth, poisoned, random_tensor, rel_error, rows_main};
+use tilefuse_testkit::{bench_bandwidth, poisoned, random_tensor, rel_error, rows_main};
 
 /// `out[i, :] = softmax(x[i, :])`, bf16 in and out, f32 inside.
 #[fused_kernel]

@@ -154,8 +154,8 @@ pub use tilefuse_interpret as interpret;
 pub use tilefuse_macros::fused_kernel;
 pub use tilefuse_runtime as runtime;
 pub use tilefuse_runtime::{
-    autotune, cache, cublas, jit, time_gpu, verify, Device, Element, Error, KernelDef, Result,
-    SideStream, Tensor, Timing,
+    autotune, cache, cublas, jit, time_gpu, Device, Element, Error, KernelDef, Result, SideStream,
+    Tensor, Timing,
 };
 
 /// What a kernel file needs: `use tilefuse::prelude::*;`.

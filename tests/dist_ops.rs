@@ -21,7 +21,7 @@ use tilefuse::ops::{
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
 use tilefuse::runtime::mode::{self, Mode};
-use tilefuse::verify::{matmul_f64, poisoned, random_vec, rel_error, Rng};
+use tilefuse_testkit::{matmul_f64, poisoned, random_vec, rel_error, Rng};
 
 type R<T> = Result<T, String>;
 

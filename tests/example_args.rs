@@ -62,3 +62,24 @@ fn every_example_refuses_an_unknown_flag() {
         assert!(err.contains("--bogus"), "{name}: {err}");
     }
 }
+
+/// The row and GEMM examples share one command line (`tilefuse_testkit`'s
+/// `rows_main`, `mnk_main`): `--help` prints it, and a partial set of sizes is
+/// an error rather than a silent default.
+#[test]
+fn the_shared_command_lines_have_help_and_take_all_sizes_or_none() {
+    let bin = launcher::example("softmax");
+    let help = Command::new(&bin)
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", bin.display()));
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert_eq!(help.status.code(), Some(0), "{text}");
+    assert!(text.contains("Usage: softmax") && text.contains("--bench"), "{text}");
+    let (code, err) = example("softmax", &["1000"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("<N>"), "{err}");
+    let (code, err) = example("matmul", &["64", "64"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("<K>"), "{err}");
+}

@@ -15,7 +15,7 @@ use common::examples::{
 use std::time::{Duration, Instant};
 use tilefuse::codegen::{Config, DType, Planned};
 use tilefuse::interpret::{run, run_with, HostTensor, InterpretError, Options, Scalar};
-use tilefuse::verify::{gelu_f64, matmul_f64, Rng};
+use tilefuse_testkit::{gelu_f64, matmul_f64, Rng};
 
 /// A bf16 tensor of fresh values in [-1, 1) and those values as f64.
 fn random(shape: &[usize], rng: &mut Rng) -> (HostTensor, Vec<f64>) {
@@ -28,7 +28,7 @@ fn random(shape: &[usize], rng: &mut Rng) -> (HostTensor, Vec<f64>) {
 
 /// ‖out − ref‖ / ‖ref‖ (NaN where an element was never written).
 fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
-    tilefuse::verify::rel_error(out, reference, |x| x, |x| x)
+    tilefuse_testkit::rel_error(out, reference, |x| x, |x| x)
 }
 
 fn nan(dtype: DType, shape: &[usize]) -> HostTensor {

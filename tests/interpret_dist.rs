@@ -24,7 +24,7 @@ use std::process::{Command, ExitCode, Output};
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::{AllGather, Chunks, ProcessGroup};
-use tilefuse::verify::{matmul_f64, poisoned, random_vec, rel_error, Rng};
+use tilefuse_testkit::{matmul_f64, poisoned, random_vec, rel_error, Rng};
 
 const ROWS: usize = 48; // per rank
 const SPLITS: usize = 3;

@@ -14,7 +14,7 @@ use common::examples::{
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
 use tilefuse::runtime::mode::{set_mode, Mode};
-use tilefuse::verify::{gelu_f64, matmul_f64, poisoned, random_tensor, rel_error};
+use tilefuse_testkit::{gelu_f64, matmul_f64, poisoned, random_tensor, rel_error};
 
 /// The wait timeout is per process: the tests that wait take turns.
 static WAITS: std::sync::Mutex<()> = std::sync::Mutex::new(());

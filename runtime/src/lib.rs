@@ -31,7 +31,6 @@ pub mod status;
 pub mod tensor;
 pub mod timing;
 mod tma;
-pub mod verify;
 
 pub use buffer::Memory;
 pub use device::Device;

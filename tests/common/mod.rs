@@ -94,7 +94,7 @@ pub fn gpu_alone() -> Option<Gpu> {
 /// Relative error of a bf16/f16/f32 tensor against an f64 host reference.
 pub fn err_vs<T: tilefuse::Element>(out: &tilefuse::Tensor<T>, reference: &[f64]) -> f64 {
     let o = out.to_vec().expect("copy to host");
-    tilefuse::verify::rel_error(&o, reference, T::to_f64, |x| x)
+    tilefuse_testkit::rel_error(&o, reference, T::to_f64, |x| x)
 }
 
 /// A tensor's values as f64 on the host.
@@ -112,8 +112,8 @@ pub fn gemm_operands<T: tilefuse::Element>(
     n: usize,
     k: usize,
 ) -> (tilefuse::Tensor<T>, tilefuse::Tensor<T>, Vec<f64>) {
-    let a = tilefuse::verify::random_tensor::<T>([m, k], 1.0).expect("random A");
-    let b = tilefuse::verify::random_tensor::<T>([k, n], 1.0).expect("random B");
+    let a = tilefuse_testkit::random_tensor::<T>([m, k], 1.0).expect("random A");
+    let b = tilefuse_testkit::random_tensor::<T>([k, n], 1.0).expect("random B");
     let reference = host(&tilefuse::cublas::matmul(&a, &b).expect("cuBLAS reference"));
     (a, b, reference)
 }

@@ -12,7 +12,7 @@ use tilefuse::ops::plan::{
 use tilefuse::ops::Algorithm;
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
-use tilefuse::verify::{matmul_f64, poisoned, random_vec, rel_error, Rng};
+use tilefuse_testkit::{matmul_f64, poisoned, random_vec, rel_error, Rng};
 use Distribution::*;
 
 /// A row-major host matrix.

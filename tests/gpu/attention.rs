@@ -6,7 +6,7 @@
 use crate::common::examples::attention::{attention, reference_row};
 use crate::common::gpu;
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse_testkit::{poisoned, random_tensor};
 
 fn host(t: &Tensor<bf16>) -> Vec<f64> {
     t.to_vec().unwrap().iter().map(|v| v.to_f64()).collect()

@@ -7,7 +7,7 @@ use crate::common::examples::matmul::matmul;
 use crate::common::{err_vs, gpu_alone, host};
 use tilefuse::prelude::*;
 use tilefuse::runtime::autotune::{self, Effort};
-use tilefuse::verify::random_tensor;
+use tilefuse_testkit::random_tensor;
 
 fn files_under(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |d| d.count())
@@ -98,7 +98,7 @@ fn a_waiting_kernel_is_tuned_on_set_flags_of_its_own() {
         let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
         // The flags are set: tuning must neither wait on nor change them.
         let flags = Tensor::<u32>::full([m / 256], 1).unwrap();
-        let out = tilefuse::verify::poisoned::<bf16>([m, n]).unwrap();
+        let out = tilefuse_testkit::poisoned::<bf16>([m, n]).unwrap();
         let before = autotune::counters();
         gated(&a, &b, &flags, &out).unwrap();
         assert!(err_vs(&out, &reference) <= 1e-2);

@@ -3,7 +3,7 @@
 use crate::common::gpu;
 use crate::matmul::mm_bf16 as mm;
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse_testkit::{poisoned, random_tensor};
 
 fn arg_error(e: tilefuse::Error) -> (String, String) {
     match e {

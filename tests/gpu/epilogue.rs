@@ -2,7 +2,7 @@
 
 use crate::common::{err_vs, gpu, host};
 use tilefuse::prelude::*;
-use tilefuse::verify::{gelu_f64, poisoned, random_tensor};
+use tilefuse_testkit::{gelu_f64, poisoned, random_tensor};
 
 #[fused_kernel]
 pub(crate) fn bias_gelu(

@@ -14,8 +14,8 @@ use crate::common::{gpu, host};
 use std::collections::HashSet;
 use tilefuse::interpret::{run, HostTensor, Scalar};
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor, rel_error};
 use tilefuse::{Device, Element, KernelDef};
+use tilefuse_testkit::{poisoned, random_tensor, rel_error};
 
 /// The interpreter's largest GEMM here, in multiply-adds.
 const MAX_MACS: usize = 1 << 31;

@@ -3,7 +3,7 @@
 
 use crate::common::{err_vs, gpu, host};
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse_testkit::{poisoned, random_tensor};
 
 #[fused_kernel]
 pub(crate) fn mm_bf16(a: &Tensor<bf16>, b: &Tensor<bf16>, out: &Tensor<bf16>) {
@@ -145,7 +145,7 @@ fn bf16_matches_f64_reference() {
     let (m, n, k) = (333, 520, 1048);
     let a = random_tensor::<bf16>([m, k], 1.0).unwrap();
     let b = random_tensor::<bf16>([k, n], 1.0).unwrap();
-    let reference = tilefuse::verify::matmul_f64(&host(&a), &host(&b), m, k, n);
+    let reference = tilefuse_testkit::matmul_f64(&host(&a), &host(&b), m, k, n);
     let out = poisoned::<bf16>([m, n]).unwrap();
     mm_bf16(&a, &b, &out).unwrap();
     let err = err_vs(&out, &reference);

@@ -3,7 +3,7 @@
 
 use crate::common::{err_vs, gpu, host};
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse_testkit::{poisoned, random_tensor};
 
 #[fused_kernel]
 pub(crate) fn axpy_relu(x: &Tensor<f32>, y: &Tensor<f32>, alpha: f32, out: &Tensor<f32>) {

@@ -5,7 +5,7 @@
 use crate::common::examples::{cross_entropy, layer_norm, rms_norm, softmax};
 use crate::common::gpu;
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor, rel_error};
+use tilefuse_testkit::{poisoned, random_tensor, rel_error};
 
 pub(crate) const SHAPES: [(usize, usize); 6] = [
     (1, 1),

@@ -6,7 +6,7 @@ use crate::common::{err_vs, gpu_alone};
 use crate::matmul::mm_bf16;
 use tilefuse::prelude::*;
 use tilefuse::runtime::split_tail;
-use tilefuse::verify::poisoned;
+use tilefuse_testkit::poisoned;
 
 /// Shapes whose last wave the portable default config splits on a 132-SM H100/H200
 /// (the test pins that config: the Hopper path does not split):

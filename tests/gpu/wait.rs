@@ -6,8 +6,8 @@ use crate::common::{err_vs, gpu_alone};
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
 use tilefuse::runtime::status::set_wait_timeout_ms;
-use tilefuse::verify::poisoned;
 use tilefuse::SideStream;
+use tilefuse_testkit::poisoned;
 
 /// Rows of A arrive in chunks of `rows_per_chunk`; each program waits for the
 /// chunk holding its rows before it reads them.

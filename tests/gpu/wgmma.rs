@@ -7,7 +7,7 @@ use crate::common::{err_vs, gpu, gpu_alone, host, Gpu};
 use crate::common::{pingpong_configs, tma_store_configs, wgmma_configs as configs};
 use crate::matmul::{mm_bf16, mm_f16};
 use tilefuse::prelude::*;
-use tilefuse::verify::{poisoned, random_tensor};
+use tilefuse_testkit::{poisoned, random_tensor};
 
 /// The GPU, shared with other tests, when it is an sm_90 one; else the test
 /// says it skipped.

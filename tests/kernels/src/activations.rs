@@ -3,8 +3,8 @@
 use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// SwiGLU: `out = silu(gate) * up`, the halves of `x` (`[m, 2n]`) by offset.
 #[fused_kernel]

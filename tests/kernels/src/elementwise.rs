@@ -4,8 +4,8 @@
 use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// `out = x + y`.
 #[fused_kernel]

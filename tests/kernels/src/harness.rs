@@ -2,8 +2,8 @@
 //! on a device from a seed, outputs read back, float64 references compared.
 
 use std::sync::Arc;
-use tilefuse::verify::Rng;
 use tilefuse::{Device, Element, KernelDef, Result, Tensor};
+use tilefuse_testkit::Rng;
 
 /// One kernel (or a few launched together) of the corpus.
 pub struct Case {

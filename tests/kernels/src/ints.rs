@@ -5,8 +5,8 @@
 use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// A histogram of `x` over `[0, 1)` in `nbins` equal bins (values outside
 /// counted in the first or last bin), counts added atomically.

@@ -5,8 +5,8 @@
 use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// `out[b] = Σ values[offsets[b]..offsets[b + 1]]` (rows of `d` columns):
 /// one program per (segment, column block), walking the segment's rows.

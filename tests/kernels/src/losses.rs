@@ -6,8 +6,8 @@ use crate::harness::*;
 use crate::reductions::lse;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// The label PyTorch's losses skip by default.
 pub const IGNORE: i64 = -100;

@@ -6,8 +6,8 @@ use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::codegen::prims::rand::{philox, uniform};
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// `out[t] = weight[ids[t]]`: one gathered row per token.
 #[fused_kernel]

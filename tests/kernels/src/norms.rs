@@ -5,8 +5,8 @@
 use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// LayerNorm forward as Triton's tutorial writes it: a walk for the mean, a
 /// walk for the variance around it, a walk that normalizes; the mean and

@@ -5,8 +5,8 @@
 use crate::harness::*;
 use std::sync::Arc;
 use tilefuse::prelude::*;
-use tilefuse::verify::Rng;
 use tilefuse::Device;
+use tilefuse_testkit::Rng;
 
 /// Column sums: each program owns a block of columns and walks the rows.
 #[fused_kernel]

@@ -4,7 +4,7 @@
 //! TILEFUSE_REQUIRE_GPU=1 make a skip (or interpret mode) a failure.
 
 use tilefuse::prelude::*;
-use tilefuse::verify::{random_tensor, rel_error};
+use tilefuse_testkit::{random_tensor, rel_error};
 use tilefuse_user_example::{linear_residual, swiglu};
 
 fn require(var: &str) -> bool {
@@ -89,7 +89,7 @@ fn kernels_match_host_references() {
             .collect::<Vec<_>>()
     };
     let (xh, wh, rh) = (to64(&x), to64(&w), to64(&r));
-    let mut reference = tilefuse::verify::matmul_f64(&xh, &wh, m, k, n);
+    let mut reference = tilefuse_testkit::matmul_f64(&xh, &wh, m, k, n);
     for (o, r) in reference.iter_mut().zip(&rh) {
         *o += r;
     }
