@@ -89,25 +89,32 @@ pub fn reference_row(
     o.iter().map(|x| x / sum).collect()
 }
 
+/// attention's command line.
+#[derive(clap::Parser)]
+#[command(
+    about = "Flash attention over q, k, v of [B, H, S, D] bf16: checked against float64, optionally timed"
+)]
+struct Cli {
+    /// Batch, heads, sequence length and head dimension (all four, or none
+    /// for the defaults).
+    #[arg(num_args = 4, value_names = ["B", "H", "S", "D"])]
+    shape: Vec<usize>,
+    /// A causal mask.
+    #[arg(long)]
+    causal: bool,
+    /// Time it next to cuBLAS's GEMMs of the same FLOPs.
+    #[arg(long)]
+    bench: bool,
+}
+
 struct Args {
     shape: [usize; 4],
     causal: bool,
     bench: bool,
 }
 
-fn parse() -> Result<Args, String> {
-    let (mut causal, mut bench, mut sizes) = (false, false, Vec::new());
-    for a in std::env::args().skip(1) {
-        match a.as_str() {
-            "--causal" => causal = true,
-            "--bench" => bench = true,
-            _ => sizes.push(
-                a.parse::<usize>()
-                    .map_err(|_| format!("unexpected argument `{a}`"))?,
-            ),
-        }
-    }
-    let shape = match sizes.as_slice() {
+fn parse(cli: Cli) -> Result<Args, String> {
+    let shape = match cli.shape.as_slice() {
         [] if tilefuse::runtime::mode::interpreting() => {
             println!("interpret mode: default sizes [1, 2, 100, 40] for the CPU (the GPU's are [2, 3, 1000, 80])");
             [1, 2, 100, 40]
@@ -121,8 +128,8 @@ fn parse() -> Result<Args, String> {
     }
     Ok(Args {
         shape,
-        causal,
-        bench,
+        causal: cli.causal,
+        bench: cli.bench,
     })
 }
 
@@ -208,7 +215,11 @@ fn run(a: &Args) -> tilefuse::Result<bool> {
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
-    match parse() {
+    let cli = match tilefuse_testkit::args::<Cli>("attention") {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match parse(cli) {
         Ok(a) => exit_code(run(&a)),
         Err(e) => {
             eprintln!("usage: attention [B H S D] [--causal] [--bench]: {e}");

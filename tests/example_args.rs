@@ -75,7 +75,10 @@ fn the_shared_command_lines_have_help_and_take_all_sizes_or_none() {
         .unwrap_or_else(|e| panic!("could not run {}: {e}", bin.display()));
     let text = String::from_utf8_lossy(&help.stdout);
     assert_eq!(help.status.code(), Some(0), "{text}");
-    assert!(text.contains("Usage: softmax") && text.contains("--bench"), "{text}");
+    assert!(
+        text.contains("Usage: softmax") && text.contains("--bench"),
+        "{text}"
+    );
     let (code, err) = example("softmax", &["1000"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("<N>"), "{err}");
