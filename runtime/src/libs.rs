@@ -6,6 +6,30 @@ use std::sync::OnceLock;
 
 const LD_HINT: &str = "put its folder on LD_LIBRARY_PATH";
 
+/// The CUDA major version this build binds and loads (the `cuda-12` or
+/// `cuda-13` feature).
+#[cfg(feature = "cuda-12")]
+pub const CUDA_MAJOR: u32 = 12;
+/// The CUDA major version this build binds and loads (the `cuda-12` or
+/// `cuda-13` feature).
+#[cfg(not(feature = "cuda-12"))]
+pub const CUDA_MAJOR: u32 = 13;
+
+#[cfg(all(feature = "cuda-12", feature = "cuda-13"))]
+compile_error!(
+    "tilefuse: the features `cuda-12` and `cuda-13` are both on; take tilefuse with      `default-features = false, features = [\"cuda-12\"]` for CUDA 12"
+);
+#[cfg(not(any(feature = "cuda-12", feature = "cuda-13")))]
+compile_error!(
+    "tilefuse: choose the CUDA version with the feature `cuda-13` (the default) or `cuda-12`"
+);
+
+/// How to install the NVRTC this build loads.
+#[cfg(feature = "cuda-12")]
+const NVRTC_PIP: &str = "nvidia-cuda-nvrtc-cu12";
+#[cfg(not(feature = "cuda-12"))]
+const NVRTC_PIP: &str = "nvidia-cuda-nvrtc==13.0.88";
+
 fn probe(cell: &'static OnceLock<bool>, f: unsafe fn() -> bool) -> bool {
     // SAFETY: the probe functions only try to dlopen the library and report success.
     *cell.get_or_init(|| unsafe { f() })
@@ -45,10 +69,14 @@ pub(crate) fn require_nvrtc() -> Result<()> {
         Ok(())
     } else {
         Err(Error::Unavailable {
-            what: "NVRTC (libnvrtc.so.13)",
+            what: if CUDA_MAJOR == 12 {
+                "NVRTC (libnvrtc.so.12)"
+            } else {
+                "NVRTC (libnvrtc.so.13)"
+            },
             hint: format!(
-                "install it (e.g. `pip install nvidia-cuda-nvrtc==13.0.88`) and {LD_HINT} \
-                 (the folder must also hold libnvrtc-builtins.so.13.0)"
+                "install it (e.g. `pip install {NVRTC_PIP}`) and {LD_HINT} \
+                 (the folder must also hold libnvrtc-builtins.so.{CUDA_MAJOR}.*)"
             ),
         })
     }
@@ -59,7 +87,11 @@ pub(crate) fn require_cublas() -> Result<()> {
         Ok(())
     } else {
         Err(Error::Unavailable {
-            what: "cuBLAS (libcublas.so.13)",
+            what: if CUDA_MAJOR == 12 {
+                "cuBLAS (libcublas.so.12)"
+            } else {
+                "cuBLAS (libcublas.so.13)"
+            },
             hint: LD_HINT.to_string(),
         })
     }

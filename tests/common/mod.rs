@@ -7,7 +7,10 @@ pub fn nvrtc_or_skip() -> bool {
     if tilefuse::runtime::libs::nvrtc_present() {
         return true;
     }
-    let why = "NVRTC (libnvrtc.so.13) is not on the library path";
+    let why = format!(
+        "NVRTC (libnvrtc.so.{}) is not on the library path",
+        tilefuse::runtime::libs::CUDA_MAJOR
+    );
     if std::env::var("TILEFUSE_REQUIRE_NVRTC").as_deref() == Ok("1")
         || std::env::var("TILEFUSE_REQUIRE_GPU").as_deref() == Ok("1")
     {

@@ -8,7 +8,10 @@ use tilefuse::codegen::{ConfigSpace, Target};
 #[test]
 fn every_kernel_compiles_for_sm_90a_and_sm_80() {
     if !tilefuse::runtime::libs::nvrtc_present() {
-        let why = "NVRTC (libnvrtc.so.13) is not on the library path";
+        let why = format!(
+            "NVRTC (libnvrtc.so.{}) is not on the library path",
+            tilefuse::runtime::libs::CUDA_MAJOR
+        );
         if std::env::var("TILEFUSE_REQUIRE_NVRTC").as_deref() == Ok("1")
             || std::env::var("TILEFUSE_REQUIRE_GPU").as_deref() == Ok("1")
         {
