@@ -81,7 +81,7 @@ pub fn ag_matmul(
 }
 
 /// Where the all-gather cuts its chunks (see the module docs).
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
 enum Along {
     Auto,
     Rows,
@@ -132,83 +132,54 @@ impl Waits {
     }
 }
 
+/// all_gather_matmul's command line (each rank parses it).
+#[derive(clap::Parser)]
+#[command(
+    about = "C = all_gather(A) · B on every rank, the GEMM overlapping the copy-engine all-gather; checked against NCCL + cuBLAS"
+)]
 struct Args {
-    m: usize,
-    n: usize,
-    k: usize,
+    /// The gathered rows, N and K (all three, or none for the defaults).
+    #[arg(num_args = 3, value_names = ["M", "N", "K"])]
+    mnk: Vec<usize>,
+    /// Time it against NCCL + cuBLAS and the GEMM alone.
+    #[arg(long)]
     bench: bool,
+    /// Where the all-gather cuts its chunks.
+    #[arg(long = "chunks-along", value_enum, default_value = "auto")]
     along: Along,
-    /// `None`: 4 bands of rows per rank, 8 bands of columns.
+    /// Bands of rows per rank (default 4; 8 bands of columns along K).
+    #[arg(long = "splits-per-rank", value_parser = positive)]
     splits: Option<usize>,
-    /// `--config JSON`: the GEMM's config, instead of the default or the tuned one.
+    /// The GEMM's config as JSON, instead of the default or the tuned one, e.g.
+    /// {"block_sizes":[128,256,64],"num_warps":8,"num_stages":4,"group_m":8,"wgmma":true,"persistent":true}.
+    #[arg(long, value_parser = config_json)]
     config: Option<Config>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut nums = Vec::new();
-    let mut bench = false;
-    let mut splits = None;
-    let mut along = Along::Auto;
-    let mut config = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--bench" => bench = true,
-            "--splits-per-rank" => {
-                splits = Some(
-                    it.next()
-                        .and_then(|v| v.parse().ok())
-                        .ok_or("--splits-per-rank needs a positive integer")?,
-                )
-            }
-            "--chunks-along" => {
-                along = match it.next().as_deref() {
-                    Some("rows") => Along::Rows,
-                    Some("cols") => Along::Cols,
-                    Some("auto") => Along::Auto,
-                    other => {
-                        return Err(format!(
-                            "--chunks-along needs rows, cols or auto (got {other:?})"
-                        ))
-                    }
-                }
-            }
-            "--config" => {
-                let json = it.next().ok_or("--config needs a JSON config")?;
-                config = Some(serde_json::from_str(&json).map_err(|e| {
-                    format!("--config `{json}`: {e}; e.g. {{\"block_sizes\":[128,256,64],\"num_warps\":8,\"num_stages\":4,\"group_m\":8,\"wgmma\":true,\"persistent\":true}}")
-                })?)
-            }
-            s => nums.push(
-                s.parse::<usize>()
-                    .map_err(|_| format!("`{s}`: expected M N K as positive integers"))?,
-            ),
-        }
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!("`{s}`: expected a positive integer")),
     }
-    let [m, n, k] = match nums.as_slice() {
-        // Interpret mode (no GPU): a size for the CPU, ragged against the blocks.
-        [] if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
-        [] => [4096, 6656, 16384],
-        [m, n, k] => [*m, *n, *k],
-        _ => return Err("give M N K (three numbers) or nothing".into()),
-    };
-    Ok(Args {
-        m,
-        n,
-        k,
-        bench,
-        along,
-        splits,
-        config,
-    })
 }
 
-fn run() -> tilefuse::Result<bool> {
-    let args = parse_args().map_err(|e| tilefuse::Error::Argument {
-        context: "all_gather_matmul".into(),
-        arg: "command line".into(),
-        message: e,
-    })?;
+fn config_json(s: &str) -> Result<Config, String> {
+    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
+}
+
+impl Args {
+    /// M, N and K: as given, or the defaults (smaller in interpret mode).
+    fn sizes(&self) -> [usize; 3] {
+        match self.mnk.as_slice() {
+            [m, n, k] => [*m, *n, *k],
+            // Interpret mode (no GPU): a size for the CPU, ragged against the blocks.
+            _ if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
+            _ => [4096, 6656, 16384],
+        }
+    }
+}
+
+fn run(args: Args) -> tilefuse::Result<bool> {
     match args.config.clone() {
         Some(c) => ag_matmul::kernel().with_config(c, || run_with(args)),
         None => run_with(args),
@@ -218,7 +189,7 @@ fn run() -> tilefuse::Result<bool> {
 fn run_with(args: Args) -> tilefuse::Result<bool> {
     let pg = ProcessGroup::init()?;
     let (rank, world) = (pg.rank(), pg.world_size());
-    let Args { m, n, k, .. } = args;
+    let [m, n, k] = args.sizes();
     if m % world != 0 {
         return Err(tilefuse::Error::Argument {
             context: "all_gather_matmul".into(),
@@ -348,7 +319,7 @@ fn bench(
     waits: Waits,
 ) -> tilefuse::Result<()> {
     let dev = pg.device().clone();
-    let (m, n, k) = (args.m, args.n, args.k);
+    let [m, n, k] = args.sizes();
     let nccl = pg.nccl()?;
     let mut c = Tensor::<bf16>::empty([m, n])?;
     // The flags hold the last call's epoch: the GEMM's waits pass at once.
@@ -437,5 +408,8 @@ fn bench(
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
-    exit_code(run())
+    match tilefuse_testkit::args::<Args>("all_gather_matmul") {
+        Ok(args) => exit_code(run(args)),
+        Err(code) => code,
+    }
 }

@@ -170,34 +170,34 @@ impl Layer {
     }
 }
 
-fn args() -> Result<([usize; 2], bool), String> {
-    let mut bench = false;
-    let mut sizes = Vec::new();
-    for a in std::env::args().skip(1) {
-        match a.as_str() {
-            "--bench" => bench = true,
-            s => sizes.push(s.parse::<usize>().ok().filter(|&v| v > 0).ok_or(format!(
-                "`{s}`: expected M N (positive integers) or --bench"
-            ))?),
-        }
-    }
-    let mn = match sizes.as_slice() {
-        // Interpret mode (no GPU): a size the CPU runs in a moment.
-        [] if tilefuse::runtime::mode::interpreting() => [37, 200],
-        [] => [1000, 3000],
-        [m, n] => [*m, *n],
-        _ => return Err("give M N (two numbers) or nothing".into()),
-    };
-    Ok((mn, bench))
+/// all_reduce_bias_rms_norm's command line (each rank parses it).
+#[derive(clap::Parser)]
+#[command(
+    about = "out = RMSNorm(Σ_ranks partial + bias) in one kernel reading every rank's partial; checked against float64, optionally timed against NCCL + the same kernel"
+)]
+struct Args {
+    /// Rows and row length (both, or neither for the defaults).
+    #[arg(num_args = 2, value_names = ["M", "N"], value_parser = positive)]
+    mn: Vec<usize>,
+    /// Time it against NCCL's all-reduce and the same kernel.
+    #[arg(long)]
+    bench: bool,
 }
 
-fn run() -> tilefuse::Result<bool> {
-    let ([m, n], bench) = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("usage: all_reduce_bias_rms_norm [M N] [--bench]: {e}");
-            return Ok(false);
-        }
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!("`{s}`: expected a positive integer")),
+    }
+}
+
+fn run(args: Args) -> tilefuse::Result<bool> {
+    let bench = args.bench;
+    let [m, n] = match args.mn.as_slice() {
+        [m, n] => [*m, *n],
+        // Interpret mode (no GPU): a size the CPU runs in a moment.
+        _ if tilefuse::runtime::mode::interpreting() => [37, 200],
+        _ => [1000, 3000],
     };
     let pg = ProcessGroup::init()?;
     let (rank, world) = (pg.rank(), pg.world_size());
@@ -310,5 +310,8 @@ fn bench_paths(layer: &mut Layer, out: &Tensor<bf16>, [m, n]: [usize; 2]) -> til
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
-    exit_code(run())
+    match tilefuse_testkit::args::<Args>("all_reduce_bias_rms_norm") {
+        Ok(args) => exit_code(run(args)),
+        Err(code) => code,
+    }
 }

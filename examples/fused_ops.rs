@@ -48,49 +48,61 @@ struct Args {
     chunks: Option<usize>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut nums = Vec::new();
-    let mut ops = OPS.to_vec();
-    let (mut bench, mut chunks) = (false, None);
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--bench" => bench = true,
-            "--op" => {
-                let name = it.next().ok_or("--op needs a name")?;
-                ops = match OPS.iter().find(|o| **o == name) {
-                    Some(o) => vec![*o],
-                    None if name == "all" => OPS.to_vec(),
-                    None => return Err(format!("--op `{name}`: one of {OPS:?} or `all`")),
-                };
-            }
-            "--chunks" => {
-                chunks = Some(
-                    it.next()
-                        .and_then(|v| v.parse().ok())
-                        .ok_or("--chunks needs a positive integer")?,
-                )
-            }
-            s => nums.push(
-                s.parse::<usize>()
-                    .map_err(|_| format!("`{s}`: expected M N K as positive integers"))?,
-            ),
+/// fused_ops's command line (each rank parses it).
+#[derive(clap::Parser)]
+#[command(
+    about = "Every fused GEMM + collective op on every rank, checked against NCCL + cuBLAS, optionally timed against them"
+)]
+struct Cli {
+    /// M, N and K of the GEMM (all three, or none for the defaults).
+    #[arg(num_args = 3, value_names = ["M", "N", "K"])]
+    mnk: Vec<usize>,
+    /// Time each op against NCCL + cuBLAS.
+    #[arg(long)]
+    bench: bool,
+    /// One op, or `all`.
+    #[arg(long, default_value = "all", value_parser = op_name)]
+    op: String,
+    /// Chunks each rank's part is cut into (the op's default otherwise).
+    #[arg(long, value_parser = positive)]
+    chunks: Option<usize>,
+}
+
+fn op_name(s: &str) -> Result<String, String> {
+    if s == "all" || OPS.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("`{s}`: one of {OPS:?} or `all`"))
+    }
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!("`{s}`: expected a positive integer")),
+    }
+}
+
+impl From<Cli> for Args {
+    fn from(cli: Cli) -> Args {
+        let mnk = match cli.mnk.as_slice() {
+            [m, n, k] => [*m, *n, *k],
+            // Interpret mode (no GPU): a size the CPU runs in a moment, ragged
+            // against the block sizes.
+            _ if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
+            _ => [4096, 6656, 16384],
+        };
+        let ops = match OPS.iter().find(|o| **o == cli.op) {
+            Some(o) => vec![*o],
+            None => OPS.to_vec(),
+        };
+        Args {
+            mnk,
+            ops,
+            bench: cli.bench,
+            chunks: cli.chunks,
         }
     }
-    let mnk = match nums.as_slice() {
-        // Interpret mode (no GPU): a size the CPU runs in a moment, ragged
-        // against the block sizes.
-        [] if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
-        [] => [4096, 6656, 16384],
-        [m, n, k] => [*m, *n, *k],
-        _ => return Err("give M N K (three numbers) or nothing".into()),
-    };
-    Ok(Args {
-        mnk,
-        ops,
-        bench,
-        chunks,
-    })
 }
 
 /// One op's inputs on this rank, and how to call it.
@@ -178,12 +190,7 @@ fn problem(
     })
 }
 
-fn run() -> tilefuse::Result<bool> {
-    let args = parse_args().map_err(|e| tilefuse::Error::Argument {
-        context: "fused_ops".into(),
-        arg: "command line".into(),
-        message: e,
-    })?;
+fn run(args: Args) -> tilefuse::Result<bool> {
     let pg = ProcessGroup::init()?;
     let (rank, w) = (pg.rank(), pg.world_size());
     let [m, n, k] = args.mnk;
@@ -308,5 +315,8 @@ fn bench(
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
-    exit_code(run())
+    match tilefuse_testkit::args::<Cli>("fused_ops") {
+        Ok(cli) => exit_code(run(cli.into())),
+        Err(code) => code,
+    }
 }

@@ -101,11 +101,12 @@ fn plan<'pg>(
     pg: &'pg ProcessGroup,
     l: &Layer,
     algorithm: Algorithm,
+    blocking: bool,
 ) -> tilefuse::Result<DistributedMatmul<'pg>> {
     let options = MatmulOptions {
         transpose_b: l.transpose_b,
         algorithm,
-        blocking: std::env::args().any(|a| a == "--blocking"),
+        blocking,
         ..MatmulOptions::default()
     };
     let mut mm = DistributedMatmul::new(pg, &l.a, &l.b, None, l.dists, options)?;
@@ -117,51 +118,46 @@ fn plan<'pg>(
     Ok(mm)
 }
 
-/// The command line: `[M N K] [--bench] [--blocking] [--only TEXT]`.
+/// matmul_plan's command line (each rank parses it).
+#[derive(clap::Parser)]
+#[command(
+    about = "Distributed matmul plans (plan once, execute, reset operands) for a few layers, fused and unfused, checked against NCCL + cuBLAS"
+)]
 struct Args {
-    mnk: [usize; 3],
+    /// M, N and K (all three, or none for the defaults).
+    #[arg(num_args = 3, value_names = ["M", "N", "K"])]
+    mnk: Vec<usize>,
+    /// Time the fused and unfused plans.
+    #[arg(long)]
     bench: bool,
+    /// Plans that synchronize after each execute (`MatmulOptions::blocking`).
+    #[arg(long)]
+    blocking: bool,
+    /// Only the layers whose name contains this text.
+    #[arg(long)]
     only: Option<String>,
 }
 
-fn parse_args() -> tilefuse::Result<Args> {
-    let bad = |message: String| tilefuse::Error::Argument {
-        context: "matmul_plan".into(),
-        arg: "command line".into(),
-        message: format!(
-            "{message}; usage: matmul_plan [M N K] [--bench] [--blocking] [--only TEXT]"
-        ),
-    };
-    let (mut nums, mut bench, mut only) = (Vec::new(), false, None);
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--bench" => bench = true,
-            "--blocking" => {} // read where the plans are made
-            "--only" => {
-                only = Some(
-                    it.next()
-                        .ok_or_else(|| bad("--only needs a layer name".into()))?,
-                )
-            }
-            _ => nums.push(
-                a.parse::<usize>()
-                    .map_err(|_| bad(format!("`{a}` is not a size")))?,
-            ),
+impl Args {
+    /// M, N and K: as given, or the defaults (smaller in interpret mode).
+    fn sizes(&self) -> [usize; 3] {
+        match self.mnk.as_slice() {
+            [m, n, k] => [*m, *n, *k],
+            // Interpret mode (no GPU): a size the CPU runs in a moment.
+            _ if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
+            _ => [4096, 6656, 16384],
         }
     }
-    let mnk = match nums.as_slice() {
-        [m, n, k] => [*m, *n, *k],
-        // Interpret mode (no GPU): a size the CPU runs in a moment.
-        [] if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
-        [] => [4096, 6656, 16384],
-        _ => return Err(bad(format!("{} sizes given, expected M N K", nums.len()))),
-    };
-    Ok(Args { mnk, bench, only })
 }
 
-fn run() -> tilefuse::Result<bool> {
-    let Args { mnk, bench, only } = parse_args()?;
+fn run(args: Args) -> tilefuse::Result<bool> {
+    let mnk = args.sizes();
+    let Args {
+        bench,
+        blocking,
+        only,
+        ..
+    } = args;
     let pg = ProcessGroup::init()?;
     let (r, w) = (pg.rank(), pg.world_size());
     if mnk.iter().any(|x| x % w != 0) {
@@ -185,8 +181,8 @@ fn run() -> tilefuse::Result<bool> {
         });
     }
     for l in layers {
-        let mut fused = plan(&pg, &l, Algorithm::Fused)?;
-        let mut unfused = plan(&pg, &l, Algorithm::Unfused)?;
+        let mut fused = plan(&pg, &l, Algorithm::Fused, blocking)?;
+        let mut unfused = plan(&pg, &l, Algorithm::Unfused, blocking)?;
         // Poisoned, so that elements a path leaves unwritten show.
         for mm in [&fused, &unfused] {
             mm.result().copy_from(&poisoned(mm.result().dims())?)?;
@@ -234,7 +230,7 @@ fn run() -> tilefuse::Result<bool> {
             let slowest = pg.max_over_ranks("bench-times", &t)?;
             let (f, u) = (slowest[0], slowest[1]);
             // Collective: every rank plans the Auto variant.
-            let auto = plan(&pg, &l, Algorithm::Auto)?.path();
+            let auto = plan(&pg, &l, Algorithm::Auto, blocking)?.path();
             let [m, n, k] = mnk;
             // Flops of the whole problem, per GPU.
             let shape = if l.dists[0] == Rows && l.dists[1] == Cols {
@@ -372,5 +368,8 @@ fn host_overhead(pg: &ProcessGroup) -> tilefuse::Result<()> {
 fn main() -> ExitCode {
     // Library messages on stderr, filtered by TILEFUSE_LOG (default: warnings).
     tilefuse::runtime::log::init();
-    exit_code(run())
+    match tilefuse_testkit::args::<Args>("matmul_plan") {
+        Ok(args) => exit_code(run(args)),
+        Err(code) => code,
+    }
 }
