@@ -348,6 +348,53 @@ impl Kernel {
         });
     }
 
+    /// The kernel with every `at` emptied: kernels that differ only in how
+    /// their parts were written (a parsed kernel and the macro's) compare equal.
+    pub fn without_at(&self) -> Kernel {
+        fn expr(e: &Expr) -> Expr {
+            let mut e = e.map_children(&mut expr);
+            match &mut e {
+                Expr::Load { at, .. }
+                | Expr::Addmm { at, .. }
+                | Expr::Binary { at, .. }
+                | Expr::Rand { at, .. }
+                | Expr::Reduce { at, .. }
+                | Expr::Compare { at, .. }
+                | Expr::Select { at, .. }
+                | Expr::IfConst { at, .. } => at.clear(),
+                _ => {}
+            }
+            e
+        }
+        fn stmts(list: &[Stmt]) -> Vec<Stmt> {
+            list.iter()
+                .map(|s| {
+                    let mapped: Result<Stmt, std::convert::Infallible> =
+                        s.try_map(&mut |e| Ok(expr(e)), &mut |b| Ok(stmts(b)));
+                    let mut s = match mapped {
+                        Ok(s) => s,
+                        Err(never) => match never {},
+                    };
+                    match &mut s {
+                        Stmt::Let { at, .. }
+                        | Stmt::Assign { at, .. }
+                        | Stmt::Store { at, .. }
+                        | Stmt::Atomic { at, .. }
+                        | Stmt::Wait { at, .. }
+                        | Stmt::Signal { at, .. }
+                        | Stmt::If { at, .. } => at.clear(),
+                        Stmt::Loop { .. } => {}
+                    }
+                    s
+                })
+                .collect()
+        }
+        Kernel {
+            body: stmts(&self.body),
+            ..self.clone()
+        }
+    }
+
     /// Whether tile dimension `d` is walked one index at a time (`each`).
     pub fn is_each(&self, d: DimId) -> bool {
         self.dims.get(d).is_some_and(|x| x.each)

@@ -15,6 +15,7 @@ pub mod error;
 pub mod fit;
 pub mod hash;
 pub mod ir;
+mod parse;
 pub mod plan;
 pub mod prims;
 mod print;
@@ -36,6 +37,7 @@ pub use emit::{
 pub use error::CodegenError;
 pub use fit::{fit_default, fit_whole_dims, group_rows};
 pub use ir::Kernel;
+pub use parse::ParseError;
 pub use plan::Planned;
 pub use space::{Axis, ConfigSpace};
 pub use spec::{ScalarKind, Spec, TensorSpec};
