@@ -2,6 +2,13 @@
 //! notation, with every name resolved (tensors, scalars, tiles and variables
 //! by name, the grid and loops as written), for golden tests and for reading
 //! what the macro built (`TILEFUSE_DUMP_DIR` writes it next to the CUDA C).
+//! [`Kernel::parse`] (`parse.rs`) reads it back: printing then parsing gives
+//! the same kernel, but for the `at` texts. Where the DSL's Rust reading would
+//! take the text for something else, the printer writes what reads back:
+//! a negative literal in parentheses (`(-1)`: `-1` is the negation of `1`), a
+//! method's receiver that begins with `-` or `!` in parentheses, a ranged
+//! loop's `until` on `(a..b)`, and a condition's value that reads as a
+//! condition in a block (`{ !flag }`).
 //!
 //! ```
 //! # use tilefuse_codegen::ir::*;
@@ -232,6 +239,12 @@ impl Printer<'_> {
                 let until = until
                     .as_ref()
                     .map_or(String::new(), |u| format!(".until({})", self.expr(u)));
+                // `a..b.until(e)` would call `until` on `b`.
+                let iter = if d.each && range.is_some() && !until.is_empty() {
+                    format!("({iter})")
+                } else {
+                    iter
+                };
                 let _ = writeln!(out, "{ind}for {} in {iter}{until} {{", d.name);
                 self.stmts(body, depth + 1, out);
                 let _ = writeln!(out, "{ind}}}");
@@ -261,6 +274,10 @@ impl Printer<'_> {
             Cond::Not(c) => format!("!({})", self.cond(c)),
             Cond::And(a, b) => format!("({} && {})", self.cond(a), self.cond(b)),
             Cond::Or(a, b) => format!("({} || {})", self.cond(a), self.cond(b)),
+            // A comparison or a `!` would read as the condition's own.
+            Cond::NonZero(e @ (Expr::Compare { .. } | Expr::Unary { op: UnOp::Not, .. })) => {
+                format!("{{ {} }}", self.expr(e))
+            }
             Cond::NonZero(e) => self.expr(e),
         }
     }
@@ -272,6 +289,17 @@ impl Printer<'_> {
 
     fn expr(&self, e: &Expr) -> String {
         self.expr_in(e, false)
+    }
+
+    /// `e` as the receiver of a method: `-x.sum(t)` would sum `x`, then negate.
+    fn receiver(&self, e: &Expr, bare: bool) -> String {
+        match e {
+            Expr::Unary {
+                op: UnOp::Neg | UnOp::Not,
+                ..
+            } => format!("({})", self.expr_in(e, bare)),
+            _ => self.expr_in(e, bare),
+        }
     }
 
     /// `e` as written; `bare`: tiles as their indices (inside an index).
@@ -295,10 +323,13 @@ impl Printer<'_> {
                 kind, seed, offset, ..
             } => format!("{}({}, {})", kind.name(), sub(seed), sub(offset)),
             Expr::Cast { arg, dtype } => match dtype {
-                Some(d) => format!("{}.cast::<{d}>()", sub(arg)),
-                None => format!("{}.cast()", sub(arg)),
+                Some(d) => format!("{}.cast::<{d}>()", self.receiver(arg, bare)),
+                None => format!("{}.cast()", self.receiver(arg, bare)),
             },
+            // `-1` reads as the negation of `1`: a negative literal in parentheses.
+            Expr::Int(v) if *v < 0 => format!("({v})"),
             Expr::Int(v) => v.to_string(),
+            Expr::Float(v) if v.is_sign_negative() && !v.is_nan() => format!("({v:?})"),
             Expr::Float(v) => format!("{v:?}"),
             Expr::Scalar(s) => self.k.scalars[*s].name.clone(),
             Expr::Const(c) => self.k.constexprs[*c].name.clone(),
@@ -308,7 +339,12 @@ impl Printer<'_> {
             Expr::TileIndex(d) if bare || self.k.is_each(*d) => self.dim_name(*d),
             Expr::TileIndex(d) => format!("{}.index()", self.dim_name(*d)),
             Expr::Reduce { op, arg, dim, .. } => {
-                format!("{}.{}({})", sub(arg), op.name(), self.dim_name(*dim))
+                format!(
+                    "{}.{}({})",
+                    self.receiver(arg, bare),
+                    op.name(),
+                    self.dim_name(*dim)
+                )
             }
             Expr::Compare { op, lhs, rhs, .. } => {
                 format!("({} {} {})", sub(lhs), op.symbol(), sub(rhs))
