@@ -2,7 +2,8 @@
 //! (gathers, offsets, jagged and nested loops, atomics, reductions anywhere,
 //! random numbers, integers and bits) lower, with the layouts, vector accesses
 //! and masks they need. NVRTC compiles these sources in `tests/nvrtc.rs` (with
-//! the macro's kernels); `TILEFUSE_DUMP_DIR` writes them out here too.
+//! the macro's kernels); `TILEFUSE_DUMP_DIR` writes them out here too. The
+//! kernels tested on their own are in `common/kernels.rs`, some as text.
 
 mod common;
 use common::*;
@@ -113,52 +114,6 @@ fn an_offset_and_a_gather_are_masked_by_the_tensor() {
     assert!(body.contains("% 8 == 0"), "{body}");
 }
 
-/// `for b in each(nb)`: a jagged sum of the rows `offsets[b]..offsets[b + 1]`.
-fn jagged_sum() -> Kernel {
-    let mut k = kernel("jagged_sum");
-    k.tensors = vec![
-        tensor("offsets", 1, Some(DType::I64)),
-        tensor("x", 2, Some(DType::F32)),
-        tensor("out", 2, Some(DType::F32)),
-    ];
-    k.scalars = vec![scalar("nb"), scalar("d")];
-    k.dims = vec![each_dim("b", Some(0)), dim("td", 1), range_dim("tr")];
-    k.grid = vec![0, 1];
-    k.vars = vec![var("acc", true)];
-    let b = || ti(0);
-    let begin = load_ix(0, vec![b()], "offsets[b]");
-    let end = load_ix(
-        0,
-        vec![bin(BinOp::Add, b(), Expr::Int(1), "b + 1")],
-        "offsets[b + 1]",
-    );
-    k.body = vec![
-        let_(0, zeros(&[1]), "let mut acc = zeros([td])"),
-        range_loop(
-            2,
-            begin,
-            end,
-            vec![assign(
-                0,
-                bin(
-                    BinOp::Add,
-                    Expr::Var(0),
-                    reduce(
-                        ReduceOp::Sum,
-                        load(1, &[2, 1], "x[(tr, td)]"),
-                        2,
-                        "x.sum(tr)",
-                    ),
-                    "acc + x.sum(tr)",
-                ),
-                "acc = acc + x[(tr, td)].sum(tr)",
-            )],
-        ),
-        store_ix(2, vec![b(), ti(1)], Expr::Var(0), "out[(b, td)] = acc"),
-    ];
-    k
-}
-
 #[test]
 fn a_jagged_loop_walks_bounds_the_program_loads() {
     let k = jagged_sum();
@@ -170,26 +125,6 @@ fn a_jagged_loop_walks_bounds_the_program_loads() {
     assert!(body.contains("t1_n0"), "{body}");
     // The sum along `tr` stays in each thread: the warps spread over `td`.
     assert!(!body.contains("__shfl_xor_sync"), "{body}");
-}
-
-/// A histogram: `atomic_add(counts[bins[ti]], 1)` from every program.
-fn histogram() -> Kernel {
-    let mut k = kernel("histogram");
-    k.tensors = vec![
-        tensor("bins", 1, Some(DType::I32)),
-        tensor("counts", 1, Some(DType::I32)),
-    ];
-    k.scalars = vec![scalar("n")];
-    k.dims = vec![dim("ti", 0)];
-    k.grid = vec![0];
-    k.body = vec![atomic(
-        AtomicOp::Add,
-        1,
-        vec![load(0, &[0], "bins[ti]")],
-        Expr::Int(1),
-        "atomic_add(counts[bins[ti]], 1)",
-    )];
-    k
 }
 
 #[test]
@@ -226,51 +161,6 @@ fn atomics_are_masked_and_done_once_per_element() {
     assert!(kernel_part(&l).contains("tf_u0_0"), "{}", kernel_part(&l));
 }
 
-/// A column sum `out[tn] = x[(tm, tn)].sum(tm)` over a loop of rows, and a
-/// whole-tensor sum into one scalar with an atomic.
-fn column_and_total_sums() -> Kernel {
-    let mut k = kernel("sums");
-    k.tensors = vec![
-        tensor("x", 2, Some(DType::BF16)),
-        tensor("cols", 1, Some(DType::F32)),
-        tensor("total", 1, Some(DType::F32)),
-    ];
-    k.scalars = vec![scalar("n"), scalar("m")];
-    k.dims = vec![dim("tn", 0), dim("tm", 1)];
-    k.grid = vec![0];
-    k.vars = vec![var("acc", true)];
-    k.body = vec![
-        let_(0, zeros(&[0]), "let mut acc = zeros([tn])"),
-        loop_(
-            1,
-            vec![assign(
-                0,
-                bin(
-                    BinOp::Add,
-                    Expr::Var(0),
-                    reduce(
-                        ReduceOp::Sum,
-                        cast(load(0, &[1, 0], "x[(tm, tn)]"), Some(DType::F32)),
-                        1,
-                        "x.sum(tm)",
-                    ),
-                    "+",
-                ),
-                "acc = acc + x[(tm, tn)].sum(tm)",
-            )],
-        ),
-        store(1, &[0], Expr::Var(0), "cols[tn] = acc"),
-        atomic(
-            AtomicOp::Add,
-            2,
-            vec![Expr::Int(0)],
-            reduce(ReduceOp::Sum, Expr::Var(0), 0, "acc.sum(tn)"),
-            "atomic_add(total[0], acc.sum(tn))",
-        ),
-    ];
-    k
-}
-
 #[test]
 fn reductions_along_any_tile() {
     let k = column_and_total_sums();
@@ -286,36 +176,6 @@ fn reductions_along_any_tile() {
     assert!(l.shared_bytes > 0);
 }
 
-/// Dropout: `out = select(rand(seed, i) >= p, x / (1 - p), 0)`.
-fn dropout() -> Kernel {
-    let mut k = kernel("dropout");
-    k.tensors = vec![
-        tensor("x", 1, Some(DType::BF16)),
-        tensor("out", 1, Some(DType::BF16)),
-    ];
-    k.scalars = vec![scalar("n"), scalar("seed"), scalar("p")];
-    k.dims = vec![dim("ti", 0)];
-    k.grid = vec![0];
-    let keep = cmp(
-        CmpOp::Ge,
-        rand(RandKind::Uniform, Expr::Scalar(1), ti(0)),
-        Expr::Scalar(2),
-    );
-    let scaled = bin(
-        BinOp::Div,
-        load(0, &[0], "x[ti]"),
-        bin(BinOp::Sub, Expr::Float(1.0), Expr::Scalar(2), "1 - p"),
-        "x / (1 - p)",
-    );
-    k.body = vec![store(
-        1,
-        &[0],
-        cast(select(keep, scaled, Expr::Float(0.0)), None),
-        "out[ti] = select(…).cast()",
-    )];
-    k
-}
-
 #[test]
 fn random_numbers_use_philox() {
     let k = dropout();
@@ -329,37 +189,6 @@ fn random_numbers_use_philox() {
     assert!(body.contains("tf_rand(s1, (unsigned int)("), "{body}");
 }
 
-/// Integer bits: `out = (x << 3) ^ (x >> 1) & 0xff` on u32, and a runtime if.
-fn bits() -> Kernel {
-    let mut k = kernel("bits");
-    k.tensors = vec![
-        tensor("x", 1, Some(DType::U32)),
-        tensor("out", 1, Some(DType::U32)),
-    ];
-    k.scalars = vec![scalar("n"), scalar("flip")];
-    k.dims = vec![dim("ti", 0)];
-    k.grid = vec![0];
-    let x = || load(0, &[0], "x[ti]");
-    let v = bin(
-        BinOp::BitXor,
-        bin(BinOp::Shl, x(), Expr::Int(3), "x << 3"),
-        bin(
-            BinOp::BitAnd,
-            bin(BinOp::Shr, x(), Expr::Int(1), "x >> 1"),
-            Expr::Int(255),
-            "& 0xff",
-        ),
-        "^",
-    );
-    k.body = vec![Stmt::If {
-        cond: Cond::NonZero(Expr::Scalar(1)),
-        then: vec![store(1, &[0], un(UnOp::Not, v.clone()), "out[ti] = !v")],
-        otherwise: vec![store(1, &[0], v, "out[ti] = v")],
-        at: "if flip != 0".into(),
-    }];
-    k
-}
-
 #[test]
 fn integers_keep_their_width_and_ifs_branch_at_run_time() {
     let k = bits();
@@ -371,54 +200,6 @@ fn integers_keep_their_width_and_ifs_branch_at_run_time() {
     );
     assert!(body.contains("if ((s1 != 0)) {"), "{body}");
     assert!(body.contains("(~"), "{body}");
-}
-
-/// A batched softmax over a grid of two tiles, `tile([b, m])`, the row in one block.
-fn batched_softmax() -> Kernel {
-    let mut k = kernel("batched_softmax");
-    k.tensors = vec![
-        tensor("x", 3, Some(DType::BF16)),
-        tensor("out", 3, Some(DType::BF16)),
-    ];
-    k.scalars = vec![scalar("b"), scalar("m"), scalar("n")];
-    k.dims = vec![dim("tb", 0), dim("tm", 1), dim("tn", 2)];
-    k.grid = vec![0, 1];
-    k.vars = vec![var("v", false), var("mx", false), var("e", false)];
-    let x = load(0, &[0, 1, 2], "x[(tb, tm, tn)]");
-    k.body = vec![loop_(
-        2,
-        vec![
-            let_(0, cast(x, Some(DType::F32)), "let v = …"),
-            let_(
-                1,
-                reduce(ReduceOp::Max, Expr::Var(0), 2, "v.max(tn)"),
-                "let mx = …",
-            ),
-            let_(
-                2,
-                un(
-                    UnOp::Exp,
-                    bin(BinOp::Sub, Expr::Var(0), Expr::Var(1), "v - mx"),
-                ),
-                "let e = exp(v - mx)",
-            ),
-            store(
-                1,
-                &[0, 1, 2],
-                cast(
-                    bin(
-                        BinOp::Div,
-                        Expr::Var(2),
-                        reduce(ReduceOp::Sum, Expr::Var(2), 2, "e.sum(tn)"),
-                        "e / e.sum(tn)",
-                    ),
-                    None,
-                ),
-                "out[(tb, tm, tn)] = (e / e.sum(tn)).cast()",
-            ),
-        ],
-    )];
-    k
 }
 
 #[test]

@@ -10,6 +10,9 @@ pub use tilefuse_codegen::ir::*;
 pub use tilefuse_codegen::spec::{ScalarKind, Spec, TensorSpec};
 pub use tilefuse_codegen::{check, default_config, lower, CodegenError, Lowered, Planned};
 
+mod kernels;
+pub use kernels::*;
+
 // ---------------------------------------------------------------- IR builders
 
 pub fn tensor(name: &str, rank: usize, declared: Option<DType>) -> TensorParam {
