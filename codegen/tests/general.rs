@@ -3,7 +3,8 @@
 //! random numbers, integers and bits) lower, with the layouts, vector accesses
 //! and masks they need. NVRTC compiles these sources in `tests/nvrtc.rs` (with
 //! the macro's kernels); `TILEFUSE_DUMP_DIR` writes them out here too. The
-//! kernels tested on their own are in `common/kernels.rs`, some as text.
+//! kernels built by name (`jagged_sum()`, …) are in `common/kernels.rs`, most
+//! as text.
 
 mod common;
 use common::*;

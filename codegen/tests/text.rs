@@ -45,8 +45,9 @@ fn assert_ats_filled(k: &Kernel) {
     });
 }
 
+/// The kernels of the lowering tests: built by hand (`matmul`, …) or from text.
 #[test]
-fn hand_built_kernels_round_trip() {
+fn the_tests_kernels_round_trip() {
     for k in [
         matmul(),
         matmul_with(DType::F16),

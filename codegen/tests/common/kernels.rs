@@ -56,53 +56,28 @@ pub fn dropout() -> Kernel {
 
 /// A histogram: `atomic_add(counts[bins[ti]], 1)` from every program.
 pub fn histogram() -> Kernel {
-    let mut k = Kernel::empty("histogram");
-    k.tensors = vec![
-        tensor("bins", 1, Some(DType::I32)),
-        tensor("counts", 1, Some(DType::I32)),
-    ];
-    k.scalars = vec![scalar("n")];
-    k.dims = vec![dim("ti", 0)];
-    k.grid = vec![0];
-    k.body = vec![atomic(
-        AtomicOp::Add,
-        1,
-        vec![load(0, &[0], "bins[ti]")],
-        Expr::Int(1),
-        "atomic_add(counts[bins[ti]], 1)",
-    )];
-    k
+    parse(
+        "kernel histogram(bins: Tensor<i32, 1>, counts: Tensor<i32, 1>; n) {
+           for ti in tile(n) {
+             atomic_add(counts[bins[ti]], 1);
+           }
+         }",
+    )
 }
 
 /// Integer bits: `out = (x << 3) ^ (x >> 1) & 0xff` on u32, and a runtime if.
 pub fn bits() -> Kernel {
-    let mut k = Kernel::empty("bits");
-    k.tensors = vec![
-        tensor("x", 1, Some(DType::U32)),
-        tensor("out", 1, Some(DType::U32)),
-    ];
-    k.scalars = vec![scalar("n"), scalar("flip")];
-    k.dims = vec![dim("ti", 0)];
-    k.grid = vec![0];
-    let x = || load(0, &[0], "x[ti]");
-    let v = bin(
-        BinOp::BitXor,
-        bin(BinOp::Shl, x(), Expr::Int(3), "x << 3"),
-        bin(
-            BinOp::BitAnd,
-            bin(BinOp::Shr, x(), Expr::Int(1), "x >> 1"),
-            Expr::Int(255),
-            "& 0xff",
-        ),
-        "^",
-    );
-    k.body = vec![Stmt::If {
-        cond: Cond::NonZero(Expr::Scalar(1)),
-        then: vec![store(1, &[0], un(UnOp::Not, v.clone()), "out[ti] = !v")],
-        otherwise: vec![store(1, &[0], v, "out[ti] = v")],
-        at: "if flip != 0".into(),
-    }];
-    k
+    parse(
+        "kernel bits(x: Tensor<u32, 1>, out: Tensor<u32, 1>; n, flip) {
+           for ti in tile(n) {
+             if flip {
+               out[ti] = !((x[ti] << 3) ^ (x[ti] >> 1) & 0xff);
+             } else {
+               out[ti] = (x[ti] << 3) ^ (x[ti] >> 1) & 0xff;
+             }
+           }
+         }",
+    )
 }
 
 /// A batched softmax over a grid of two tiles, `tile([b, m])`, the row in one block.
