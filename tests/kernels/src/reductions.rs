@@ -81,10 +81,10 @@ pub fn row_mean(x: &Tensor<bf16>, out: &Tensor<bf16>) {
 /// partial sum into the row's output with `atomic_add` (split-K style).
 /// The last chunk runs past the row's end, where loads read zero.
 ///
-/// The natural loop `for tn in tile(c * chunk..c * chunk + chunk)` with
-/// `x[(r, tn)]` does not compile with NVRTC (the vectorized load's alignment
-/// test names `tf_beg2`, which is never declared), so the chunk is walked
-/// as a tile of extent `chunk` at an offset.
+/// The chunk is walked as a tile of extent `chunk` at an offset rather than
+/// as `for tn in tile(c * chunk..c * chunk + chunk)` with `x[(r, tn)]` (which
+/// compiles too): a loop over a whole extent has a tile count the runtime
+/// knows at launch, so several programs may share it (`Config::split`).
 #[fused_kernel]
 pub fn long_row_sum(x: &Tensor<bf16>, out: &Tensor<f32>, chunk: usize) {
     let [m, n] = x.shape();
