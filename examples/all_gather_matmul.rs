@@ -169,13 +169,9 @@ fn config_json(s: &str) -> Result<Config, String> {
 
 impl Args {
     /// M, N and K: as given, or the defaults (smaller in interpret mode).
+    /// (Interpret mode: a size for the CPU, ragged against the blocks.)
     fn sizes(&self) -> [usize; 3] {
-        match self.mnk.as_slice() {
-            [m, n, k] => [*m, *n, *k],
-            // Interpret mode (no GPU): a size for the CPU, ragged against the blocks.
-            _ if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
-            _ => [4096, 6656, 16384],
-        }
+        tilefuse_testkit::sizes(&self.mnk, [4096, 6656, 16384], [240, 168, 136])
     }
 }
 

@@ -193,12 +193,7 @@ fn positive(s: &str) -> Result<usize, String> {
 
 fn run(args: Args) -> tilefuse::Result<bool> {
     let bench = args.bench;
-    let [m, n] = match args.mn.as_slice() {
-        [m, n] => [*m, *n],
-        // Interpret mode (no GPU): a size the CPU runs in a moment.
-        _ if tilefuse::runtime::mode::interpreting() => [37, 200],
-        _ => [1000, 3000],
-    };
+    let [m, n] = tilefuse_testkit::sizes(&args.mn, [1000, 3000], [37, 200]);
     let pg = ProcessGroup::init()?;
     let (rank, world) = (pg.rank(), pg.world_size());
     if world > MAX_WORLD {

@@ -85,13 +85,9 @@ fn positive(s: &str) -> Result<usize, String> {
 
 impl From<Cli> for Args {
     fn from(cli: Cli) -> Args {
-        let mnk = match cli.mnk.as_slice() {
-            [m, n, k] => [*m, *n, *k],
-            // Interpret mode (no GPU): a size the CPU runs in a moment, ragged
-            // against the block sizes.
-            _ if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
-            _ => [4096, 6656, 16384],
-        };
+        // Interpret mode: a size the CPU runs in a moment, ragged against
+        // the block sizes.
+        let mnk = tilefuse_testkit::sizes(&cli.mnk, [4096, 6656, 16384], [240, 168, 136]);
         let ops = match OPS.iter().find(|o| **o == cli.op) {
             Some(o) => vec![*o],
             None => OPS.to_vec(),

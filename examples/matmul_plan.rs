@@ -141,12 +141,7 @@ struct Args {
 impl Args {
     /// M, N and K: as given, or the defaults (smaller in interpret mode).
     fn sizes(&self) -> [usize; 3] {
-        match self.mnk.as_slice() {
-            [m, n, k] => [*m, *n, *k],
-            // Interpret mode (no GPU): a size the CPU runs in a moment.
-            _ if tilefuse::runtime::mode::interpreting() => [240, 168, 136],
-            _ => [4096, 6656, 16384],
-        }
+        tilefuse_testkit::sizes(&self.mnk, [4096, 6656, 16384], [240, 168, 136])
     }
 }
 

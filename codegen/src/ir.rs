@@ -353,16 +353,8 @@ impl Kernel {
     pub fn without_at(&self) -> Kernel {
         fn expr(e: &Expr) -> Expr {
             let mut e = e.map_children(&mut expr);
-            match &mut e {
-                Expr::Load { at, .. }
-                | Expr::Addmm { at, .. }
-                | Expr::Binary { at, .. }
-                | Expr::Rand { at, .. }
-                | Expr::Reduce { at, .. }
-                | Expr::Compare { at, .. }
-                | Expr::Select { at, .. }
-                | Expr::IfConst { at, .. } => at.clear(),
-                _ => {}
+            if let Some(at) = e.at_mut() {
+                at.clear();
             }
             e
         }
@@ -375,15 +367,8 @@ impl Kernel {
                         Ok(s) => s,
                         Err(never) => match never {},
                     };
-                    match &mut s {
-                        Stmt::Let { at, .. }
-                        | Stmt::Assign { at, .. }
-                        | Stmt::Store { at, .. }
-                        | Stmt::Atomic { at, .. }
-                        | Stmt::Wait { at, .. }
-                        | Stmt::Signal { at, .. }
-                        | Stmt::If { at, .. } => at.clear(),
-                        Stmt::Loop { .. } => {}
+                    if let Some(at) = s.at_mut() {
+                        at.clear();
                     }
                     s
                 })
@@ -603,6 +588,20 @@ impl Stmt {
         })
     }
 
+    /// The statement's source text, for those that carry one (not a loop).
+    pub fn at_mut(&mut self) -> Option<&mut Src> {
+        match self {
+            Stmt::Let { at, .. }
+            | Stmt::Assign { at, .. }
+            | Stmt::Store { at, .. }
+            | Stmt::Atomic { at, .. }
+            | Stmt::Wait { at, .. }
+            | Stmt::Signal { at, .. }
+            | Stmt::If { at, .. } => Some(at),
+            Stmt::Loop { .. } => None,
+        }
+    }
+
     /// Where the statement is in the source, for messages (a loop: a phrase).
     pub fn at_text(&self) -> &str {
         match self {
@@ -619,6 +618,36 @@ impl Stmt {
 }
 
 impl Expr {
+    /// The expression's source text, for those that carry one.
+    pub fn at(&self) -> Option<&Src> {
+        match self {
+            Expr::Load { at, .. }
+            | Expr::Addmm { at, .. }
+            | Expr::Binary { at, .. }
+            | Expr::Rand { at, .. }
+            | Expr::Reduce { at, .. }
+            | Expr::Compare { at, .. }
+            | Expr::Select { at, .. }
+            | Expr::IfConst { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+
+    /// [`Expr::at`], to change.
+    pub fn at_mut(&mut self) -> Option<&mut Src> {
+        match self {
+            Expr::Load { at, .. }
+            | Expr::Addmm { at, .. }
+            | Expr::Binary { at, .. }
+            | Expr::Rand { at, .. }
+            | Expr::Reduce { at, .. }
+            | Expr::Compare { at, .. }
+            | Expr::Select { at, .. }
+            | Expr::IfConst { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+
     /// The direct sub-expressions (a load's index components included).
     pub fn children(&self) -> Vec<&Expr> {
         match self {

@@ -31,15 +31,7 @@ fn assert_ats_filled(k: &Kernel) {
         }
     });
     k.walk_exprs(&mut |e| {
-        if let Expr::Load { at, .. }
-        | Expr::Addmm { at, .. }
-        | Expr::Binary { at, .. }
-        | Expr::Rand { at, .. }
-        | Expr::Reduce { at, .. }
-        | Expr::Compare { at, .. }
-        | Expr::Select { at, .. }
-        | Expr::IfConst { at, .. } = e
-        {
+        if let Some(at) = e.at() {
             assert!(!at.is_empty(), "{e:?}");
         }
     });

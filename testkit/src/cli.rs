@@ -63,6 +63,15 @@ pub const INTERPRET_MNK: [usize; 3] = [200, 168, 136];
 /// The default sizes of a row-kernel example in interpret mode.
 pub const INTERPRET_ROWS: [usize; 2] = [100, 1000];
 
+/// The sizes a command line gave (`given`, all `N` of them), else `default`,
+/// or in interpret mode `cpu` (with a line saying so).
+pub fn sizes<const N: usize>(given: &[usize], default: [usize; N], cpu: [usize; N]) -> [usize; N] {
+    match <[usize; N]>::try_from(given) {
+        Ok(s) => s,
+        Err(_) => default_sizes(default, cpu),
+    }
+}
+
 /// `default`, or in interpret mode `cpu` (with a line saying so).
 fn default_sizes<const N: usize>(default: [usize; N], cpu: [usize; N]) -> [usize; N] {
     if !tilefuse_runtime::mode::interpreting() {
