@@ -436,6 +436,9 @@ fn a_column_sum_shares_its_loop_among_programs() {
     assert!(start < end, "{body}");
     assert!(!body[start..end].contains("__syncthreads"), "{body}");
     assert!(!body[start..end].contains("__shfl"), "{body}");
+    // The rows of `x[(tm, tn)]` stay as the 16-byte loads brought them (bf16
+    // two to a register), though the value's first dimension is `tn`.
+    assert!(body.contains("unsigned int tf_l"), "{body}");
     // The shares meet before the store and the atomic after the loop.
     let meet = body.find("tf_last").unwrap_or(usize::MAX);
     assert!(meet < body.find("// cols[tn] = acc").unwrap_or(0), "{body}");

@@ -356,9 +356,14 @@ impl Gen<'_, '_> {
             }
         }
         // Runs along the value's last dimension are consecutive registers:
-        // they keep the raw words the vector loads bring.
+        // they keep the raw words the vector loads bring. A run along another
+        // of its dimensions (the columns of `x[(tm, tn)]` in a column program,
+        // whose grid tile `tn` comes first) is moved last: a value's
+        // registers may go in any order of its dimensions.
         if let Some((d, _, _)) = run {
-            if v.dims.last() == Some(&d) {
+            if let Some(i) = v.dims.iter().position(|&x| x == d) {
+                let d = v.dims.remove(i);
+                v.dims.push(d);
                 v.raw = Some(dtype);
             }
         }
