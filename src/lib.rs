@@ -90,7 +90,10 @@
 //! - reductions `x.sum(t)`, `x.max(t)`, `x.min(t)`, `x.prod(t)` along any tile of the
 //!   value (its in-bounds elements only), giving a tile without `t` that broadcasts
 //!   back (`exp(v - v.max(tn))`); accumulators carried across a loop's steps
-//!   (`acc = acc + x.sum(tn)`) sum a whole extent. Storing one block's reduction at
+//!   (`acc = acc + x.sum(tn)`) sum a whole extent (the tiles are added in
+//!   registers and reduced once after the loop; where a program's first loop only
+//!   accumulates and the grid is too small for the GPU, several programs share it
+//!   and add their parts in a fixed order: `Config::split`). Storing one block's reduction at
 //!   every step of the loop over that block, or one program's reduction over a grid
 //!   tile to a place every program shares, is a compile error that says what to write
 //!   instead (accumulate across the loop, or `atomic_add`);
