@@ -467,6 +467,41 @@ impl Cond {
     }
 }
 
+/// The variants of [`Stmt`] that carry their source text (all but loops),
+/// matched once for [`Stmt::at_mut`] and [`Stmt::at_text`].
+macro_rules! stmt_at {
+    ($s:expr) => {
+        match $s {
+            Stmt::Let { at, .. }
+            | Stmt::Assign { at, .. }
+            | Stmt::Store { at, .. }
+            | Stmt::Atomic { at, .. }
+            | Stmt::Wait { at, .. }
+            | Stmt::Signal { at, .. }
+            | Stmt::If { at, .. } => Some(at),
+            Stmt::Loop { .. } => None,
+        }
+    };
+}
+
+/// The variants of [`Expr`] that carry their source text, matched once for
+/// [`Expr::at`] and [`Expr::at_mut`].
+macro_rules! expr_at {
+    ($e:expr) => {
+        match $e {
+            Expr::Load { at, .. }
+            | Expr::Addmm { at, .. }
+            | Expr::Binary { at, .. }
+            | Expr::Rand { at, .. }
+            | Expr::Reduce { at, .. }
+            | Expr::Compare { at, .. }
+            | Expr::Select { at, .. }
+            | Expr::IfConst { at, .. } => Some(at),
+            _ => None,
+        }
+    };
+}
+
 impl Stmt {
     /// The statement's own expressions (not those of nested statements):
     /// values, indices, flag parts, loop bounds, a condition's operands.
@@ -590,62 +625,24 @@ impl Stmt {
 
     /// The statement's source text, for those that carry one (not a loop).
     pub fn at_mut(&mut self) -> Option<&mut Src> {
-        match self {
-            Stmt::Let { at, .. }
-            | Stmt::Assign { at, .. }
-            | Stmt::Store { at, .. }
-            | Stmt::Atomic { at, .. }
-            | Stmt::Wait { at, .. }
-            | Stmt::Signal { at, .. }
-            | Stmt::If { at, .. } => Some(at),
-            Stmt::Loop { .. } => None,
-        }
+        stmt_at!(self)
     }
 
     /// Where the statement is in the source, for messages (a loop: a phrase).
     pub fn at_text(&self) -> &str {
-        match self {
-            Stmt::Let { at, .. }
-            | Stmt::Assign { at, .. }
-            | Stmt::Store { at, .. }
-            | Stmt::Atomic { at, .. }
-            | Stmt::Wait { at, .. }
-            | Stmt::Signal { at, .. }
-            | Stmt::If { at, .. } => at,
-            Stmt::Loop { .. } => "a `tile()` loop",
-        }
+        stmt_at!(self).map_or("a `tile()` loop", |at| at.as_str())
     }
 }
 
 impl Expr {
     /// The expression's source text, for those that carry one.
     pub fn at(&self) -> Option<&Src> {
-        match self {
-            Expr::Load { at, .. }
-            | Expr::Addmm { at, .. }
-            | Expr::Binary { at, .. }
-            | Expr::Rand { at, .. }
-            | Expr::Reduce { at, .. }
-            | Expr::Compare { at, .. }
-            | Expr::Select { at, .. }
-            | Expr::IfConst { at, .. } => Some(at),
-            _ => None,
-        }
+        expr_at!(self)
     }
 
     /// [`Expr::at`], to change.
     pub fn at_mut(&mut self) -> Option<&mut Src> {
-        match self {
-            Expr::Load { at, .. }
-            | Expr::Addmm { at, .. }
-            | Expr::Binary { at, .. }
-            | Expr::Rand { at, .. }
-            | Expr::Reduce { at, .. }
-            | Expr::Compare { at, .. }
-            | Expr::Select { at, .. }
-            | Expr::IfConst { at, .. } => Some(at),
-            _ => None,
-        }
+        expr_at!(self)
     }
 
     /// The direct sub-expressions (a load's index components included).

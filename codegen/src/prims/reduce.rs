@@ -53,6 +53,22 @@ impl ReduceOp {
         &TABLE[self as usize]
     }
 
+    /// The binary operation that combines two partial results the same way
+    /// (`+` for a sum): what an accumulation `acc = acc ⊕ x` reduces by.
+    pub fn binary(self) -> super::BinOp {
+        match self {
+            ReduceOp::Sum => super::BinOp::Add,
+            ReduceOp::Prod => super::BinOp::Mul,
+            ReduceOp::Max => super::BinOp::Max,
+            ReduceOp::Min => super::BinOp::Min,
+        }
+    }
+
+    /// The reduction whose [`ReduceOp::binary`] is `op`, if any.
+    pub fn of_binary(op: super::BinOp) -> Option<ReduceOp> {
+        ReduceOp::ALL.iter().copied().find(|r| r.binary() == op)
+    }
+
     /// The DSL method (`x.sum(tn)`).
     pub fn name(self) -> &'static str {
         self.entry().name

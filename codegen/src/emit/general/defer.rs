@@ -47,10 +47,8 @@ fn deferrable(acc: VarId, value: &Expr, dim: DimId) -> Option<(ReduceOp, &Expr)>
     else {
         return None;
     };
-    let same = matches!(
-        (op, rop),
-        (BinOp::Add, ReduceOp::Sum) | (BinOp::Max, ReduceOp::Max) | (BinOp::Min, ReduceOp::Min)
-    );
+    // Products stay as written (nothing has needed them deferred).
+    let same = rop.binary() == *op && *rop != ReduceOp::Prod;
     (same && *d == dim && !reads(arg, acc)).then_some((*rop, red))
 }
 
@@ -180,11 +178,7 @@ impl Gen<'_, '_> {
                 return Err(self.unsupported(&at, format!("`{name}` has no value")));
             };
             let value = Expr::Binary {
-                op: match d.op {
-                    ReduceOp::Max => BinOp::Max,
-                    ReduceOp::Min => BinOp::Min,
-                    _ => BinOp::Add,
-                },
+                op: d.op.binary(),
                 lhs: Box::new(Expr::Var(d.acc)),
                 rhs: Box::new(d.reduce.clone()),
                 at: at.clone(),

@@ -15,7 +15,7 @@
 use super::{Gen, Val};
 use crate::dtype::{CTy, DType};
 use crate::error::CodegenError;
-use crate::ir::{BinOp, DimId, Expr, Kernel, ReduceOp, Stmt, VarId};
+use crate::ir::{DimId, Expr, Kernel, ReduceOp, Stmt, VarId};
 
 /// A program's first tile loop, when its programs can share it.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,13 +112,7 @@ fn accumulation(acc: VarId, value: &Expr) -> Option<(ReduceOp, Vec<&Expr>)> {
     let is_acc = |e: &Expr| matches!(e, Expr::Var(v) if *v == acc);
     match value {
         Expr::Binary { op, lhs, rhs, .. } => {
-            let op = match op {
-                BinOp::Add => ReduceOp::Sum,
-                BinOp::Mul => ReduceOp::Prod,
-                BinOp::Max => ReduceOp::Max,
-                BinOp::Min => ReduceOp::Min,
-                _ => return None,
-            };
+            let op = ReduceOp::of_binary(*op)?;
             match (is_acc(lhs), is_acc(rhs)) {
                 (true, false) => Some((op, vec![&**rhs])),
                 (false, true) => Some((op, vec![&**lhs])),
@@ -133,13 +127,7 @@ fn accumulation(acc: VarId, value: &Expr) -> Option<(ReduceOp, Vec<&Expr>)> {
 /// The C of `op` combining two values of type `t`: the binary operation the
 /// loop accumulates with (`fmaxf` for a float `max`, as the loop did).
 fn combine_c(op: ReduceOp, t: CTy, a: &str, b: &str) -> String {
-    let bin = match op {
-        ReduceOp::Sum => BinOp::Add,
-        ReduceOp::Prod => BinOp::Mul,
-        ReduceOp::Max => BinOp::Max,
-        ReduceOp::Min => BinOp::Min,
-    };
-    let e = bin.entry();
+    let e = op.binary().entry();
     let template = if t == CTy::F32 { e.cuda } else { e.cuda_int };
     template.replace("{a}", a).replace("{b}", b)
 }
