@@ -485,9 +485,10 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
     }
 }
 
-/// A `wait` inside the K loop keeps the GEMM on its fast paths: the Hopper
-/// producer tests it before each k-tile's loads (a compare while the range is
-/// the one that passed last), the portable mainloop before each k-tile's
+/// A `wait` inside the K loop keeps the GEMM on its fast paths: on Hopper a
+/// second producer warp tests it (a lane per k-tile) and the issuing thread
+/// reads how far the k-tiles are ready before each k-tile's loads; the
+/// portable mainloop tests it before each k-tile's
 /// `cp.async`s; a branch on a `#[constexpr]` around it does not change the
 /// kernel's shape, so the unspecialized default config is the GEMM's.
 #[test]
@@ -505,10 +506,17 @@ fn a_wait_inside_the_k_loop_stays_on_the_gemm_paths() {
     let l = def.lower(&spec, &hopper).expect("wgmma lowering");
     assert_eq!(l.path, "gemm/wgmma");
     let producer = &l.source[l.source.find("for (int kt = kt_lo").expect("producer loop")..];
-    let test = producer
-        .find("tf_wait_flag_at")
-        .expect("a wait in the producer's loop");
-    assert!(test < producer.find("tf_tma_2d(").expect("the A load"));
+    let ready = producer
+        .find("tf_ld_acquire_cta(&tf_kready)")
+        .expect("the issuer reads the waiter's count");
+    assert!(ready < producer.find("tf_tma_2d(").expect("the A load"));
+    let waiter = &l.source[l.source.find("warp == 1").expect("the waiter warp")..];
+    let test = waiter.find("tf_wait_flag_at").expect("the waiter's test");
+    assert!(
+        test < waiter
+            .find("tf_st_release_cta(&tf_kready")
+            .expect("its publication")
+    );
     // Chunks of rows: no wait in the loop.
     spec.constexprs = vec![0];
     let rows = def.lower(&spec, &hopper).expect("wgmma lowering");

@@ -42,6 +42,33 @@ fn rank_main() -> Result<(), String> {
         }
         return Err("50 all-gathers passed with a dead rank".into());
     }
+    if std::env::args().any(|a| a == "--fault-nccl") {
+        // Rank 1 dies after joining NCCL; the others' all-reduce never completes.
+        // Their bounded synchronize must abort the communicator, and dropping the
+        // group afterwards must not free it again (it did once: a double free).
+        // They ignore the launcher's SIGTERM to show the wait ends on its own.
+        if rank != 1 {
+            // SAFETY: sets a signal disposition; no handler code runs.
+            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        }
+        let nccl = pg.nccl().map_err(e)?;
+        pg.barrier("nccl-joined").map_err(e)?;
+        if rank == 1 {
+            std::process::exit(3);
+        }
+        let x = Tensor::<f32>::from_slice(&vec![1.0; 1 << 20], [1 << 20]).map_err(e)?;
+        let y = Tensor::<f32>::empty([1 << 20]).map_err(e)?;
+        let outcome = nccl
+            .all_reduce(&x, &y)
+            .and_then(|()| pg.synchronize("an NCCL all-reduce"));
+        let Err(err) = outcome else {
+            return Err("an all-reduce passed with a dead rank".into());
+        };
+        drop((x, y, nccl));
+        drop(pg);
+        println!("rank {rank}: the group was dropped after: {err}");
+        return Err(format!("expected failure: {err}"));
+    }
     if std::env::args().any(|a| a == "--fault") {
         // Rank 1 dies; rank 0 must not hang: the launcher stops it, or its barrier
         // times out naming rank 1.
@@ -213,6 +240,37 @@ fn main() -> ExitCode {
         {
             eprintln!(
                 "dist_gpu: a rank dead mid-all-gather was not handled within bounds:\n{o}\n{err}"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    if gpus >= 2 {
+        // A rank dies after joining NCCL: the survivors' synchronize times out
+        // (5 s), aborts the communicator, and the group drops cleanly.
+        let t = Instant::now();
+        let out = run_with(&["--grace-period-s", "60"], &["--fault-nccl"], "5");
+        let (o, err) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let took = t.elapsed();
+        println!(
+            "dist_gpu fault-nccl run ({:.1} s): {}",
+            took.as_secs_f64(),
+            err.trim()
+        );
+        let survivors_dropped = (0..gpus).filter(|&r| r != 1).all(|r| {
+            err.contains(&format!("[rank{r}]: FAILED: "))
+                && o.contains(&format!("rank {r}: the group was dropped after: "))
+        });
+        if out.status.success()
+            || !survivors_dropped
+            || err.contains("SIGSEGV")
+            || err.contains("SIGABRT")
+            || took > Duration::from_secs(45)
+        {
+            eprintln!(
+                "dist_gpu: a rank dead in an NCCL collective was not handled within bounds:\n{o}\n{err}"
             );
             return ExitCode::FAILURE;
         }

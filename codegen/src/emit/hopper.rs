@@ -6,6 +6,13 @@ use crate::dtype::DType;
 
 pub const HELPERS: &str = r#"
 struct __align__(64) tf_tmap { tf_u64 v[16]; };
+// A word one warp of the block publishes to another (the GEMM's flag waiter).
+__device__ __forceinline__ int tf_ld_acquire_cta(const int* p) {
+  int v; asm volatile("ld.acquire.cta.shared.b32 %0, [%1];" : "=r"(v) : "r"((tf_u32)__cvta_generic_to_shared(p)) : "memory"); return v;
+}
+__device__ __forceinline__ void tf_st_release_cta(int* p, int v) {
+  asm volatile("st.release.cta.shared.b32 [%0], %1;" :: "r"((tf_u32)__cvta_generic_to_shared(p)), "r"(v) : "memory");
+}
 __device__ __forceinline__ void tf_mbar_init(tf_u32 bar, tf_u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }

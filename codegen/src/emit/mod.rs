@@ -661,6 +661,10 @@ impl<'a> Emitter<'a> {
             } = &p;
             let hi = p.end.clone().unwrap_or_else(|| "tf_lo + 1".into());
             let dk = g.k;
+            let after = match after {
+                "" => String::new(),
+                a => format!("{indent}    {a}\n"),
+            };
             let _ = writeln!(
                 decls,
                 // 32 bits of each end: a flag tensor holds fewer than 2^31 flags,
@@ -676,7 +680,7 @@ impl<'a> Emitter<'a> {
                  {indent}    for (long long tf_i = tf_lo; tf_i < tf_hi && !{failed}; ++tf_i)\n\
                  {indent}      {failed} = !tf_wait_flag_at({flags}, tf_i, {value}, tf_timeout_ns, tf_st, {site});\n\
                  {indent}    tf_kw{n}_lo = (int)tf_lo; tf_kw{n}_hi = (int)tf_hi;\n\
-                 {indent}    {after}\n\
+                 {after}\
                  {indent}  }}\n\
                  {indent}}}\n"
             );

@@ -247,6 +247,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     } else {
         "__syncthreads();"
     };
+    let k_waiter = !g.k_waits(e.k).is_empty();
     let _ = write!(
         e.out,
         r#"  extern __shared__ __align__(1024) unsigned char tf_smem[];
@@ -269,8 +270,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
   // Set by the producer when a `wait` timed out (the status block says which): it
   // stops waiting, the consumers stop storing, and the kernel ends.
   __shared__ volatile int tf_failed;
-  if (tid == 0) {{
-    tf_failed = 0;
+{kready_decl}  if (tid == 0) {{
+    tf_failed = 0;{kready_init}
     tf_mbar_init(tf_done(), {consumer_warps_here});
     for (int s = 0; s < {stages}; ++s) {{
       tf_mbar_init(tf_full + s * 8, 1);
@@ -286,6 +287,8 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         bar_bytes = stages * 8,
         consumer_warps = 4 * sharers * cl,
         consumer_warps_here = 4 * consumers,
+        kready_decl = if k_waiter { KFlags::DECL } else { "" },
+        kready_init = if k_waiter { KFlags::INIT } else { "" },
     );
     // The producer runs the block-level statements before the K loop (scalar lets,
     // `wait`s) per tile, before it issues the tile's loads; consumers are gated by
@@ -311,15 +314,12 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
         }
     }
     let producer_lets = std::mem::replace(&mut e.out, kernel_so_far);
-    // `wait`s inside the K loop: the producer tests them before each k-tile's loads.
-    let (k_wait_decls, k_waits) = e.k_wait_code(
-        g,
-        "kt",
-        bk,
-        "        ",
-        "tf_failed",
-        "asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");",
-    )?;
+    // `wait`s inside the K loop: a second producer warp tests them, a lane per
+    // k-tile, and publishes in `tf_kready` how many k-steps may load; the issuing
+    // thread reads that word. Tested by the issuer itself, the range arithmetic
+    // (divisions) of every k-tile outlasted the k-tile's MMAs at small M.
+    let (k_wait_decls, k_waits) = e.k_wait_code(g, "kt", bk, "          ", "tf_kf", "")?;
+    let k_flags = KFlags::new(&k_waits);
     let acquire = if waits.is_empty() {
         String::new()
     } else {
@@ -382,9 +382,9 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
     // Producer warpgroup: one thread issues the loads.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 {minreg};");
     if (tid == 0) {{
-      int it = 0;
-{producer_units}{tile}{producer_lets}{acquire}{k_wait_decls}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
-{k_waits}        const int s = it % {stages};
+      int it = 0;{seen}
+{producer_units}{tile}{producer_lets}{acquire}      for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {{
+{k_ready}        const int s = it % {stages};
         if (it >= {stages}) tf_mbar_wait(tf_empty + s * 8, ((it / {stages}) & 1) ^ 1);
         tf_mbar_expect_tx(tf_full + s * 8, {stage_bytes}u);
         tf_tma_2d(sA + s * {a_stage}u, &tf_map_a, kt * {bk}, (int)tb{dm}, tf_full + s * 8);
@@ -392,7 +392,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
       }} while (tf_it < tf_end);
       }}
       tf_mbar_wait(tf_done(), 0);  // the consumers finished: bounded, see tf_mbar_spin
-    }}
+    }}{waiter}
   }} else {{
     asm volatile("setmaxnreg.inc.sync.aligned.u32 {maxreg};");
 {owner}    const int wg = (warp - 4) >> 2;
@@ -400,6 +400,14 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
 {consumer_units}{take}{tile}    float acc[{mi}][{ni}][4];
 "#,
         producer_units = indent(&units, 6),
+        seen = k_flags.seen,
+        k_ready = k_flags.ready,
+        waiter = k_flags.waiter(
+            &indent(&units, 6),
+            &format!("{tile}      (void)tb{dm}; (void)tb{dn};  // the waits may read neither\n"),
+            &producer_lets,
+            &k_wait_decls
+        ),
         consumer_units = indent(&units, 4),
         stage_bytes = a_stage + b_stage,
         minreg = 56,
@@ -582,4 +590,72 @@ const PP_LAST_TURN: &str = "    if (tf_seg > 0 && (tf_seg & 1) == wg) asm volati
 fn indent(text: &str, n: usize) -> String {
     let pad = " ".repeat(n);
     text.lines().map(|l| format!("{pad}{l}\n")).collect()
+}
+
+/// The K loop's `wait`s, off the issuing thread: warp 1 of the producer
+/// warpgroup walks the same work units, each lane testing one k-tile's flags,
+/// 32 k-tiles a round, and publishes the count of k-steps (`it`, over all of the
+/// block's units) whose flags passed. The issuer waits on that count only when
+/// it catches up with the last one it read; a timed-out wait sets `tf_failed`
+/// and publishes every k-step, so neither spin outlives the flags' timeout.
+/// Empty strings where the loop waits on nothing.
+struct KFlags<'a> {
+    /// The lanes' tests of k-tile `kt` (setting `tf_kf`).
+    tests: &'a str,
+    seen: &'static str,
+    ready: &'static str,
+}
+
+impl<'a> KFlags<'a> {
+    /// The published count, declared and zeroed with the block's barriers.
+    const DECL: &'static str =
+        "  __shared__ int tf_kready;  // k-steps whose flags passed (see the waiter warp)\n";
+    const INIT: &'static str = "\n    tf_kready = 0;";
+
+    fn new(tests: &'a str) -> KFlags<'a> {
+        if tests.is_empty() {
+            return KFlags {
+                tests,
+                seen: "",
+                ready: "",
+            };
+        }
+        KFlags {
+            tests,
+            seen: "\n      int tf_seen = 0;  // the last count read from tf_kready",
+            // The TMA unit reads through the async proxy: fence after the
+            // acquire that ordered the flags' data before these loads.
+            ready: "        if (it >= tf_seen) {\n          int r;\n          while ((r = tf_ld_acquire_cta(&tf_kready)) <= it) tf_nanosleep(32);\n          tf_seen = r;\n          asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");\n        }\n",
+        }
+    }
+
+    /// Warp 1's branch: `units` and `tile` walk the work as the issuer does,
+    /// `lets` are the scalar lets the waits may read, `decls` the lanes' caches.
+    fn waiter(&self, units: &str, tile: &str, lets: &str, decls: &str) -> String {
+        if self.tests.is_empty() {
+            return String::new();
+        }
+        format!(
+            r#" else if (warp == 1) {{
+      // The flag waiter (see `tf_kready`).
+      int it = 0;
+{units}{tile}{lets}{decls}      for (int kt0 = kt_lo; kt0 < kt_hi; kt0 += 32) {{
+        const int kt = kt0 + lane, tf_n = tf_min_i(32, kt_hi - kt0);
+        int tf_kf = tf_failed;
+        if (kt < kt_hi) {{
+{tests}        }}
+        // Every lane's flags were acquired before lane 0 publishes them.
+        tf_kf = __any_sync(0xffffffffu, tf_kf);
+        if (lane == 0) {{
+          if (tf_kf) tf_failed = 1;
+          tf_st_release_cta(&tf_kready, tf_kf ? 0x7fffffff : it + tf_n);
+        }}
+        it += tf_n;
+      }}
+      }} while (tf_it < tf_end);
+      }}
+    }}"#,
+            tests = self.tests,
+        )
+    }
 }
