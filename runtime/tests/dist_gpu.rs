@@ -52,12 +52,17 @@ fn rank_main() -> Result<(), String> {
             unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
         }
         let nccl = pg.nccl().map_err(e)?;
-        pg.barrier("nccl-joined").map_err(e)?;
+        let x = Tensor::<f32>::from_slice(&vec![1.0; 1 << 20], [1 << 20]).map_err(e)?;
+        let y = Tensor::<f32>::empty([1 << 20]).map_err(e)?;
+        // One all-reduce with everyone: NCCL connects its peers on a
+        // communicator's first collective, and a connect to a dead rank blocks
+        // inside NCCL's enqueue (unbounded until NCCL runs non-blocking).
+        nccl.all_reduce(&x, &y).map_err(e)?;
+        pg.synchronize("the first NCCL all-reduce").map_err(e)?;
+        pg.barrier("nccl-connected").map_err(e)?;
         if rank == 1 {
             std::process::exit(3);
         }
-        let x = Tensor::<f32>::from_slice(&vec![1.0; 1 << 20], [1 << 20]).map_err(e)?;
-        let y = Tensor::<f32>::empty([1 << 20]).map_err(e)?;
         let outcome = nccl
             .all_reduce(&x, &y)
             .and_then(|()| pg.synchronize("an NCCL all-reduce"));

@@ -6,9 +6,9 @@
 //! tile for the chunks its rows need. Along rows the tile order starts at this
 //! rank's own rows (there first); along columns every tile needs every rank's
 //! columns of its rows, so the chunks are rows of all ranks at once, in order.
-//! A GEMM of about one wave ([`super::chunks_along_k`]) starts every tile at
-//! once, so A's rows are pulled in bands of columns instead (band 0 of every
-//! peer first), and each tile waits per k-tile, inside its K loop.
+//! A GEMM of few waves ([`super::chunks_along_k`]) starts most tiles at once,
+//! so A's rows are pulled in bands of columns instead (band 0 of every peer
+//! first), and each tile waits per k-tile, inside its K loop.
 
 use super::check::{self, arg};
 use super::epilogue::{gemm, Epilogue, Gemm, Wait};
