@@ -219,23 +219,6 @@ pub fn chunks_along_k(m: usize, n: usize, sms: usize) -> bool {
     m.div_ceil(128) * n.div_ceil(256) < 4 * sms.max(1)
 }
 
-#[cfg(test)]
-mod tests {
-    /// The measured shapes on an H200's 132 SMs fall where they ran faster.
-    #[test]
-    fn bands_of_columns_below_four_waves() {
-        for (m, cols) in [
-            (512, true),
-            (1024, true),
-            (2048, true),
-            (4096, false),
-            (8192, false),
-        ] {
-            assert_eq!(super::chunks_along_k(m, 6656, 132), cols, "{m} rows");
-        }
-    }
-}
-
 /// Runs a call on the path `opts` asks for (timing both first for `Auto`),
 /// then ends it as `async_op` asks: with `false`, this rank's GPU work is done
 /// and every rank got this far.
@@ -264,5 +247,22 @@ fn with_gemm_config<R>(
     match config {
         Some(c) => def.with_config(c.clone(), f),
         None => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The measured shapes on an H200's 132 SMs fall where they ran faster.
+    #[test]
+    fn bands_of_columns_below_four_waves() {
+        for (m, cols) in [
+            (512, true),
+            (1024, true),
+            (2048, true),
+            (4096, false),
+            (8192, false),
+        ] {
+            assert_eq!(super::chunks_along_k(m, 6656, 132), cols, "{m} rows");
+        }
     }
 }
