@@ -32,7 +32,7 @@ fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
 }
 
 fn nan(dtype: DType, shape: &[usize]) -> HostTensor {
-    HostTensor::filled(dtype, shape, f64::NAN)
+    HostTensor::filled(dtype, shape, f64::NAN).expect("a test-sized tensor")
 }
 
 #[test]

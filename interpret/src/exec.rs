@@ -270,10 +270,19 @@ pub fn run_with(
             _ => 0,
         })
         .collect();
+    // As many programs as a GPU launch may have, or the launch's refusal.
     let total = counts
         .iter()
-        .try_fold(1usize, |acc, &c| acc.checked_mul(c.max(0) as usize))
-        .ok_or_else(|| arg("(grid)", format!("{counts:?} programs overflow")))?;
+        .try_fold(1u64, |acc, &c| acc.checked_mul(c.max(0) as u64))
+        .filter(|&n| n <= tilefuse_codegen::MAX_PROGRAMS)
+        .ok_or_else(|| {
+            arg(
+                "(grid)",
+                format!(
+                    "{counts:?} tiles make more programs than a launch may have; use larger blocks"
+                ),
+            )
+        })? as usize;
     let threads = match options.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,

@@ -78,7 +78,7 @@
 //!     }],
 //! });
 //! let x = HostTensor::from_f64(DType::F32, &[10], (0..10).map(f64::from).collect()).unwrap();
-//! let out = HostTensor::filled(DType::F32, &[10], f64::NAN);
+//! let out = HostTensor::filled(DType::F32, &[10], f64::NAN).unwrap();
 //! let tensors = [x, out];
 //! run(&k, &Config::new(&[4]), &[], &tensors, &[Scalar::Int(10)]).unwrap();
 //! assert_eq!(tensors[1].get(&[9]), Some(18.0));

@@ -20,12 +20,36 @@ pub struct HostTensor {
     mem: Arc<HostMemory>,
 }
 
+/// Row-major strides of `shape`, whose element count [`elements`] checked.
 fn contiguous(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![1isize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1].max(1) as isize;
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1].max(1) as isize);
     }
     strides
+}
+
+/// The elements of `shape`, if they and their bytes of `dtype` fit an
+/// `isize` (what an allocation and every stride must fit), with every
+/// dimension counted at least once (an empty tensor's strides too).
+fn elements(dtype: DType, shape: &[usize]) -> Result<usize, InterpretError> {
+    let fits = |n: Option<usize>| {
+        n.filter(|&n| {
+            n.checked_mul(dtype.size())
+                .is_some_and(|b| b <= isize::MAX as usize)
+        })
+    };
+    let all = shape
+        .iter()
+        .try_fold(1usize, |n, &d| fits(n.checked_mul(d.max(1))));
+    match all {
+        Some(_) => Ok(shape.iter().product()),
+        None => Err(InterpretError::Argument {
+            kernel: "(host tensor)".into(),
+            arg: "shape".into(),
+            message: format!("{shape:?} of {dtype} holds more bytes than an allocation can"),
+        }),
+    }
 }
 
 impl HostTensor {
@@ -63,7 +87,7 @@ impl HostTensor {
 
     /// A zeroed tensor of `shape`, which must hold `len` elements.
     fn sized(dtype: DType, shape: &[usize], len: usize) -> Result<HostTensor, InterpretError> {
-        let want: usize = shape.iter().product();
+        let want = elements(dtype, shape)?;
         if len != want {
             return Err(InterpretError::Argument {
                 kernel: "(host tensor)".into(),
@@ -71,30 +95,31 @@ impl HostTensor {
                 message: format!("{len} values for shape {shape:?}, which holds {want}"),
             });
         }
-        Ok(HostTensor::zeroed(dtype, shape))
+        HostTensor::zeroed(dtype, shape)
     }
 
     /// A new tensor of `shape` with every element `value`, converted as
     /// [`HostTensor::from_f64`] does (NaN poisons a float tensor, so unwritten
-    /// elements show).
-    pub fn filled(dtype: DType, shape: &[usize], value: f64) -> HostTensor {
-        let t = HostTensor::zeroed(dtype, shape);
+    /// elements show). An error if the shape holds more than memory can.
+    pub fn filled(dtype: DType, shape: &[usize], value: f64) -> Result<HostTensor, InterpretError> {
+        let t = HostTensor::zeroed(dtype, shape)?;
         let v = from_f64(dtype, value);
         for i in 0..t.numel() {
             t.mem.store(dtype, i, v);
         }
-        t
+        Ok(t)
     }
 
-    fn zeroed(dtype: DType, shape: &[usize]) -> HostTensor {
-        let n: usize = shape.iter().product();
-        HostTensor {
+    fn zeroed(dtype: DType, shape: &[usize]) -> Result<HostTensor, InterpretError> {
+        let n = elements(dtype, shape)?;
+        Ok(HostTensor {
             dtype,
             shape: shape.to_vec(),
             strides: contiguous(shape),
             offset: 0,
+            // Below isize::MAX bytes: checked by `elements`.
             mem: HostMemory::zeroed(n * dtype.size()),
-        }
+        })
     }
 
     /// A view of `mem`: `shape` and `strides` in elements of `dtype`, from

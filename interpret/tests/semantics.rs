@@ -186,7 +186,7 @@ fn a_gather_reads_the_rows_its_indices_name_and_zeros_outside() {
     let t = [
         f32s(&[5, 3], &w),
         ints(DType::I64, &[5], &[4, 0, 2, 7, -1]),
-        HostTensor::filled(DType::F32, &[5, 3], f64::NAN),
+        HostTensor::filled(DType::F32, &[5, 3], f64::NAN).unwrap(),
     ];
     run(
         &k,
@@ -227,7 +227,7 @@ fn an_offset_load_reads_zeros_past_the_end() {
     let x: Vec<f64> = (1..=10).map(f64::from).collect();
     let t = [
         f32s(&[10], &x),
-        HostTensor::filled(DType::F32, &[10], f64::NAN),
+        HostTensor::filled(DType::F32, &[10], f64::NAN).unwrap(),
     ];
     run(&k, &Config::new(&[4]), &[], &t, &[Scalar::Int(10)]).unwrap();
     assert_eq!(
@@ -271,8 +271,8 @@ fn a_scalar_load_broadcasts() {
     let t = [
         f32s(&[6], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
         f32s(&[3], &[10.0, 100.0, 3.0]),
-        HostTensor::filled(DType::F32, &[6], f64::NAN),
-        HostTensor::filled(DType::F32, &[6], f64::NAN),
+        HostTensor::filled(DType::F32, &[6], f64::NAN).unwrap(),
+        HostTensor::filled(DType::F32, &[6], f64::NAN).unwrap(),
     ];
     let s = [Scalar::Int(6), Scalar::Int(2), Scalar::Int(3)];
     run(&k, &Config::new(&[4]), &[], &t, &s).unwrap();
@@ -342,7 +342,7 @@ fn a_range_loop_walks_tiles_from_its_begin_clipped_at_its_end() {
     let t = [
         f32s(&[8], &x),
         ints(DType::I32, &[4], &[0, 3, 3, 8]),
-        HostTensor::filled(DType::F32, &[3], f64::NAN),
+        HostTensor::filled(DType::F32, &[3], f64::NAN).unwrap(),
         ints(DType::I64, &[3], &[-1, -1, -1]),
     ];
     run(&k, &Config::new(&[1, 2]), &[], &t, &[Scalar::Int(3)]).unwrap();
@@ -448,7 +448,7 @@ fn atomics_from_many_programs_on_many_threads_lose_nothing() {
         ints(DType::I32, &[n], &vals),
         ints(DType::I32, &[8], &[0; 8]),
         f32s(&[8], &[0.0; 8]),
-        HostTensor::filled(DType::BF16, &[8], 0.0),
+        HostTensor::filled(DType::BF16, &[8], 0.0).unwrap(),
         ints(DType::I32, &[8], &[-5; 8]),
     ];
     let options = Options {
@@ -648,7 +648,7 @@ fn casts_saturate_into_integers_and_round_into_bf16() {
     let t = [
         f32s(&[8], &x),
         ints(DType::U8, &[8], &[1; 8]),
-        HostTensor::filled(DType::BF16, &[8], 0.0),
+        HostTensor::filled(DType::BF16, &[8], 0.0).unwrap(),
     ];
     run(&k, &Config::new(&[4]), &[], &t, &[Scalar::Int(8)]).unwrap();
     assert_eq!(t[1].values_i64(), [0, 0, 255, 255, 0, 1, 1, 77]);
@@ -826,7 +826,7 @@ fn addmm_is_exact_on_small_integers_on_both_paths() {
         let t = [
             ints(DType::BF16, &[m, kk], &av),
             ints(DType::BF16, &[kk, n], &bv),
-            HostTensor::filled(DType::F32, &[m, n], f64::NAN),
+            HostTensor::filled(DType::F32, &[m, n], f64::NAN).unwrap(),
         ];
         let cfg = Config::new(&[16, 16, 16]).num_warps(1);
         let spec = Spec {
@@ -956,8 +956,8 @@ fn runtime_ifs_take_the_branch_their_scalars_choose() {
     for s in [3i64, -3] {
         let t = [
             f32s(&[5], &[1.0, -2.0, 3.0, -4.0, 5.0]),
-            HostTensor::filled(DType::F32, &[5], f64::NAN),
-            HostTensor::filled(DType::F32, &[5], f64::NAN),
+            HostTensor::filled(DType::F32, &[5], f64::NAN).unwrap(),
+            HostTensor::filled(DType::F32, &[5], f64::NAN).unwrap(),
         ];
         run(
             &k,

@@ -10,6 +10,8 @@ mod attr;
 mod device;
 mod glue;
 #[cfg(test)]
+mod hostile;
+#[cfg(test)]
 mod tests;
 
 use proc_macro::TokenStream;

@@ -544,7 +544,7 @@ pub(crate) fn launch_variant(
         staged = dev.stage_operands(k, tensors, &v.lowered.staged)?;
         &staged[..]
     };
-    if blocks > i32::MAX as u64 {
+    if blocks > tilefuse_codegen::MAX_PROGRAMS {
         return Err(argument(
             format!("kernel `{}`", k.name),
             "(grid)",

@@ -38,7 +38,8 @@ struct Launch<'a> {
 
 impl Launch<'_> {
     fn output<T: Element>(mut self, name: &'static str, gpu: &Tensor<T>) -> Self {
-        let poisoned = HostTensor::filled(T::DTYPE, gpu.dims(), f64::NAN);
+        let poisoned =
+            HostTensor::filled(T::DTYPE, gpu.dims(), f64::NAN).expect("a test-sized tensor");
         self.outputs.push((name, poisoned, host(gpu)));
         self
     }

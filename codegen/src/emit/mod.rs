@@ -137,6 +137,11 @@ pub const PORTABLE_MIN_PART_K_TILES: usize = 4;
 /// (docs/perf-history.md, "the barrier waits' cost found").
 pub const HOPPER_MIN_PART_K_TILES: usize = 16;
 
+/// The most programs one launch may have: the lowerings number every
+/// program along the grid's x, which CUDA bounds by 2^31 − 1. The runtime
+/// refuses a launch beyond it, and interpret mode refuses the same.
+pub const MAX_PROGRAMS: u64 = i32::MAX as u64;
+
 /// The generated code and how to launch it.
 #[derive(Clone, Debug)]
 pub struct Lowered {
