@@ -413,8 +413,37 @@ fn check_bad_input(pg: &ProcessGroup) -> R<()> {
     Ok(())
 }
 
+/// Rank 1 dies between two calls of a fused reduce-scatter (its exchange's
+/// flags are then never set); the others' second call must end on its own
+/// bounded wait with an error naming the op, not hang: they ignore the
+/// launcher's SIGTERM to show it.
+fn fault_in_exchange(pg: &ProcessGroup) -> R<()> {
+    let (rank, w) = (pg.rank(), pg.world_size());
+    if rank != 1 {
+        // SAFETY: sets a signal disposition; no handler code runs.
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
+    let a = Tensor::<bf16>::full([256 * w, 64], bf16::ONE).map_err(e)?;
+    let b = Tensor::<bf16>::full([64, 128], bf16::ONE).map_err(e)?;
+    let out = Tensor::<bf16>::empty([256, 128]).map_err(e)?;
+    let opts = OpOptions::default().algorithm(Algorithm::Fused);
+    let ws =
+        ops::matmul_reduce_scatter(pg, &out, &a, &b, ScatterDim::Rows, &opts, None).map_err(e)?;
+    pg.barrier("one call done").map_err(e)?;
+    if rank == 1 {
+        std::process::exit(3);
+    }
+    match ops::matmul_reduce_scatter(pg, &out, &a, &b, ScatterDim::Rows, &opts, Some(ws)) {
+        Ok(_) => Err("a reduce-scatter passed with a dead rank".into()),
+        Err(x) => Err(format!("expected failure: {x}")),
+    }
+}
+
 fn rank_main() -> R<()> {
     let pg = ProcessGroup::init().map_err(e)?;
+    if std::env::args().any(|a| a == "--fault-exchange") {
+        return fault_in_exchange(&pg);
+    }
     check_ops(&pg)?;
     check_bad_input(&pg)?;
     plans::check_plans(&pg)?;
@@ -487,6 +516,46 @@ fn main() -> ExitCode {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
         eprintln!("dist_ops: the ranks failed");
+        return ExitCode::FAILURE;
+    }
+    // A rank dies between two calls: the survivors' waits end within bounds.
+    let started = std::time::Instant::now();
+    let out = Command::new(launcher())
+        .args([
+            "--nproc-per-node",
+            &ranks.to_string(),
+            "--master-port",
+            "0",
+            "--grace-period-s",
+            "60",
+            "--",
+        ])
+        .arg(&me)
+        .arg("--fault-exchange")
+        .env("TILEFUSE_DIST_TIMEOUT_S", "5")
+        .env("TILEFUSE_WAIT_TIMEOUT_MS", "3000")
+        .env("TILEFUSE_INTERPRET", if interpret { "1" } else { "0" })
+        .output();
+    let took = started.elapsed();
+    let Ok(out) = out else {
+        eprintln!("dist_ops: running the fault run failed");
+        return ExitCode::FAILURE;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "dist_ops fault-exchange run ({:.1} s): {}",
+        took.as_secs_f64(),
+        err.trim()
+    );
+    let survivors_failed_alone = (0..ranks)
+        .filter(|&r| r != 1)
+        .all(|r| err.contains(&format!("[rank{r}]: FAILED: expected failure: ")));
+    if out.status.success()
+        || !err.contains("rank 1")
+        || !survivors_failed_alone
+        || took > std::time::Duration::from_secs(45)
+    {
+        eprintln!("dist_ops: a rank dead between two exchanges was not handled within bounds");
         return ExitCode::FAILURE;
     }
     let mode = if interpret { "interpret mode" } else { "GPUs" };
