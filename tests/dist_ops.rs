@@ -490,19 +490,21 @@ fn main() -> ExitCode {
         eprintln!("dist_ops: cannot find this test's own path");
         return ExitCode::FAILURE;
     };
-    let out = Command::new(launcher())
-        .args([
-            "--nproc-per-node",
-            &ranks.to_string(),
-            "--master-port",
-            "0",
-            "--",
-        ])
-        .arg(&me)
-        .env("TILEFUSE_DIST_TIMEOUT_S", "60")
-        .env("TILEFUSE_INTERPRET", if interpret { "1" } else { "0" })
-        .output();
-    let out = match out {
+    // The ranks under the launcher: `grace` seconds between SIGTERM and SIGKILL,
+    // `args` for each rank, `timeout` for the group's waits (s) and the
+    // kernels' (ms).
+    let launch = |grace: &str, args: &[&str], (timeout, wait): (&str, &str)| {
+        Command::new(launcher())
+            .args(["--nproc-per-node", &ranks.to_string(), "--master-port", "0"])
+            .args(["--grace-period-s", grace, "--"])
+            .arg(&me)
+            .args(args)
+            .env("TILEFUSE_DIST_TIMEOUT_S", timeout)
+            .env("TILEFUSE_WAIT_TIMEOUT_MS", wait)
+            .env("TILEFUSE_INTERPRET", if interpret { "1" } else { "0" })
+            .output()
+    };
+    let out = match launch("5", &[], ("60", "10000")) {
         Ok(o) => o,
         Err(x) => {
             eprintln!(
@@ -520,22 +522,7 @@ fn main() -> ExitCode {
     }
     // A rank dies between two calls: the survivors' waits end within bounds.
     let started = std::time::Instant::now();
-    let out = Command::new(launcher())
-        .args([
-            "--nproc-per-node",
-            &ranks.to_string(),
-            "--master-port",
-            "0",
-            "--grace-period-s",
-            "60",
-            "--",
-        ])
-        .arg(&me)
-        .arg("--fault-exchange")
-        .env("TILEFUSE_DIST_TIMEOUT_S", "5")
-        .env("TILEFUSE_WAIT_TIMEOUT_MS", "3000")
-        .env("TILEFUSE_INTERPRET", if interpret { "1" } else { "0" })
-        .output();
+    let out = launch("60", &["--fault-exchange"], ("5", "3000"));
     let took = started.elapsed();
     let Ok(out) = out else {
         eprintln!("dist_ops: running the fault run failed");
