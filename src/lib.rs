@@ -118,7 +118,8 @@
 //!   (acquire, system scope), then the block continues. The spin is bounded
 //!   (`TILEFUSE_WAIT_TIMEOUT_MS`, default 10 s): a timeout is reported by the next
 //!   synchronize as an error naming the site and the flag. In a matmul's K loop
-//!   (before its `addmm`) it is tested per k-tile, before that k-tile's loads: an
+//!   (before its `addmm`) it is tested per k-tile, before that k-tile's loads (on
+//!   Hopper by a warp of its own, ahead of the thread that issues the loads): an
 //!   all-gather in bands of columns feeds a GEMM that starts on the first ones.
 //!   `wait(flags, lo..hi, value)` (or `lo..=hi`) waits for every flag in the range,
 //!   e.g. every chunk a tile's rows touch:
