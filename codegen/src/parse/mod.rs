@@ -420,11 +420,10 @@ impl<'a> Parser<'a> {
     }
 
     fn scalar_list(&self) -> String {
-        if self.k.scalars.is_empty() {
-            return "it has none".into();
-        }
-        let names: Vec<&str> = self.k.scalars.iter().map(|s| s.name.as_str()).collect();
-        names.join(", ")
+        name_list(
+            self.k.scalars.iter().map(|s| s.name.as_str()),
+            "it has none",
+        )
     }
 
     /// One extent of `tile(…)`: `n`, `whole(n)` or `each(n)`.
@@ -810,11 +809,7 @@ impl<'a> Parser<'a> {
     }
 
     fn tensor_list(&self) -> String {
-        if self.k.tensors.is_empty() {
-            return "none".into();
-        }
-        let names: Vec<&str> = self.k.tensors.iter().map(|t| t.name.as_str()).collect();
-        names.join(", ")
+        name_list(self.k.tensors.iter().map(|t| t.name.as_str()), "none")
     }
 
     /// `if cond { … } [else { … } | else if …]`.
@@ -1858,5 +1853,14 @@ fn strip(n: &Node) -> &Node {
     match &n.kind {
         N::Paren(x) => strip(x),
         _ => n,
+    }
+}
+
+/// `names` joined by commas for an error message, or `none` where there are none.
+fn name_list<'a>(names: impl Iterator<Item = &'a str>, none: &str) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.is_empty() {
+        true => none.into(),
+        false => names.join(", "),
     }
 }
