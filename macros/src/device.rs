@@ -1290,29 +1290,28 @@ impl Builder {
             if let Some(dim) = self.tile_ref(arg) {
                 if self.kernel.dims[dim].each {
                     let dn = &self.kernel.dims[dim].name;
-                    let (step, atomic) = match op {
-                        ReduceOp::Sum => ("acc = acc + x", Some("atomic_add")),
-                        ReduceOp::Prod => ("acc = acc * x", None),
-                        ReduceOp::Max => ("acc = max(acc, x)", Some("atomic_max")),
-                        ReduceOp::Min => ("acc = min(acc, x)", Some("atomic_min")),
+                    let entry = op.entry();
+                    let bin = entry.binary;
+                    let step = match bin.function() {
+                        Some(f) => format!("acc = {f}(acc, x)"),
+                        None => format!("acc = acc {} x", bin.symbol()),
                     };
-                    let how = match atomic {
+                    let how = match entry.atomic {
                         Some(a) if self.kernel.grid.contains(&dim) => format!(
                             "each program takes one `{dn}`: combine the programs' values into the output with \
-                             `{a}(out[…], x);`"
+                             `{}(out[…], x);`",
+                            a.name()
                         ),
                         _ => format!(
                             "accumulate across its loop instead (`let mut acc = …` before it, `{step}` in it)"
                         ),
                     };
-                    let elementwise = match op {
-                        ReduceOp::Max => {
-                            format!("; for the larger of `x` and the index write `max(x, {dn})`")
-                        }
-                        ReduceOp::Min => {
-                            format!("; for the smaller of `x` and the index write `min(x, {dn})`")
-                        }
-                        _ => String::new(),
+                    // `.max(x)` with a value is the elementwise function.
+                    let elementwise = match bin.function() {
+                        Some(f) => format!(
+                            "; `{f}(x, {dn})` is the elementwise `{f}` of `x` and the index"
+                        ),
+                        None => String::new(),
                     };
                     return Err(err(
                         m,

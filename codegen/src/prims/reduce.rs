@@ -1,8 +1,27 @@
 //! Reductions along a tile dimension: `x.sum(tn)`, `x.max(tn)`, `x.min(tn)`,
 //! `x.prod(tn)`: the in-bounds elements combined, the dimension dropped.
+//!
+//! Everything a lowering, the interpreter or a message needs of a reduction
+//! is its entry here: the C that combines two partials, the binary operation
+//! an accumulation `acc = acc ⊕ x` reduces by, the identity, the atomic that
+//! combines programs' partials in global memory, and the CPU semantics.
 
+use super::{AtomicOp, BinOp};
 use crate::dtype::{CTy, DType};
 use serde::{Deserialize, Serialize};
+
+/// The identity a reduction starts from (and what it gives over no element).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Identity {
+    /// 0.
+    Zero,
+    /// 1.
+    One,
+    /// The type's least value (−∞ for floats).
+    Lowest,
+    /// The type's greatest value (+∞ for floats).
+    Highest,
+}
 
 /// One reduction.
 pub struct Reduce {
@@ -10,8 +29,16 @@ pub struct Reduce {
     /// The method name (`sum`).
     pub name: &'static str,
     pub doc: &'static str,
-    /// C combining two partial results `{a}` and `{b}` (the helpers are overloaded).
+    /// C combining two partial results `{a}` and `{b}` (the helpers are
+    /// overloaded, so one template serves floats and integers).
     pub cuda: &'static str,
+    /// The binary operation that combines two partial results the same way
+    /// (`+` for a sum): what an accumulation `acc = acc ⊕ x` reduces by.
+    pub binary: BinOp,
+    pub identity: Identity,
+    /// The atomic that combines one program's partial into a global value,
+    /// if there is one (named in messages that suggest it).
+    pub atomic: Option<AtomicOp>,
     /// What interpret mode combines (floats, then rounded to f32).
     pub cpu: fn(f64, f64) -> f64,
     /// What interpret mode combines on integers (then wrapped to the type).
@@ -19,14 +46,16 @@ pub struct Reduce {
 }
 
 macro_rules! reduce_table {
-    ($($op:ident: $name:literal, $doc:literal, cuda $cuda:literal, cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
+    ($($op:ident: $name:literal, $doc:literal, cuda $cuda:literal, binary $bin:ident,
+        identity $id:ident, atomic $atomic:expr, cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
         /// Reductions along one tile dimension; see [`TABLE`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        pub enum ReduceOp { $($op),* }
+        pub enum ReduceOp { $(#[doc = concat!("`x.", $name, "(t)`: ", $doc)] $op),* }
 
         /// Every reduction, in [`ReduceOp`] order.
         pub static TABLE: &[Reduce] = &[$(Reduce {
-            op: ReduceOp::$op, name: $name, doc: $doc, cuda: $cuda, cpu: $cpu, cpu_int: $cpui,
+            op: ReduceOp::$op, name: $name, doc: $doc, cuda: $cuda, binary: BinOp::$bin,
+            identity: Identity::$id, atomic: $atomic, cpu: $cpu, cpu_int: $cpui,
         }),*];
 
         impl ReduceOp {
@@ -38,13 +67,17 @@ macro_rules! reduce_table {
 
 reduce_table! {
     Sum: "sum", "the sum (floats in f32, in the GPU's order: not bit-identical to a sequential sum)",
-        cuda "({a} + {b})", cpu |a, b| a + b, cpu_int |a, b| a as i128 + b as i128;
+        cuda "({a} + {b})", binary Add, identity Zero, atomic Some(AtomicOp::Add),
+        cpu |a, b| a + b, cpu_int |a, b| a as i128 + b as i128;
     Max: "max", "the largest element (NaNs lose)",
-        cuda "tf_max({a}, {b})", cpu f64::max, cpu_int |a, b| i128::from(a.max(b));
+        cuda "tf_max({a}, {b})", binary Max, identity Lowest, atomic Some(AtomicOp::Max),
+        cpu f64::max, cpu_int |a, b| i128::from(a.max(b));
     Min: "min", "the smallest element (NaNs lose)",
-        cuda "tf_min({a}, {b})", cpu f64::min, cpu_int |a, b| i128::from(a.min(b));
+        cuda "tf_min({a}, {b})", binary Min, identity Highest, atomic Some(AtomicOp::Min),
+        cpu f64::min, cpu_int |a, b| i128::from(a.min(b));
     Prod: "prod", "the product",
-        cuda "({a} * {b})", cpu |a, b| a * b, cpu_int |a, b| a as i128 * b as i128;
+        cuda "({a} * {b})", binary Mul, identity One, atomic None,
+        cpu |a, b| a * b, cpu_int |a, b| a as i128 * b as i128;
 }
 
 impl ReduceOp {
@@ -55,17 +88,12 @@ impl ReduceOp {
 
     /// The binary operation that combines two partial results the same way
     /// (`+` for a sum): what an accumulation `acc = acc ⊕ x` reduces by.
-    pub fn binary(self) -> super::BinOp {
-        match self {
-            ReduceOp::Sum => super::BinOp::Add,
-            ReduceOp::Prod => super::BinOp::Mul,
-            ReduceOp::Max => super::BinOp::Max,
-            ReduceOp::Min => super::BinOp::Min,
-        }
+    pub fn binary(self) -> BinOp {
+        self.entry().binary
     }
 
     /// The reduction whose [`ReduceOp::binary`] is `op`, if any.
-    pub fn of_binary(op: super::BinOp) -> Option<ReduceOp> {
+    pub fn of_binary(op: BinOp) -> Option<ReduceOp> {
         ReduceOp::ALL.iter().copied().find(|r| r.binary() == op)
     }
 
@@ -85,21 +113,26 @@ impl ReduceOp {
         DType::arith(t)
     }
 
+    /// C combining the partials `a` and `b`.
+    pub fn combine_c(self, a: &str, b: &str) -> String {
+        self.entry().cuda.replace("{a}", a).replace("{b}", b)
+    }
+
     /// The identity in C, for padding and for elements outside the extent.
     pub fn identity_c(self, t: CTy) -> &'static str {
-        match (self, t) {
-            (ReduceOp::Sum, CTy::F32) => "0.0f",
-            (ReduceOp::Prod, CTy::F32) => "1.0f",
-            (ReduceOp::Max, CTy::F32) => "__int_as_float(0xff800000)",
-            (ReduceOp::Min, CTy::F32) => "__int_as_float(0x7f800000)",
-            (ReduceOp::Sum, _) => "0",
-            (ReduceOp::Prod, _) => "1",
-            (ReduceOp::Max, CTy::U32) => "0u",
-            (ReduceOp::Min, CTy::U32) => "0xffffffffu",
-            (ReduceOp::Max, CTy::I64) => "(-9223372036854775807ll - 1)",
-            (ReduceOp::Min, CTy::I64) => "9223372036854775807ll",
-            (ReduceOp::Max, _) => "(-2147483647 - 1)",
-            (ReduceOp::Min, _) => "2147483647",
+        match (self.entry().identity, t) {
+            (Identity::Zero, CTy::F32) => "0.0f",
+            (Identity::One, CTy::F32) => "1.0f",
+            (Identity::Lowest, CTy::F32) => "__int_as_float(0xff800000)",
+            (Identity::Highest, CTy::F32) => "__int_as_float(0x7f800000)",
+            (Identity::Zero, _) => "0",
+            (Identity::One, _) => "1",
+            (Identity::Lowest, CTy::U32) => "0u",
+            (Identity::Highest, CTy::U32) => "0xffffffffu",
+            (Identity::Lowest, CTy::I64) => "(-9223372036854775807ll - 1)",
+            (Identity::Highest, CTy::I64) => "9223372036854775807ll",
+            (Identity::Lowest, _) => "(-2147483647 - 1)",
+            (Identity::Highest, _) => "2147483647",
         }
     }
 
@@ -108,12 +141,13 @@ impl ReduceOp {
     /// [`ReduceOp::identity_c`].
     pub fn identity(self, t: DType) -> super::cast::Num {
         use super::cast::Num;
+        let id = self.entry().identity;
         if t.is_float() {
-            return Num::F(match self {
-                ReduceOp::Sum => 0.0,
-                ReduceOp::Prod => 1.0,
-                ReduceOp::Max => f64::NEG_INFINITY,
-                ReduceOp::Min => f64::INFINITY,
+            return Num::F(match id {
+                Identity::Zero => 0.0,
+                Identity::One => 1.0,
+                Identity::Lowest => f64::NEG_INFINITY,
+                Identity::Highest => f64::INFINITY,
             });
         }
         let bits = t.bits();
@@ -122,11 +156,11 @@ impl ReduceOp {
         } else {
             (0, (1i128 << bits) - 1)
         };
-        Num::I(match self {
-            ReduceOp::Sum => 0,
-            ReduceOp::Prod => 1,
-            ReduceOp::Max => min as i64,
-            ReduceOp::Min => max as i64,
+        Num::I(match id {
+            Identity::Zero => 0,
+            Identity::One => 1,
+            Identity::Lowest => min as i64,
+            Identity::Highest => max as i64,
         })
     }
 }

@@ -12,6 +12,7 @@
 
 use super::super::expr::ElemCtx;
 use super::super::Emitter;
+use crate::dtype::CTy;
 use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
@@ -252,18 +253,8 @@ impl Frags<'_> {
                 ));
             };
             let (x, _) = self.ctx(e, l, pre).emit(arg, at)?;
-            let (init, fold) = match op {
-                ReduceOp::Sum => ("0.0f", "tf_a + tf_b"),
-                ReduceOp::Max => ("__int_as_float(0xff800000)", "fmaxf(tf_a, tf_b)"),
-                ReduceOp::Min => ("__int_as_float(0x7f800000)", "fminf(tf_a, tf_b)"),
-                ReduceOp::Prod => {
-                    return Err(Self::unsupported(
-                        e,
-                        at,
-                        "an attention kernel reduces by sum, max and min",
-                    ))
-                }
-            };
+            let init = op.identity_c(CTy::F32);
+            let fold = op.combine_c("tf_a", "tf_b");
             let name = format!("tf_r{}", self.temps);
             self.temps += 1;
             let cols = if l == Layout::Scores { g.ni } else { g.di };

@@ -47,8 +47,7 @@ fn deferrable(acc: VarId, value: &Expr, dim: DimId) -> Option<(ReduceOp, &Expr)>
     else {
         return None;
     };
-    // Products stay as written (nothing has needed them deferred).
-    let same = rop.binary() == *op && *rop != ReduceOp::Prod;
+    let same = rop.binary() == *op;
     (same && *d == dim && !reads(arg, acc)).then_some((*rop, red))
 }
 

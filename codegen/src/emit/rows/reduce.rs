@@ -29,15 +29,10 @@ impl RowWriter {
         let unsupported = || CodegenError::Unsupported {
             kernel: e.k.name.clone(),
             at: at.to_string(),
-            message: "the row lowering reduces floats by sum, max and min".into(),
+            message: "the row lowering reduces floats only".into(),
         };
-        let (identity, comb) = match op {
-            ReduceOp::Sum => ("0.0f", "({A} + {B})"),
-            ReduceOp::Max => ("__int_as_float(0xff800000)", "fmaxf({A}, {B})"),
-            ReduceOp::Min => ("__int_as_float(0x7f800000)", "fminf({A}, {B})"),
-            ReduceOp::Prod => return Err(unsupported()),
-        };
-        let f = |a: &str, b: &str| comb.replace("{A}", a).replace("{B}", b);
+        let identity = op.identity_c(CTy::F32);
+        let f = |a: &str, b: &str| op.combine_c(a, b);
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre.to_vec();
         let (v, ty) = ctx.emit(arg, at)?;
