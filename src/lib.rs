@@ -72,12 +72,10 @@
 //! - elementwise operators `+ - * / %` (C's integer division and remainder, `fmodf` on
 //!   floats), `& | ^ << >> !` on integers and masks (`&&`, `||` on masks; a shift by
 //!   the width or more gives 0), comparisons (`==`, `<`, …, giving masks), and the
-//!   functions of [`codegen::prims::unary`] and [`codegen::prims::binary`] as
-//!   functions or methods: `exp`, `exp2`, `ln` (`log`), `log2`, `ln_1p`, `sqrt`,
-//!   `rsqrt`, `recip`, `abs`, `signum`, `floor`, `ceil`, `round`, `trunc`, `sin`, `cos`,
-//!   `tanh`, `erf`, `relu`, `gelu`, `gelu_tanh`, `silu`, `sigmoid`, their derivatives
-//!   (`relu_grad`, `gelu_grad`, `gelu_tanh_grad`, `silu_grad`, `sigmoid_grad`),
-//!   `min`, `max`, `powf` (`pow`), `atan2`. As in Triton, `exp` is `2^(x·log2 e)` on the
+//!   functions of [`codegen::prims::UnOp`] and [`codegen::prims::BinOp`] (one line
+//!   each: name and meaning) as functions or methods, such as `exp`, `ln` (`log`),
+//!   `sqrt`, `rsqrt`, `tanh`, `erf`, `gelu`, `silu`, `sigmoid` and their derivatives
+//!   (`gelu_grad`, …), `min`, `max`, `powf` (`pow`). As in Triton, `exp` is `2^(x·log2 e)` on the
 //!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp), and so are
 //!   the exponentials and divisions inside `sigmoid`, `silu`, `gelu_grad` and their
 //!   kin; the others are CUDA's libm. Tiles broadcast by dimension name: `acc + bias[tn]`
@@ -87,7 +85,7 @@
 //!   the other operand's type), wrapping; `.cast::<T>()` and `x as T` convert as Rust's
 //!   `as` does (rounding to nearest even, floats into integers saturating), and
 //!   `.cast()` at a store takes the tensor's type;
-//! - reductions `x.sum(t)`, `x.max(t)`, `x.min(t)`, `x.prod(t)` along any tile of the
+//! - reductions ([`codegen::prims::ReduceOp`]: `x.sum(t)`, `x.max(t)`, `x.min(t)`, …) along any tile of the
 //!   value (its in-bounds elements only), giving a tile without `t` that broadcasts
 //!   back (`exp(v - v.max(tn))`); accumulators carried across a loop's steps
 //!   (`acc = acc + x.sum(tn)`) sum a whole extent (the tiles are added in

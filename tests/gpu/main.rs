@@ -13,6 +13,7 @@ mod epilogue;
 mod interpret;
 mod matmul;
 mod pointwise;
+mod primitives;
 mod rows;
 mod split_tail;
 mod wait;

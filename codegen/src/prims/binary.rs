@@ -46,7 +46,7 @@ macro_rules! binary_table {
         cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
         /// Elementwise binary operations; see [`TABLE`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        pub enum BinOp { $($op),* }
+        pub enum BinOp { $(#[doc = concat!("`", $sym, "`: ", $doc)] $op),* }
 
         /// Every operation, in [`BinOp`] order.
         pub static TABLE: &[Binary] = &[$(Binary {

@@ -44,7 +44,7 @@ macro_rules! unary_table {
         cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
         /// Elementwise functions of one argument; see [`TABLE`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        pub enum UnOp { $($op),* }
+        pub enum UnOp { $(#[doc = concat!("`", $name, "(x)`: ", $doc)] $op),* }
 
         /// Every function, in [`UnOp`] order.
         pub static TABLE: &[Unary] = &[$(Unary {
@@ -124,6 +124,9 @@ unary_table! {
     Log1p: "ln_1p", Float, "`ln(1 + x)`, exact near 0 (also `log1p(x)`)",
         cuda "log1pf({x})", int "", bool "", helpers "",
         cpu f64::ln_1p, cpu_int refuse;
+    Expm1: "exp_m1", Float, "`e^x − 1`, exact near 0 (also `expm1(x)`)",
+        cuda "expm1f({x})", int "", bool "", helpers "",
+        cpu f64::exp_m1, cpu_int refuse;
     Sqrt: "sqrt", Float, "square root",
         cuda "sqrtf({x})", int "", bool "", helpers "",
         cpu f64::sqrt, cpu_int refuse;
@@ -192,6 +195,7 @@ unary_table! {
 const ALIASES: &[(&str, UnOp)] = &[
     ("log", UnOp::Log),
     ("log1p", UnOp::Log1p),
+    ("expm1", UnOp::Expm1),
     ("sign", UnOp::Sign),
     ("reciprocal", UnOp::Recip),
 ];

@@ -1,0 +1,257 @@
+//! Every entry of the primitive tables (`codegen::prims`) on the GPU against
+//! interpret mode: one kernel per elementwise function, binary operation and
+//! reduction, for floats and for integers where the entry takes them, built
+//! from the IR's text. A new table entry is tested here without another
+//! line: the kernels are made from the tables.
+
+use crate::common::gpu;
+use crate::common::interp::{out, tensors};
+use tilefuse::codegen::default_config;
+use tilefuse::codegen::dtype::DType;
+use tilefuse::codegen::ir::Kernel;
+use tilefuse::codegen::prims::{binary, unary, BinOp, ReduceOp, UnOp};
+use tilefuse::interpret::{run, HostTensor, Scalar};
+use tilefuse::runtime::args::{AsTensorArg, ScalarArg};
+use tilefuse::{KernelDef, Tensor};
+use tilefuse_testkit::Rng;
+
+/// Rows and columns: ragged against every block size.
+const M: usize = 37;
+const N: usize = 301;
+
+/// One kernel of the tables, with what its inputs must avoid.
+struct Case {
+    what: String,
+    text: String,
+    /// Input tensors (`a`, `b`) and the output's rank.
+    ints: bool,
+    binary: Option<BinOp>,
+    reduce: bool,
+}
+
+fn elementwise(name: &str, ints: bool, body: &str, binary: Option<BinOp>) -> Case {
+    let t = if ints { "i32" } else { "f32" };
+    let b = if binary.is_some() {
+        format!(", b: Tensor<{t}, 2>")
+    } else {
+        String::new()
+    };
+    Case {
+        what: format!("{name} on {t}"),
+        text: format!(
+            "kernel prim(a: Tensor<{t}, 2>{b}, out: Tensor<{t}, 2>; m, n) {{\n  \
+             for (tm, tn) in tile([m, n]) {{\n    out[(tm, tn)] = ({body}).cast();\n  }}\n}}\n"
+        ),
+        ints,
+        binary,
+        reduce: false,
+    }
+}
+
+/// A kernel per table entry and element type it takes.
+fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for e in unary::TABLE {
+        let call = format!("{}(a[(tm, tn)])", e.name);
+        if !e.cuda.is_empty() {
+            cases.push(elementwise(e.name, false, &call, None));
+        }
+        if !e.cuda_int.is_empty() {
+            cases.push(elementwise(e.name, true, &call, None));
+        }
+    }
+    for e in binary::TABLE {
+        let (x, y) = ("a[(tm, tn)]", "b[(tm, tn)]");
+        let call = match e.function {
+            Some(f) => format!("{f}({x}, {y})"),
+            None => format!("{x} {} {y}", e.symbol),
+        };
+        if !e.cuda.is_empty() {
+            cases.push(elementwise(e.symbol, false, &call, Some(e.op)));
+        }
+        if !e.cuda_int.is_empty() {
+            cases.push(elementwise(e.symbol, true, &call, Some(e.op)));
+        }
+    }
+    for &op in ReduceOp::ALL {
+        for ints in [false, true] {
+            let t = if ints { "i32" } else { "f32" };
+            cases.push(Case {
+                what: format!("{} on {t}", op.name()),
+                text: format!(
+                    "kernel prim(a: Tensor<{t}, 2>, out: Tensor<{t}, 1>; m, n) {{\n  \
+                     for (tm, tn) in tile([m, whole(n)]) {{\n    \
+                     out[tm] = a[(tm, tn)].{}(tn).cast();\n  }}\n}}\n",
+                    op.name()
+                ),
+                ints,
+                binary: None,
+                reduce: op == ReduceOp::Prod,
+            });
+        }
+    }
+    cases
+}
+
+/// Inputs: floats in (−3, 3) (products near 1); integers in (−1000, 1000),
+/// divisors without 0, shift amounts in [0, 40) (past the width too).
+fn input(rng: &mut Rng, case: &Case, second: bool) -> Vec<f64> {
+    (0..M * N)
+        .map(|_| {
+            let u = rng.uniform() * 2.0 - 1.0;
+            match (case.ints, case.binary, second) {
+                (false, _, _) if case.reduce => 1.0 + 0.01 * u,
+                (false, _, _) => 3.0 * u,
+                (true, Some(BinOp::Shl | BinOp::Shr), true) => (rng.uniform() * 40.0).floor(),
+                (true, Some(BinOp::Div | BinOp::Rem), true) => {
+                    let v = (u * 50.0).round();
+                    if v == 0.0 {
+                        7.0
+                    } else {
+                        v
+                    }
+                }
+                (true, _, _) if case.reduce => (u * 3.0).round(),
+                (true, _, _) => (u * 1000.0).round(),
+            }
+        })
+        .collect()
+}
+
+fn device_tensor(
+    ints: bool,
+    shape: &[usize],
+    v: &[f64],
+) -> (Option<Tensor<f32>>, Option<Tensor<i32>>) {
+    if ints {
+        let d: Vec<i32> = v.iter().map(|&x| x as i32).collect();
+        (None, Some(Tensor::from_slice(&d, shape).unwrap()))
+    } else {
+        let d: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+        (Some(Tensor::from_slice(&d, shape).unwrap()), None)
+    }
+}
+
+fn arg(t: &(Option<Tensor<f32>>, Option<Tensor<i32>>)) -> tilefuse::runtime::args::TensorArg {
+    match t {
+        (Some(f), _) => f.tensor_arg(),
+        (_, Some(i)) => i.tensor_arg(),
+        _ => unreachable!("one of the two is made"),
+    }
+}
+
+fn to_host(t: &(Option<Tensor<f32>>, Option<Tensor<i32>>)) -> Vec<f64> {
+    match t {
+        (Some(f), _) => f.to_vec().unwrap().into_iter().map(f64::from).collect(),
+        (_, Some(i)) => i.to_vec().unwrap().into_iter().map(f64::from).collect(),
+        _ => unreachable!("one of the two is made"),
+    }
+}
+
+/// The case's kernel, as the macro would define it.
+fn define(c: &Case) -> &'static KernelDef {
+    let kernel = Kernel::parse(&c.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", c.what, c.text));
+    let json: &'static str = Box::leak(kernel.to_json().into_boxed_str());
+    Box::leak(Box::new(KernelDef::new("prim", json, None)))
+}
+
+/// Every case parses, passes the checker and lowers with its default; with
+/// NVRTC present (CI), it compiles for sm_90a and sm_80. Needs no GPU, so a
+/// table entry whose kernel the compiler refuses fails here.
+#[test]
+fn every_primitive_compiles() {
+    let cases = cases();
+    assert!(cases.len() >= UnOp::ALL.len() + BinOp::ALL.len() + 2 * ReduceOp::ALL.len());
+    let nvrtc = crate::common::nvrtc_or_skip();
+    for c in &cases {
+        let def = define(c);
+        let spec = def
+            .declared_spec()
+            .unwrap_or_else(|e| panic!("{}: {e}", c.what));
+        let cfg = default_config(def.ir().unwrap());
+        def.lower(&spec, &cfg)
+            .unwrap_or_else(|e| panic!("{} does not lower: {e}\n{}", c.what, c.text));
+        if nvrtc {
+            for arch in ["sm_90a", "sm_80"] {
+                def.compile(&spec, &cfg, arch)
+                    .unwrap_or_else(|e| panic!("{} for {arch}: {e}", c.what));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_primitive_on_the_gpu_matches_interpret_mode() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    let mut failed = Vec::new();
+    for c in cases() {
+        let def = define(&c);
+        let a = input(&mut rng, &c, false);
+        let b = c.binary.map(|_| input(&mut rng, &c, true));
+        let out_shape: Vec<usize> = if c.text.contains("out[tm]") {
+            vec![M]
+        } else {
+            vec![M, N]
+        };
+        let poison = vec![-12345.0; out_shape.iter().product()];
+        let ta = device_tensor(c.ints, &[M, N], &a);
+        let tb = b.as_ref().map(|b| device_tensor(c.ints, &[M, N], b));
+        let to = device_tensor(c.ints, &out_shape, &poison);
+        let mut args = vec![arg(&ta)];
+        args.extend(tb.as_ref().map(arg));
+        args.push(arg(&to));
+        let scalars = [ScalarArg::Int(M as i64), ScalarArg::Int(N as i64)];
+        def.launch(&args, &scalars, &[])
+            .unwrap_or_else(|e| panic!("{}: {e}", c.what));
+        let gpu_out = to_host(&to);
+
+        let ir = def.ir().unwrap().clone();
+        let cfg = def.config_on(&dev).unwrap();
+        let dt = if c.ints { DType::I32 } else { DType::F32 };
+        let host =
+            |v: &[f64], shape: &[usize]| HostTensor::from_f64(dt, shape, v.to_vec()).unwrap();
+        let mut named = vec![("a", host(&a, &[M, N]))];
+        named.extend(b.as_ref().map(|b| ("b", host(b, &[M, N]))));
+        named.push(("out", host(&poison, &out_shape)));
+        let t = tensors(&ir, named);
+        run(
+            &ir,
+            &cfg,
+            &[],
+            &t,
+            &[Scalar::Int(M as i64), Scalar::Int(N as i64)],
+        )
+        .unwrap_or_else(|e| panic!("{} in interpret mode: {e}", c.what));
+        let cpu_out = out(&ir, &t, "out");
+
+        // Integers agree exactly; floats elementwise within a few f32 ulp
+        // of the larger magnitude, NaN where the other has NaN.
+        let bad = gpu_out.iter().zip(&cpu_out).position(|(&g, &h)| {
+            if c.ints {
+                g != h
+            } else if g.is_nan() || h.is_nan() {
+                g.is_nan() != h.is_nan()
+            } else {
+                (g - h).abs() > 4e-6 * g.abs().max(h.abs()).max(1e-3)
+            }
+        });
+        let verdict = match bad {
+            None => "ok".to_string(),
+            Some(i) => {
+                let at = format!(
+                    "element {i}: GPU {} vs interpret {}",
+                    gpu_out[i], cpu_out[i]
+                );
+                failed.push(format!("{}: {at}", c.what));
+                at
+            }
+        };
+        eprintln!("{}: {verdict}", c.what);
+    }
+    assert!(
+        failed.is_empty(),
+        "GPU and interpret mode disagree:\n{}",
+        failed.join("\n")
+    );
+}
