@@ -55,8 +55,8 @@ fn rank_main() -> Result<(), String> {
         let x = Tensor::<f32>::from_slice(&vec![1.0; 1 << 20], [1 << 20]).map_err(e)?;
         let y = Tensor::<f32>::empty([1 << 20]).map_err(e)?;
         // One all-reduce with everyone: NCCL connects its peers on a
-        // communicator's first collective, and a connect to a dead rank blocks
-        // inside NCCL's enqueue (unbounded until NCCL runs non-blocking).
+        // communicator's first collective, and a connect to a dead rank waits
+        // inside NCCL's enqueue (`--fault-nccl-connect` tests that it ends).
         nccl.all_reduce(&x, &y).map_err(e)?;
         pg.synchronize("the first NCCL all-reduce").map_err(e)?;
         pg.barrier("nccl-connected").map_err(e)?;
@@ -68,6 +68,32 @@ fn rank_main() -> Result<(), String> {
             .and_then(|()| pg.synchronize("an NCCL all-reduce"));
         let Err(err) = outcome else {
             return Err("an all-reduce passed with a dead rank".into());
+        };
+        drop((x, y, nccl));
+        drop(pg);
+        println!("rank {rank}: the group was dropped after: {err}");
+        return Err(format!("expected failure: {err}"));
+    }
+    if std::env::args().any(|a| a == "--fault-nccl-connect") {
+        // Rank 1 joins NCCL and dies before the first collective, in which NCCL
+        // connects the peers: the survivors' enqueue (a non-blocking
+        // communicator, polled) must end on its own, not hang in the connect.
+        if rank != 1 {
+            // SAFETY: sets a signal disposition; no handler code runs.
+            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        }
+        let nccl = pg.nccl().map_err(e)?;
+        pg.barrier("nccl-joined").map_err(e)?;
+        if rank == 1 {
+            std::process::exit(3);
+        }
+        let x = Tensor::<f32>::from_slice(&vec![1.0; 1 << 20], [1 << 20]).map_err(e)?;
+        let y = Tensor::<f32>::empty([1 << 20]).map_err(e)?;
+        let outcome = nccl
+            .all_reduce(&x, &y)
+            .and_then(|()| pg.synchronize("the first NCCL all-reduce"));
+        let Err(err) = outcome else {
+            return Err("a first all-reduce passed with a dead rank".into());
         };
         drop((x, y, nccl));
         drop(pg);
@@ -249,18 +275,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if gpus >= 2 {
-        // A rank dies after joining NCCL: the survivors' synchronize times out
-        // (5 s), aborts the communicator, and the group drops cleanly.
+    // A rank dies after joining NCCL: in a collective (the survivors'
+    // synchronize times out after 5 s and aborts the communicator), or before
+    // the first one (the survivors' enqueue, connecting to it, ends on its own).
+    // Either way the group then drops cleanly.
+    for (flag, when) in [
+        ("--fault-nccl", "in an NCCL collective"),
+        ("--fault-nccl-connect", "before NCCL's first connect"),
+    ] {
+        if gpus < 2 {
+            break;
+        }
         let t = Instant::now();
-        let out = run_with(&["--grace-period-s", "60"], &["--fault-nccl"], "5");
+        let out = run_with(&["--grace-period-s", "60"], &[flag], "5");
         let (o, err) = (
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
         );
         let took = t.elapsed();
         println!(
-            "dist_gpu fault-nccl run ({:.1} s): {}",
+            "dist_gpu {flag} run ({:.1} s): {}",
             took.as_secs_f64(),
             err.trim()
         );
@@ -274,9 +308,7 @@ fn main() -> ExitCode {
             || err.contains("SIGABRT")
             || took > Duration::from_secs(45)
         {
-            eprintln!(
-                "dist_gpu: a rank dead in an NCCL collective was not handled within bounds:\n{o}\n{err}"
-            );
+            eprintln!("dist_gpu: a rank dead {when} was not handled within bounds:\n{o}\n{err}");
             return ExitCode::FAILURE;
         }
     }

@@ -209,6 +209,7 @@ impl ProcessGroup {
             &id,
             self.rank(),
             self.world_size(),
+            self.timeout,
         )?);
         Ok(self.nccl.get_or_init(|| n).clone())
     }

@@ -14,7 +14,7 @@ use cudarc::nccl::{result as nc, sys as ncs};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tilefuse_codegen::DType;
 
 /// A communicator over every rank of a process group, on each rank's launch stream.
@@ -26,6 +26,9 @@ pub struct Nccl {
     rank: usize,
     world: usize,
     dev: Arc<Device>,
+    /// How long an init, an enqueue (its first connections) or the final
+    /// flush may take before the communicator is aborted.
+    timeout: Duration,
     /// Interpret mode's collectives through the store.
     host: Option<HostCollectives>,
 }
@@ -54,9 +57,83 @@ impl Drop for Nccl {
         if comm.is_null() {
             return; // aborted: freed already
         }
-        // SAFETY: the communicator is live (not swapped out by `abort`) and this is
-        // its last use; destroy waits for its queued work.
-        let _ = unsafe { nc::comm_destroy(comm) };
+        // Flush the queued work first (bounded: a dead peer would hold it
+        // forever), then free; past the timeout, abort instead.
+        // SAFETY: the communicator is live (not swapped out by `abort`), and
+        // this is its last use: finalize, then destroy or abort, frees it once.
+        let flushed = unsafe { ncs::ncclCommFinalize(comm) }
+            .result()
+            .is_ok_and(|_| settle(comm, self.timeout).is_ok());
+        // SAFETY: as above.
+        let _ = unsafe {
+            if flushed {
+                nc::comm_destroy(comm)
+            } else {
+                nc::comm_abort(comm)
+            }
+        };
+    }
+}
+
+/// NCCL's `NCCL_CONFIG_UNDEF_INT`: a field left to NCCL's default.
+const UNDEF: std::ffi::c_int = i32::MIN;
+
+/// A non-blocking communicator's config (`NCCL_CONFIG_INITIALIZER` with
+/// `blocking = 0`): init and enqueues return at once and are polled, so a
+/// peer that never joins or connects ends in a timeout, not a hang. NCCL
+/// reads `size` bytes of it, so older libraries take it too.
+fn nonblocking_config() -> ncs::ncclConfig_t {
+    ncs::ncclConfig_t {
+        size: std::mem::size_of::<ncs::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // NCCL_VERSION(2, 28, 0): the header cudarc's bindings follow.
+        version: 22800,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+    }
+}
+
+/// What stopped a communicator's pending operation from completing.
+enum Unsettled {
+    /// Still in progress after the timeout.
+    TimedOut(Duration),
+    Failed(String),
+}
+
+/// Waits until the communicator's pending operation (a non-blocking init,
+/// an enqueue making its first connections, a finalize) completes, at most
+/// `timeout`.
+fn settle(comm: ncs::ncclComm_t, timeout: Duration) -> std::result::Result<(), Unsettled> {
+    let start = Instant::now();
+    loop {
+        let mut state = ncs::ncclResult_t::ncclSuccess;
+        // SAFETY: `comm` is a live communicator (its init returned) and
+        // `state` a valid place for the result.
+        let asked = unsafe { ncs::ncclCommGetAsyncError(comm, &mut state) };
+        if asked != ncs::ncclResult_t::ncclSuccess {
+            return Err(Unsettled::Failed(format!("{asked:?}")));
+        }
+        match state {
+            ncs::ncclResult_t::ncclSuccess => return Ok(()),
+            ncs::ncclResult_t::ncclInProgress => {}
+            e => return Err(Unsettled::Failed(format!("{e:?}"))),
+        }
+        if start.elapsed() >= timeout {
+            return Err(Unsettled::TimedOut(start.elapsed()));
+        }
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
@@ -76,8 +153,15 @@ pub(crate) fn new_id() -> Result<Vec<u8>> {
 }
 
 impl Nccl {
-    /// Joins the communicator `id` as `rank` of `world` (every rank must call it).
-    pub(crate) fn join(dev: &Arc<Device>, id: &[u8], rank: usize, world: usize) -> Result<Nccl> {
+    /// Joins the communicator `id` as `rank` of `world` (every rank must call
+    /// it), waiting at most `timeout` for the others.
+    pub(crate) fn join(
+        dev: &Arc<Device>,
+        id: &[u8],
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Nccl> {
         crate::libs::require_nccl()?;
         let mut uid = ncs::ncclUniqueId { internal: [0; 128] };
         if id.len() != uid.internal.len() {
@@ -92,24 +176,80 @@ impl Nccl {
         dev.context()?
             .bind_to_thread()
             .map_err(crate::error::driver("binding the GPU context"))?;
-        let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: `comm` is written by a successful init; the id came from rank 0's
+        let ctx = format!("joining the communicator as rank {rank} of {world}");
+        let mut comm: ncs::ncclComm_t = std::ptr::null_mut();
+        let mut config = nonblocking_config();
+        // SAFETY: `comm` and `config` are valid places; the id came from rank 0's
         // ncclGetUniqueId through the store; every rank of `world` calls this.
-        let comm = unsafe {
-            nc::comm_init_rank(comm.as_mut_ptr(), world as i32, uid, rank as i32).map_err(
-                nccl_err(format!(
-                    "joining the communicator as rank {rank} of {world}"
-                )),
-            )?;
-            comm.assume_init()
-        };
-        Ok(Nccl {
+        // Non-blocking, the call returns at once (in progress) with `comm` set.
+        let started = unsafe {
+            ncs::ncclCommInitRankConfig(&mut comm, world as i32, uid, rank as i32, &mut config)
+        }
+        .result();
+        match started {
+            Ok(_) => {}
+            // A library that refuses the config joins blocking: its init is
+            // then bounded only by the store barrier every rank passed before.
+            Err(nc::NcclError(ncs::ncclResult_t::ncclInvalidArgument)) if comm.is_null() => {
+                tracing::warn!(
+                    "NCCL refused a non-blocking communicator config; joining blocking \
+                     (a peer that dies during init then hangs this rank)"
+                );
+                // SAFETY: as above, with NCCL's default (blocking) config.
+                unsafe { nc::comm_init_rank(&mut comm, world as i32, uid, rank as i32) }
+                    .map_err(nccl_err(ctx.clone()))?;
+            }
+            Err(e) => {
+                if !comm.is_null() {
+                    // SAFETY: NCCL handed out a communicator before failing;
+                    // nothing else holds it, so it is freed once, here.
+                    let _ = unsafe { nc::comm_abort(comm) };
+                }
+                return Err(nccl_err(ctx)(e));
+            }
+        }
+        if comm.is_null() {
+            return Err(Error::Nccl {
+                context: ctx,
+                message: "NCCL returned no communicator".into(),
+            });
+        }
+        let nccl = Nccl {
             comm: AtomicPtr::new(comm),
             rank,
             world,
             dev: dev.clone(),
+            timeout,
             host: None,
-        })
+        };
+        nccl.settled(&ctx)?;
+        Ok(nccl)
+    }
+
+    /// Waits for the communicator's pending operation, at most its timeout;
+    /// past it, or when it failed, aborts the communicator.
+    fn settled(&self, ctx: &str) -> Result<()> {
+        let comm = self.live(ctx)?;
+        let outcome = settle(comm, self.timeout);
+        if outcome.is_err() {
+            self.abort();
+        }
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(Unsettled::Failed(message)) => Err(Error::Nccl {
+                context: ctx.into(),
+                message,
+            }),
+            Err(Unsettled::TimedOut(waited)) => Err(Error::Timeout {
+                rank: self.rank,
+                what: format!("NCCL ({ctx})"),
+                waited_ms: waited.as_millis() as u64,
+                hint: format!(
+                    "a peer of the {} ranks probably died or never joined; the communicator was aborted",
+                    self.world
+                ),
+            }),
+        }
     }
 
     /// Interpret mode's communicator: collectives through `store`.
@@ -125,6 +265,7 @@ impl Nccl {
             rank,
             world,
             dev: dev.clone(),
+            timeout,
             host: Some(HostCollectives {
                 store,
                 timeout,
@@ -237,8 +378,8 @@ impl Nccl {
                 self.dev.stream()?.cu_stream() as _,
             )
         }
-        .map(drop)
         .map_err(nccl_err(ctx))
+        .and_then(|status| self.enqueued(ctx, status))
     }
 
     /// `out = (Σ over ranks of send)[this rank's part]`: `send` is cut into `world`
@@ -268,8 +409,8 @@ impl Nccl {
                 self.dev.stream()?.cu_stream() as _,
             )
         }
-        .map(drop)
         .map_err(nccl_err(ctx))
+        .and_then(|status| self.enqueued(ctx, status))
     }
 
     /// `out = Σ over ranks of send` (elementwise; `out` may be `send`). Queued on
@@ -298,8 +439,17 @@ impl Nccl {
                 self.dev.stream()?.cu_stream() as _,
             )
         }
-        .map(drop)
         .map_err(nccl_err(ctx))
+        .and_then(|status| self.enqueued(ctx, status))
+    }
+
+    /// After an enqueue: one still in progress (making its first connections
+    /// to peers) is waited for, at most the timeout.
+    fn enqueued(&self, ctx: &str, status: nc::NcclStatus) -> Result<()> {
+        match status {
+            nc::NcclStatus::InProgress => self.settled(ctx),
+            _ => Ok(()),
+        }
     }
 
     /// Aborts the communicator (pending collectives give up), after a peer failed.
