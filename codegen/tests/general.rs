@@ -398,6 +398,29 @@ fn a_launch_of_few_programs_gets_more_warps_and_deeper_tiles() {
     assert_eq!(c.num_warps, 4);
 }
 
+/// A loop down rows that walks two tensors' tiles (a weight gradient's
+/// `x` and `dy`) gets wider, shorter tiles than a column sum's one tensor:
+/// 256 columns by 8 rows, still one warp and 64 ways at most.
+#[test]
+fn a_shared_loop_over_two_tensors_takes_wider_tiles() {
+    let k = parse(
+        "kernel dw(x: Tensor<bf16, 2>, dy: Tensor<bf16, 2>, dw: Tensor<f32, 1>; m, n) {
+           for tn in tile(n) {
+             let mut acc = zeros::<f32>([tn]);
+             for tm in tile(m) {
+               acc = acc + (x[(tm, tn)].cast::<f32>() * dy[(tm, tn)].cast::<f32>()).sum(tm);
+             }
+             dw[tn] = acc;
+           }
+         }",
+    );
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
+    assert_eq!(
+        (c.block_sizes.as_slice(), c.num_warps, c.split),
+        (&[256, 8][..], 1, 64)
+    );
+}
+
 /// A column sum over a tall matrix: programs share the walk down the rows
 /// (the runtime picks how many); each writes its partial sums to scratch and
 /// the last of a column tile's programs adds them in order and stores.
@@ -405,16 +428,16 @@ fn a_launch_of_few_programs_gets_more_warps_and_deeper_tiles() {
 fn a_column_sum_shares_its_loop_among_programs() {
     let k = column_and_total_sums();
     let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
-    // Columns of 512 bytes of bf16, one warp: the sharing fills the GPU.
+    // Columns of 256 bytes of bf16, one warp: the sharing fills the GPU.
     assert_eq!(
         (c.block_sizes.as_slice(), c.num_warps, c.split),
-        (&[256, 16][..], 1, 32)
+        (&[128, 16][..], 1, 64)
     );
     let l = general(&k, &spec_of(&k, &ints(2)), &c);
     let split = l.split_loop.clone().expect("a shared loop");
     assert_eq!(
         (split.extent, split.block, split.most, split.share_bytes),
-        (1, 16, 32, 256 * 4)
+        (1, 16, 64, 128 * 4)
     );
     use tilefuse_codegen::emit::Param;
     for p in [Param::SplitWays, Param::SplitPartials, Param::SplitCounters] {

@@ -36,14 +36,23 @@ const SPLIT_MIN_EXTENT: usize = 1024;
 /// few column tiles to fill a wave of an H100/H200, while the last program
 /// still adds the shares quickly.
 const DEFAULT_SPLIT: usize = 32;
-/// Warps of a program that shares a loop down rows (not along its
-/// contiguous dimension): one, so a thread holds all of its rows' loads in
-/// flight at once and the accumulators meet across lanes only; more programs
-/// fit an SM and the runtime shares the loop wider. Measured on an H200 at
-/// 16384×8192 bf16, tile 256×16, against 4 warps: col_max_count 0.120 ms
-/// against 0.277, layer_norm_dwdb 0.195 against 0.255, col_sum 0.091 against
-/// 0.107. A loop along a row (long_row_sum) keeps 4: 0.0204 ms against 0.0228.
+/// A program that shares a loop down rows (not along its contiguous
+/// dimension): one warp, so a thread holds all of its rows' loads in flight
+/// at once and the accumulators meet across lanes only; more programs fit an
+/// SM and the runtime shares the loop wider. Its tile holds 64 values a lane
+/// (`SHARED_BUDGET`): 128 columns by 16 rows where the loop walks one tensor's
+/// tiles, 256 by 8 where it walks several; up to `SHARED_SPLIT` programs share
+/// each column tile's walk (the runtime stops at a wave). Measured on an H200
+/// at 16384×8192 bf16 (docs/perf-history.md, "Column reductions: a tile for
+/// one warp"), against `[256, 16]`, 1 warp, split 32 (ms): col_sum 0.083
+/// against 0.091 (0.098 at `[256, 8]`), col_max_count 0.095 against 0.120
+/// (0.123 at `[256, 8]`), layer_norm_dwdb (two tensors) 0.168 against 0.195
+/// (0.283 at `[128, 16]`). A loop along a row (long_row_sum) keeps 4 warps:
+/// 0.0204 ms against 0.0228 with one.
 const SHARED_WARPS: usize = 1;
+const SHARED_MIN_CONTIGUOUS: usize = 128;
+const SHARED_BUDGET: usize = 2048;
+const SHARED_SPLIT: usize = 64;
 
 /// Dimensions the widest loads and stores index their contiguous last axis
 /// with: `x[(tm, tn)]` makes `tn` one, and a row vector `s[tm]` beside it
@@ -87,6 +96,29 @@ fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
         }
     }
     out
+}
+
+/// How many tensors have loads that index both `dim` (a shared loop's) and a
+/// contiguous dimension: the tiles a program sharing the loop walks.
+fn tiles_walked(k: &Kernel, dim: DimId, contiguous: &[DimId]) -> usize {
+    let mut tensors = Vec::new();
+    k.walk_exprs(&mut |e| {
+        if let Expr::Load { tensor, index, .. } = e {
+            let (mut along, mut across) = (false, false);
+            for c in index {
+                c.walk(&mut |x| {
+                    if let Expr::TileIndex(t) = x {
+                        along |= *t == dim;
+                        across |= contiguous.contains(t);
+                    }
+                });
+            }
+            if along && across && !tensors.contains(tensor) {
+                tensors.push(*tensor);
+            }
+        }
+    });
+    tensors.len()
 }
 
 /// The tile dimensions active together in some scope: one list per path from
@@ -136,8 +168,8 @@ fn walk_level<'a>(k: &Kernel, stmts: &'a [Stmt], f: &mut dyn FnMut(DimId, &'a [S
 /// that cannot have 256 programs (`MIN_PROGRAMS`; a column sum's few column
 /// blocks, each walking every row) gets 16 warps (`STARVED_WARPS`) and loop
 /// tiles as much larger, so each SM keeps as many bytes in flight; one whose
-/// loop down rows the runtime shares among programs gets one warp
-/// (`SHARED_WARPS`).
+/// loop down rows the runtime shares among programs gets one warp and a
+/// tile of its own (`SHARED_WARPS`).
 pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
     fitted(k, extents, super::split::find(k).as_ref())
 }
@@ -230,13 +262,20 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             .flatten()
             .is_none_or(|e| e >= SPLIT_MIN_EXTENT)
     });
+    // Shared down rows: one warp's tile (`SHARED_WARPS`), narrower where the
+    // loop walks a single tensor.
+    let down_rows = shares && split.is_some_and(|s| !contiguous.contains(&s.dim));
+    let shared_floor = match split {
+        Some(s) if tiles_walked(k, s.dim, &contiguous) == 1 => SHARED_MIN_CONTIGUOUS,
+        _ => SPLIT_MIN_CONTIGUOUS,
+    };
     while known && programs(&bs) < MIN_PROGRAMS {
         let floor = |d: DimId| {
             if contiguous.contains(&d) {
-                if shares {
-                    SPLIT_MIN_CONTIGUOUS
-                } else {
-                    MIN_CONTIGUOUS
+                match (shares, down_rows) {
+                    (true, true) => shared_floor,
+                    (true, false) => SPLIT_MIN_CONTIGUOUS,
+                    _ => MIN_CONTIGUOUS,
                 }
             } else {
                 1
@@ -258,9 +297,10 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             .iter()
             .all(|&d| extents.get(d).copied().flatten().is_some())
         && count(&k.grid, &bs) < MIN_PROGRAMS;
-    let (warps, budget) = match starved {
-        true => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
-        false => (4, BUDGET),
+    let (warps, budget) = match (starved, down_rows) {
+        (true, _) => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
+        (false, true) => (SHARED_WARPS, SHARED_BUDGET),
+        (false, false) => (4, BUDGET),
     };
     // The loops' other tiles, innermost first.
     let mut order: Vec<DimId> = Vec::new();
@@ -306,15 +346,18 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
         .map(|p| p.iter().map(|&d| bs[d]).product::<usize>())
         .max()
         .unwrap_or(1);
-    let warps = match (starved, shares) {
-        (true, _) => {
+    let warps = match starved {
+        true => {
             let fit = (widest / 256).clamp(4, warps);
             1 << fit.ilog2()
         }
-        (false, true) if split.is_some_and(|s| !contiguous.contains(&s.dim)) => SHARED_WARPS,
-        (false, _) => warps,
+        false => warps,
     };
-    let ways = if split.is_some() { DEFAULT_SPLIT } else { 0 };
+    let ways = match (split.is_some(), down_rows) {
+        (false, _) => 0,
+        (true, true) => SHARED_SPLIT,
+        (true, false) => DEFAULT_SPLIT,
+    };
     Config::new(&bs).num_warps(warps).split(ways)
 }
 
