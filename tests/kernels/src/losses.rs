@@ -87,8 +87,6 @@ pub fn jsd(lp: &Tensor<bf16>, lq: &Tensor<bf16>, out: &Tensor<f32>) {
         for tn in tile(n) {
             let a = lp[(tm, tn)].cast::<f32>();
             let b = lq[(tm, tn)].cast::<f32>();
-            // `let (p, q) = (exp(a), exp(b));` is refused: a device `let`
-            // binds a single name.
             let p = exp(a);
             let q = exp(b);
             let lm = log(0.5 * (p + q));
