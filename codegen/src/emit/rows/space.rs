@@ -41,7 +41,7 @@ pub(super) fn seeds(space: &ConfigSpace) -> Vec<Config> {
         (16, 512, 16),
     ];
     let grid = &space.kernel().grid;
-    PROVEN
+    let mut seeds: Vec<Config> = PROVEN
         .iter()
         .map(|&(rows, cols, w)| {
             let mut c = space.default_config().clone().num_warps(w);
@@ -50,5 +50,31 @@ pub(super) fn seeds(space: &ConfigSpace) -> Vec<Config> {
             }
             c
         })
-        .collect()
+        .collect();
+    // A long first walk and narrower later ones, 4 warps: one row of a kernel
+    // that walks it three times (LayerNorm with a two-pass variance, 8192
+    // columns) ran 0.158 ms as 4096 then 2048, against 0.204 as one
+    // 8192-column step a walk with 8 warps (H200, docs/perf-history.md,
+    // "Column reductions: a tile for one warp").
+    let walks = (0..space.kernel().dims.len())
+        .filter(|d| !grid.contains(d))
+        .count();
+    if walks >= 2 {
+        let mut c = space.default_config().clone().num_warps(4);
+        let mut seen = 0;
+        for (d, b) in c.block_sizes.iter_mut().enumerate() {
+            *b = if grid.contains(&d) {
+                1
+            } else {
+                seen += 1;
+                if seen == 1 {
+                    4096
+                } else {
+                    2048
+                }
+            };
+        }
+        seeds.push(c);
+    }
+    seeds
 }
