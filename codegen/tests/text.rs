@@ -388,6 +388,11 @@ fn errors_say_where_and_what_was_expected() {
         &["unknown function `frob`", "exp"],
     );
     error(
+        &format!("{HEAD}    out[t] = tanhh(x[t]);\n  }}\n}}\n"),
+        3,
+        &["unknown function `tanhh`", "did you mean `tanh`?"],
+    );
+    error(
         &format!("{HEAD}    let a = x[t];\n    a = 1.0;\n  }}\n}}\n"),
         4,
         &["let mut a"],

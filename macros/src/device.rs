@@ -1251,12 +1251,13 @@ impl Builder {
                         arg: Box::new(self.expr(args[0])?),
                     }
                 } else {
+                    let help = match prims::nearest_function(&name) {
+                        Some(f) => format!("did you mean `{f}`?"),
+                        None => format!("the DSL has {}", functions()),
+                    };
                     return Err(err(
                         &c.func,
-                        format!(
-                            "unknown function `{name}` in device code; the DSL has {}",
-                            functions()
-                        ),
+                        format!("unknown function `{name}` in device code; {help}"),
                     ));
                 }
             }

@@ -860,3 +860,36 @@ fn a_tuple_let_binds_every_value_before_any_name() {
     );
     assert!(e.contains("takes a tuple of 2 values"), "{e}");
 }
+
+/// A name near a device function gets the nearest one; any other name gets
+/// every function of the tables (computed from them, so a new table entry
+/// shows up here without another edit).
+#[test]
+fn unknown_functions_get_the_nearest_name_or_every_name() {
+    let call = |f: &str| {
+        error(&format!(
+            r#"
+            fn bad(x: &Tensor<f32>, out: &Tensor<f32>) {{
+                for tm in tile(x.size(0)) {{
+                    out[tm] = {f}(x[tm]);
+                }}
+            }}
+        "#
+        ))
+    };
+    let e = call("sigmiod");
+    assert!(
+        e.contains("unknown function `sigmiod`") && e.contains("did you mean `sigmoid`?"),
+        "{e}"
+    );
+    let e = call("softmax");
+    assert!(!e.contains("did you mean"), "{e}");
+    for op in tilefuse_codegen::prims::UnOp::ALL {
+        assert!(e.contains(op.name()), "`{}` missing: {e}", op.name());
+    }
+    for op in tilefuse_codegen::prims::BinOp::ALL {
+        if let Some(f) = op.function() {
+            assert!(e.contains(f), "`{f}` missing: {e}");
+        }
+    }
+}

@@ -1,7 +1,7 @@
 use tilefuse::prelude::*;
 
 #[fused_kernel]
-fn matmul_softmax(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Tensor<bf16> {
+fn matmul_sigmoid(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Tensor<bf16> {
     let [m, k] = a.shape();
     let [_, n] = b.shape();
     let mut out = Tensor::<bf16>::empty([m, n])?;
@@ -10,7 +10,7 @@ fn matmul_softmax(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Tensor<bf16> {
         for tk in tile(k) {
             acc = addmm(acc, a[(tm, tk)], b[(tk, tn)]);
         }
-        out[(tm, tn)] = softmax(acc).cast();
+        out[(tm, tn)] = sigmiod(acc).cast();
     }
     out
 }

@@ -1714,13 +1714,11 @@ impl<'a> Parser<'a> {
                     arity(1, &format!("{name}(x)"))?;
                     Expr::Unary { op, arg: arg(0)? }
                 } else {
-                    return Err(self.err_at(
-                        n.start,
-                        format!(
-                            "unknown function `{name}`; the DSL has {}",
-                            crate::prims::function_names()
-                        ),
-                    ));
+                    let help = match crate::prims::nearest_function(name) {
+                        Some(f) => format!("did you mean `{f}`?"),
+                        None => format!("the DSL has {}", crate::prims::function_names()),
+                    };
+                    return Err(self.err_at(n.start, format!("unknown function `{name}`; {help}")));
                 }
             }
         })

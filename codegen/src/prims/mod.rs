@@ -47,14 +47,30 @@ pub fn f32r(v: f64) -> f64 {
     f64::from(v as f32)
 }
 
-/// Every function and method name of device code, for messages: the
-/// tables' names and the DSL's other calls.
-pub fn function_names() -> String {
+/// Every function name of device code: the tables' names and the DSL's
+/// other calls.
+fn functions() -> Vec<&'static str> {
     let mut names: Vec<&str> = vec![
         "addmm", "zeros", "full", "select", "wait", "signal", "rand", "randn", "randint",
     ];
     names.extend(atomic::AtomicOp::ALL.iter().map(|o| o.name()));
     names.extend(binary::BinOp::ALL.iter().filter_map(|o| o.function()));
     names.extend(unary::UnOp::ALL.iter().map(|o| o.name()));
-    names.join(", ")
+    names
+}
+
+/// Every function and method name of device code, for messages.
+pub fn function_names() -> String {
+    functions().join(", ")
+}
+
+/// The device function a misspelled `name` most likely meant (`sigmiod`:
+/// `sigmoid`), if one is within a typo or two of it.
+pub fn nearest_function(name: &str) -> Option<&'static str> {
+    functions()
+        .into_iter()
+        .map(|f| (strsim::damerau_levenshtein(name, f), f))
+        .filter(|&(d, f)| d <= if f.len() <= 4 { 1 } else { 2 })
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, f)| f)
 }
