@@ -1,5 +1,7 @@
 //! Argument checks shared by the ops: every mismatch is an error naming the
 //! argument and what was expected.
+// Sizes here come from users' arguments: arithmetic on them is checked.
+#![warn(clippy::arithmetic_side_effects)]
 
 use super::epilogue::Epilogue;
 use super::Bias;
@@ -89,14 +91,14 @@ pub(crate) fn divides(
     value: usize,
     world: usize,
 ) -> Result<usize> {
-    if value % world != 0 {
-        return Err(arg(
+    match (value.checked_rem(world), value.checked_div(world)) {
+        (Some(0), Some(share)) => Ok(share),
+        _ => Err(arg(
             op,
             name,
             format!("its {what} ({value}) must split evenly over the {world} ranks"),
-        ));
+        )),
     }
-    Ok(value / world)
 }
 
 /// The bias as the kernels take it: one vector along rows and one along

@@ -1,5 +1,7 @@
 //! The reusable state of an op: what the first call builds and later calls of
 //! the same shape reuse, and the choice between the fused and unfused paths.
+// Sizes here come from users' arguments: arithmetic on them is checked.
+#![warn(clippy::arithmetic_side_effects)]
 
 use super::epilogue::Unused;
 use super::Algorithm;
@@ -73,7 +75,7 @@ impl Workspace {
                 message: format!(
                     "the fused path needs every rank on one node (symmetric memory); these {} ranks span {} nodes: use Algorithm::Auto or Unfused",
                     pg.world_size(),
-                    pg.world_size() / pg.env().local_world_size.max(1)
+                    pg.world_size().div_ceil(pg.env().local_world_size.max(1))
                 ),
             });
         }
