@@ -393,6 +393,11 @@ fn errors_say_where_and_what_was_expected() {
         &["unknown function `tanhh`", "did you mean `tanh`?"],
     );
     error(
+        &format!("{HEAD}    out[t] = x[t].sume(t);\n  }}\n}}\n"),
+        3,
+        &["unknown method `.sume()`", "did you mean `.sum()`?"],
+    );
+    error(
         &format!("{HEAD}    let a = x[t];\n    a = 1.0;\n  }}\n}}\n"),
         4,
         &["let mut a"],

@@ -1380,12 +1380,13 @@ impl Builder {
                     }
                     Expr::Unary { op, arg: recv }
                 } else {
+                    let help = match prims::nearest_method(&name) {
+                        Some(f) => format!("did you mean `.{f}()`?"),
+                        None => format!("the DSL has {}", functions()),
+                    };
                     return Err(err(
                         &m.method,
-                        format!(
-                            "unknown method `.{name}()` in device code; the DSL has {}",
-                            functions()
-                        ),
+                        format!("unknown method `.{name}()` in device code; {help}"),
                     ));
                 }
             }

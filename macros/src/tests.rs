@@ -861,7 +861,7 @@ fn a_tuple_let_binds_every_value_before_any_name() {
     assert!(e.contains("takes a tuple of 2 values"), "{e}");
 }
 
-/// A name near a device function gets the nearest one; any other name gets
+/// A name near a device function (or method) gets the nearest one; any other name gets
 /// every function of the tables (computed from them, so a new table entry
 /// shows up here without another edit).
 #[test]
@@ -882,6 +882,23 @@ fn unknown_functions_get_the_nearest_name_or_every_name() {
         e.contains("unknown function `sigmiod`") && e.contains("did you mean `sigmoid`?"),
         "{e}"
     );
+    let method = |m: &str| {
+        error(&format!(
+            r#"
+            fn bad(x: &Tensor<f32>, out: &Tensor<f32>) {{
+                for tm in tile(x.size(0)) {{
+                    out[tm] = x[tm].{m}();
+                }}
+            }}
+        "#
+        ))
+    };
+    let e = method("sigmiod");
+    assert!(
+        e.contains("unknown method `.sigmiod()`") && e.contains("did you mean `.sigmoid()`?"),
+        "{e}"
+    );
+    assert!(method("frobnicate").contains("the DSL has"));
     let e = call("softmax");
     assert!(!e.contains("did you mean"), "{e}");
     for op in tilefuse_codegen::prims::UnOp::ALL {

@@ -1810,6 +1810,12 @@ impl<'a> Parser<'a> {
                 "`.until(bound)` belongs to a loop's iterator: `for tn in tile(n).until(bound)`",
             ));
         }
+        if let Some(m) = crate::prims::nearest_method(name) {
+            return Err(self.err_at(
+                name_at,
+                format!("unknown method `.{name}()`; did you mean `.{m}()`?"),
+            ));
+        }
         Err(self.err_at(
             name_at,
             format!(

@@ -67,7 +67,21 @@ pub fn function_names() -> String {
 /// The device function a misspelled `name` most likely meant (`sigmiod`:
 /// `sigmoid`), if one is within a typo or two of it.
 pub fn nearest_function(name: &str) -> Option<&'static str> {
-    functions()
+    nearest(name, functions())
+}
+
+/// The method a misspelled `.name()` most likely meant: a function (methods
+/// too), a reduction, `.cast()` or a tile's `.begin()`, `.end()`, `.size()`,
+/// `.index()`.
+pub fn nearest_method(name: &str) -> Option<&'static str> {
+    let mut names = functions();
+    names.extend(reduce::ReduceOp::ALL.iter().map(|o| o.name()));
+    names.extend(["cast", "begin", "end", "size", "index"]);
+    nearest(name, names)
+}
+
+fn nearest(name: &str, names: Vec<&'static str>) -> Option<&'static str> {
+    names
         .into_iter()
         .map(|f| (strsim::damerau_levenshtein(name, f), f))
         .filter(|&(d, f)| d <= if f.len() <= 4 { 1 } else { 2 })
