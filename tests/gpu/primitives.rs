@@ -8,6 +8,7 @@ use crate::common::gpu;
 use crate::common::interp::{out, tensors};
 use tilefuse::codegen::dtype::DType;
 use tilefuse::codegen::ir::Kernel;
+use tilefuse::codegen::prims::cast::Num;
 use tilefuse::codegen::prims::{binary, unary, BinOp, ReduceOp, UnOp};
 use tilefuse::codegen::{default_config, fit_whole_dims};
 use tilefuse::interpret::{run, HostTensor, Scalar};
@@ -23,10 +24,14 @@ const N: usize = 301;
 struct Case {
     what: String,
     text: String,
-    /// Input tensors (`a`, `b`) and the output's rank.
+    /// i32 tensors (else f32).
     ints: bool,
+    /// The operation of a second input `b`, if there is one.
     binary: Option<BinOp>,
-    reduce: bool,
+    /// A product: inputs near 1.
+    product: bool,
+    /// The output's shape.
+    out: Vec<usize>,
 }
 
 fn elementwise(name: &str, ints: bool, body: &str, binary: Option<BinOp>) -> Case {
@@ -44,7 +49,8 @@ fn elementwise(name: &str, ints: bool, body: &str, binary: Option<BinOp>) -> Cas
         ),
         ints,
         binary,
-        reduce: false,
+        product: false,
+        out: vec![M, N],
     }
 }
 
@@ -86,9 +92,34 @@ fn cases() -> Vec<Case> {
                 ),
                 ints,
                 binary: None,
-                reduce: op == ReduceOp::Prod,
+                product: op == ReduceOp::Prod,
+                out: vec![M],
             });
         }
+        // Carried down a loop, as a column reduction writes it: the general
+        // lowering keeps per-element totals and reduces them after the loop.
+        let id = match op.identity(DType::F32) {
+            Num::F(v) if v.is_infinite() => format!("{}inf", if v < 0.0 { "-" } else { "" }),
+            Num::F(v) => format!("{v:?}"),
+            Num::I(v) => v.to_string(),
+        };
+        let x = format!("a[(tm, tn)].{}(tm)", op.name());
+        let step = match op.binary().function() {
+            Some(f) => format!("{f}(acc, {x})"),
+            None => format!("acc {} {x}", op.binary().symbol()),
+        };
+        cases.push(Case {
+            what: format!("{} down a loop on f32", op.name()),
+            text: format!(
+                "kernel prim(a: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {{\n  \
+                 for tn in tile(n) {{\n    let mut acc = full::<f32>([tn], {id});\n    \
+                 for tm in tile(m) {{\n      acc = {step};\n    }}\n    out[tn] = acc;\n  }}\n}}\n"
+            ),
+            ints: false,
+            binary: None,
+            product: op == ReduceOp::Prod,
+            out: vec![N],
+        });
     }
     cases
 }
@@ -101,7 +132,7 @@ fn input(rng: &mut Rng, case: &Case, second: bool) -> Vec<f64> {
         .map(|_| {
             let u = rng.uniform();
             match (case.ints, case.binary, second) {
-                (false, _, _) if case.reduce => 1.0 + 0.01 * u,
+                (false, _, _) if case.product => 1.0 + 0.01 * u,
                 (false, _, _) => 3.0 * u,
                 (true, Some(BinOp::Shl | BinOp::Shr), true) => (u * 22.0 + 18.0).floor(),
                 (true, Some(BinOp::Div | BinOp::Rem), true) => {
@@ -112,7 +143,7 @@ fn input(rng: &mut Rng, case: &Case, second: bool) -> Vec<f64> {
                         v
                     }
                 }
-                (true, _, _) if case.reduce => (u * 3.0).round(),
+                (true, _, _) if case.product => (u * 3.0).round(),
                 (true, _, _) => (u * 1000.0).round(),
             }
         })
@@ -170,8 +201,17 @@ fn every_primitive_compiles() {
             .declared_spec()
             .unwrap_or_else(|e| panic!("{}: {e}", c.what));
         let cfg = default_config(def.ir().unwrap());
-        def.lower(&spec, &cfg)
+        let lowered = def
+            .lower(&spec, &cfg)
             .unwrap_or_else(|e| panic!("{} does not lower: {e}\n{}", c.what, c.text));
+        // The loop forms take the deferred reduction they are here to test.
+        if c.what.contains("down a loop") {
+            assert!(
+                lowered.source.contains("reduced after the loop"),
+                "{}: not deferred",
+                c.what
+            );
+        }
         if nvrtc {
             for arch in ["sm_90a", "sm_80"] {
                 def.compile(&spec, &cfg, arch)
@@ -190,11 +230,7 @@ fn every_primitive_on_the_gpu_matches_interpret_mode() {
         let def = define(&c);
         let a = input(&mut rng, &c, false);
         let b = c.binary.map(|_| input(&mut rng, &c, true));
-        let out_shape: Vec<usize> = if c.text.contains("out[tm]") {
-            vec![M]
-        } else {
-            vec![M, N]
-        };
+        let out_shape = c.out.clone();
         let poison = vec![-12345.0; out_shape.iter().product()];
         let ta = device_tensor(c.ints, &[M, N], &a);
         let tb = b.as_ref().map(|b| device_tensor(c.ints, &[M, N], b));
@@ -209,7 +245,12 @@ fn every_primitive_on_the_gpu_matches_interpret_mode() {
 
         let ir = def.ir().unwrap().clone();
         // The interpreter takes the config the launch fitted: `whole(n)` covers `n`.
-        let cfg = fit_whole_dims(&ir, def.config_on(&dev).unwrap(), &[Some(M), Some(N)]);
+        let extents: Vec<Option<usize>> = ir
+            .dims
+            .iter()
+            .map(|d| Some(if d.name == "tm" { M } else { N }))
+            .collect();
+        let cfg = fit_whole_dims(&ir, def.config_on(&dev).unwrap(), &extents);
         let dt = if c.ints { DType::I32 } else { DType::F32 };
         let host =
             |v: &[f64], shape: &[usize]| HostTensor::from_f64(dt, shape, v.to_vec()).unwrap();
@@ -233,7 +274,7 @@ fn every_primitive_on_the_gpu_matches_interpret_mode() {
         // once), NaN where the other has NaN.
         // A float reduction sums in another order than interpret mode: its
         // rows' error scales with the largest result, not each one.
-        let floor = if c.text.contains("out[tm]") {
+        let floor = if c.out.len() == 1 {
             1e-6 * cpu_out.iter().fold(1.0f64, |m, v| m.max(v.abs()))
         } else {
             1e-6
