@@ -4,23 +4,54 @@
 //! per case: milliseconds, GB/s and the share of the device-to-device copy
 //! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says.
 //! A name filter may follow (`corpus --bench softmax`; several, comma-separated:
-//! `corpus --bench add,rope`, a case matching any). `corpus --source`
-//! prints each kernel's CUDA C at its untuned default for an H100/H200 (no
-//! GPU needed; extents unknown, so blocks not fitted to a launch).
+//! `corpus --bench add,rope`, a case matching any). `--config JSON` (repeatable)
+//! times the case's first kernel at each config given instead
+//! (`corpus --bench col_sum --config '{"block_sizes":[128,16],"num_warps":1,"num_stages":3,"group_m":8,"split":64}'`).
+//! `corpus --source` prints each kernel's CUDA C at its untuned default for an
+//! H100/H200 (no GPU needed; extents unknown, so blocks not fitted to a launch).
 //!
 //! ```text
-//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench|--source] [FILTER]
+//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench|--source] [--config JSON]... [FILTER]
 //! ```
 
+use clap::Parser;
 use std::process::ExitCode;
-use tilefuse::{time_gpu, Device};
+use tilefuse::{time_gpu, Config, Device};
+
+/// The corpus: checked against float64, or timed.
+#[derive(Parser)]
+struct Args {
+    /// Time each case at its benchmark shape (else check it against float64).
+    #[arg(long)]
+    bench: bool,
+    /// Print each kernel's CUDA C at its untuned default (no GPU needed).
+    #[arg(long)]
+    source: bool,
+    /// With --bench: time the case's first kernel at this config (JSON, as
+    /// `Config` serializes: block_sizes, num_warps, num_stages, group_m, and
+    /// optional fields such as split), not the default or tuned one. Repeatable.
+    #[arg(long, value_parser = config_json)]
+    config: Vec<Config>,
+    /// Only the cases whose name contains one of these comma-separated parts.
+    filter: Option<String>,
+}
+
+fn config_json(s: &str) -> Result<Config, String> {
+    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let bench = args.iter().any(|a| a == "--bench");
-    let filter = args.iter().find(|a| !a.starts_with("--")).cloned();
-    if args.iter().any(|a| a == "--source") {
+    let args: Args = match tilefuse_testkit::args("corpus") {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let (bench, filter) = (args.bench, args.filter.clone());
+    if args.source {
         return print_sources(filter.as_deref());
+    }
+    if !args.config.is_empty() && !bench {
+        eprintln!("error: --config times configs: it needs --bench");
+        return ExitCode::from(2);
     }
     let dev = match Device::current() {
         Ok(d) => d,
@@ -76,24 +107,37 @@ fn main() -> ExitCode {
         "device: {}; device-to-device copy {copy:.0} GB/s",
         dev.name()
     );
+    // The default (or tuned) config, or each one given.
+    let configs: Vec<Option<Config>> = match args.config.is_empty() {
+        true => vec![None],
+        false => args.config.iter().cloned().map(Some).collect(),
+    };
     for case in cases {
-        let run = (case.bench)(&dev).and_then(|mut b| {
-            let t = time_gpu(&dev, 5, 50, true, &mut b.run)?;
-            Ok((b.shape, b.bytes, t))
-        });
-        match run {
-            Ok((shape, bytes, t)) => {
-                let gbs = bytes as f64 / t.median_ms / 1e6;
-                println!(
-                    "bench {} {shape}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy",
-                    case.name,
-                    t.median_ms,
-                    100.0 * gbs / copy
-                );
-            }
-            Err(e) => {
-                ok = false;
-                println!("bench {}: error: {e}", case.name);
+        for cfg in &configs {
+            let run = (case.bench)(&dev).and_then(|mut b| {
+                let t = match cfg {
+                    Some(c) => (case.kernels)()[0]
+                        .with_config(c.clone(), || time_gpu(&dev, 5, 50, true, &mut b.run))?,
+                    None => time_gpu(&dev, 5, 50, true, &mut b.run)?,
+                };
+                Ok((b.shape, b.bytes, t))
+            });
+            // A given config is named in the line (which the table script skips).
+            let at = cfg.as_ref().map(|c| format!(" at {c}")).unwrap_or_default();
+            match run {
+                Ok((shape, bytes, t)) => {
+                    let gbs = bytes as f64 / t.median_ms / 1e6;
+                    println!(
+                        "bench {} {shape}{at}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy",
+                        case.name,
+                        t.median_ms,
+                        100.0 * gbs / copy
+                    );
+                }
+                Err(e) => {
+                    ok = false;
+                    println!("bench {}{at}: error: {e}", case.name);
+                }
             }
         }
     }
