@@ -120,6 +120,24 @@ fn cases() -> Vec<Case> {
             product: op == ReduceOp::Prod,
             out: vec![N],
         });
+        // Carried along a row, as a norm writes it: the row lowering's form.
+        let x = format!("a[(tm, tn)].{}(tn)", op.name());
+        let step = match op.binary().function() {
+            Some(f) => format!("{f}(acc, {x})"),
+            None => format!("acc {} {x}", op.binary().symbol()),
+        };
+        cases.push(Case {
+            what: format!("{} along a row on f32", op.name()),
+            text: format!(
+                "kernel prim(a: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {{\n  \
+                 for tm in tile(m) {{\n    let mut acc = full::<f32>([tm], {id});\n    \
+                 for tn in tile(n) {{\n      acc = {step};\n    }}\n    out[tm] = acc;\n  }}\n}}\n"
+            ),
+            ints: false,
+            binary: None,
+            product: op == ReduceOp::Prod,
+            out: vec![M],
+        });
     }
     cases
 }
@@ -204,7 +222,10 @@ fn every_primitive_compiles() {
         let lowered = def
             .lower(&spec, &cfg)
             .unwrap_or_else(|e| panic!("{} does not lower: {e}\n{}", c.what, c.text));
-        // The loop forms take the deferred reduction they are here to test.
+        // The loop forms take the lowering and form they are here to test.
+        if c.what.contains("along a row") {
+            assert_eq!(def.ir().unwrap().lowering(), "rows", "{}", c.what);
+        }
         if c.what.contains("down a loop") {
             assert!(
                 lowered.source.contains("reduced after the loop"),
