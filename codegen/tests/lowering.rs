@@ -956,11 +956,16 @@ fn lower_elementwise_2d() {
     // f32 inputs move the most bytes).
     assert!(body.contains("(tb0 + tf_o0_0) < s0"), "{body}");
     assert!(body.contains(" + 4 <= s1"), "{body}");
-    // alpha is a float scalar, relu is fmaxf, the store rounds to bf16.
+    // alpha is a float scalar, relu is fmaxf, the store rounds to bf16 two
+    // values at a time (one at a time at a ragged edge).
     assert!(body.contains("float s2"));
     assert!(body.contains("* s2)"));
     assert!(body.contains("fmaxf("));
-    assert!(body.contains("tf_s[tf_j] = tf_f32_to_bf16(tf_v)"), "{body}");
+    assert!(body.contains("tf_pack_bf16x2(tf_s[0], tf_s[1])"), "{body}");
+    assert!(
+        body.contains("tf_p[tf_j] = tf_f32_to_bf16(tf_s[tf_j])"),
+        "{body}"
+    );
     // Program id decode: the last grid dimension moves fastest.
     let d1 = body.find("    tb1 = ").unwrap();
     let d0 = body.find("    tb0 = ").unwrap();

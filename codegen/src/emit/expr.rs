@@ -293,7 +293,7 @@ impl ElemCtx<'_> {
                 let b = self.emit(otherwise, at)?;
                 (
                     format!(
-                        "({} ? {} : {})",
+                        "tf_select({}, {}, {})",
                         convert(&m, mt, CTy::Bool),
                         convert(&a.0, a.1, ty),
                         convert(&b.0, b.1, ty)

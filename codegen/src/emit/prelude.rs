@@ -74,6 +74,10 @@ __device__ __forceinline__ float tf_bf16_to_f32(tf_u16 h) { return __uint_as_flo
 __device__ __forceinline__ tf_u16 tf_f32_to_bf16(float f) { tf_u16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
 __device__ __forceinline__ float tf_f16_to_f32(tf_u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ tf_u16 tf_f32_to_f16(float f) { tf_u16 r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
+// Two floats to one word of 16-bit floats, `lo` in the low half (as memory
+// holds them): one conversion instruction for the pair.
+__device__ __forceinline__ tf_u32 tf_pack_bf16x2(float lo, float hi) { tf_u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+__device__ __forceinline__ tf_u32 tf_pack_f16x2(float lo, float hi) { tf_u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
 __device__ __forceinline__ float tf_round_bf16(float f) { return tf_bf16_to_f32(tf_f32_to_bf16(f)); }
 __device__ __forceinline__ float tf_round_f16(float f) { return tf_f16_to_f32(tf_f32_to_f16(f)); }
 
@@ -85,7 +89,21 @@ __device__ __forceinline__ float tf_exp(float x) { float r; asm("ex2.approx.ftz.
 // exp(a - b) as 2^(a·log2e - b·log2e): one FFMA before the ex2 (b·log2e is
 // shared where b is, e.g. a row's max), as FlashAttention computes softmax.
 __device__ __forceinline__ float tf_exp_diff(float a, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
-__device__ __forceinline__ float tf_div(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+// `div.full.f32` spelled out as ptxas expands it (b scaled by a power of two into
+// the range where `rcp.approx` is exact to 1 ulp, the quotient scaled back), but
+// with the reciprocal and its scale depending on b alone: a divisor shared by many
+// elements (a scalar such as dropout's `1 - p`, a row's sum) then costs one
+// MUFU.RCP, and a `select` around the quotient stays branch-free.
+__device__ __forceinline__ float tf_rcp_ftz(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float tf_div(float a, float b) {
+  const float ab = fabsf(b);
+  const float s = ab > 8.50705917302346159e37f ? 0.25f : (ab < 1.17549435082228751e-38f ? 16777216.0f : 1.0f);
+  return (a * s) * tf_rcp_ftz(b * s);
+}
+// `select(mask, a, b)` computes both sides (as interpret mode does) and picks one:
+// C's `?:` would let the compiler sink a side into a branch per element, where a
+// divisor's reciprocal or a shared value is then recomputed each time.
+template <typename T> __device__ __forceinline__ T tf_select(bool c, T a, T b) { return c ? a : b; }
 __device__ __forceinline__ long long tf_min_i(long long a, long long b) { return a < b ? a : b; }
 // Global accesses that bypass L1: partial sums another SM wrote or will read.
 __device__ __forceinline__ void tf_st_cg(float* p, float v) { asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory"); }

@@ -104,12 +104,12 @@ pub fn philox(seed: u64, offset: u32) -> [u32; 4] {
     [c0, c1, c2, c3]
 }
 
-/// A word to a float in [0, 1), as Triton does: the word as i32, negatives
-/// folded onto non-negatives, times 2^-31.
+/// A word to a float in [0, 1): its top 23 bits as the mantissa of a float
+/// in [1, 2), less 1. Every value is a multiple of 2^-23 below 1 (Triton's
+/// `i32 · 2^-31` rounds its largest words up to 1.0), and it costs two
+/// full-rate instructions where an int-to-float conversion runs at an eighth.
 pub fn uniform(x: u32) -> f32 {
-    let i = x as i32;
-    let i = if i < 0 { -i - 1 } else { i };
-    i as f32 * 4.656_612_7e-10
+    f32::from_bits(0x3f80_0000 | (x >> 9)) - 1.0
 }
 
 /// Two words to a standard normal (the cosine half of Box–Muller).
@@ -122,22 +122,29 @@ pub fn normal(a: u32, b: u32) -> f32 {
 }
 
 /// Device functions of the random numbers (the same arithmetic as above).
-pub const HELPERS: &str = r#"__device__ __forceinline__ void tf_philox(long long seed, unsigned int offset, unsigned int* out) {
-  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)((unsigned long long)seed >> 32);
+pub const HELPERS: &str = r#"// The 20 round keys of a seed, computed once per kernel value (not per call):
+// a draw then costs the rounds' multiplies and xors only.
+__device__ __forceinline__ void tf_philox_keys(long long seed, unsigned int* k) {
+  const unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)((unsigned long long)seed >> 32);
+  #pragma unroll
+  for (int i = 0; i < 10; ++i) { k[2 * i] = k0 + (unsigned int)i * 0x9E3779B9u; k[2 * i + 1] = k1 + (unsigned int)i * 0xBB67AE85u; }
+}
+__device__ __forceinline__ void tf_philox_k(const unsigned int* k, unsigned int offset, unsigned int* out) {
   unsigned int c0 = offset, c1 = 0u, c2 = 0u, c3 = 0u;
   #pragma unroll
   for (int i = 0; i < 10; ++i) {
     const unsigned int p0 = c0, p2 = c2;
-    c0 = __umulhi(0xCD9E8D57u, p2) ^ c1 ^ k0;
-    c2 = __umulhi(0xD2511F53u, p0) ^ c3 ^ k1;
+    c0 = __umulhi(0xCD9E8D57u, p2) ^ c1 ^ k[2 * i];
+    c2 = __umulhi(0xD2511F53u, p0) ^ c3 ^ k[2 * i + 1];
     c1 = 0xCD9E8D57u * p2;
     c3 = 0xD2511F53u * p0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
   }
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
-__device__ __forceinline__ float tf_uniform(unsigned int x) { int i = (int)x; i = i < 0 ? -i - 1 : i; return (float)i * 4.6566127e-10f; }
+__device__ __forceinline__ void tf_philox(long long seed, unsigned int offset, unsigned int* out) {
+  unsigned int k[20]; tf_philox_keys(seed, k); tf_philox_k(k, offset, out);
+}
+__device__ __forceinline__ float tf_uniform(unsigned int x) { return __uint_as_float(0x3f800000u | (x >> 9)) - 1.0f; }
 __device__ __forceinline__ float tf_normal(unsigned int a, unsigned int b) {
   const float u1 = fmaxf(1.0e-7f, tf_uniform(a)), u2 = tf_uniform(b);
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
@@ -164,6 +171,16 @@ mod tests {
         let mean = xs.iter().sum::<f32>() / xs.len() as f32;
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
         assert_ne!(philox(1, 0), philox(2, 0));
+    }
+
+    #[test]
+    fn uniform_stays_below_one_at_the_largest_words() {
+        // i32 · 2^-31 rounds 0x7fff_ffff up to exactly 1.0.
+        for w in [u32::MAX, 0x7fff_ffff, 0x8000_0000, 0xffff_fe00] {
+            assert!(uniform(w) < 1.0, "{w:#x} -> {}", uniform(w));
+        }
+        assert_eq!(uniform(0), 0.0);
+        assert_eq!(uniform(u32::MAX), 1.0 - f32::EPSILON);
     }
 
     #[test]

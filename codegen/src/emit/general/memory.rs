@@ -817,9 +817,25 @@ impl Gen<'_, '_> {
         let spt = self.layouts[l].spt[p];
         let dtype = self.e.spec.tensors[t].dtype;
         let es = dtype.size();
-        // The run's values, narrowed to the tensor's type.
-        let narrowed = move |v: &str, ty: CTy| narrow(dtype, v, ty);
-        let storage = dtype.c_storage();
+        // 16-bit floats keep the run's values as f32 and narrow them two at a
+        // time, one `cvt.rn.bf16x2.f32` (or f16x2) a word: half the
+        // conversions, and no shifts to pack the halves.
+        let half = match dtype {
+            DType::BF16 => Some("tf_pack_bf16x2"),
+            DType::F16 => Some("tf_pack_f16x2"),
+            _ => None,
+        }
+        .filter(|_| spt % 2 == 0);
+        // The run's values, narrowed to the tensor's type (or as f32).
+        let narrowed = move |v: &str, ty: CTy| match half {
+            Some(_) => convert(v, ty, CTy::F32),
+            None => narrow(dtype, v, ty),
+        };
+        let storage = if half.is_some() {
+            "float"
+        } else {
+            dtype.c_storage()
+        };
         let run = (d, p, chunk);
         let Some((n, d2, mask)) = self.open_run(
             t,
@@ -844,7 +860,9 @@ impl Gen<'_, '_> {
             let words: Vec<String> = (0..chunk / 4)
                 .map(|w| {
                     let byte = c * chunk + w * 4;
-                    if es == 8 {
+                    if let Some(pack) = half {
+                        format!("{pack}(tf_s[{}], tf_s[{}])", byte / 2, byte / 2 + 1)
+                    } else if es == 8 {
                         format!(
                             "(unsigned int)((unsigned long long)tf_s[{}] >> {})",
                             byte / 8,
@@ -868,7 +886,11 @@ impl Gen<'_, '_> {
                 format!("*({ctype}*)(tf_p + {}) = {value};", c * chunk / es),
             );
         }
-        self.close_run(d, spt, (n, d2), &mask, "tf_p[tf_j] = tf_s[tf_j];", depth);
+        let slow = match half {
+            Some(_) => format!("tf_p[tf_j] = {};", narrow(dtype, "tf_s[tf_j]", CTy::F32)),
+            None => "tf_p[tf_j] = tf_s[tf_j];".into(),
+        };
+        self.close_run(d, spt, (n, d2), &mask, &slow, depth);
         Ok(())
     }
 }

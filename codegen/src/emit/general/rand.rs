@@ -56,6 +56,13 @@ impl Gen<'_, '_> {
         };
         let decl = self.decl(&v);
         self.w(depth, format!("{decl};  // {}", crate::emit::one_line(at)));
+        // The round keys once, outside the groups' branches (where the
+        // compiler would recompute them per group).
+        let keys = self.temp("tf_pk");
+        self.w(
+            depth,
+            format!("unsigned int {keys}[20]; tf_philox_keys({seed_c}, {keys});"),
+        );
         let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
         let n = self.open(l, &others, depth);
         let d1 = depth + n;
@@ -89,7 +96,7 @@ impl Gen<'_, '_> {
         self.w(d2, format!("if ({}) {{", seq.join(" && ")));
         self.w(
             d2 + 1,
-            format!("unsigned int tf_c[4]; tf_philox({seed_c}, tf_o / {g}u, tf_c);"),
+            format!("unsigned int tf_c[4]; tf_philox_k({keys}, tf_o / {g}u, tf_c);"),
         );
         for (j, out) in outs.iter().enumerate() {
             self.w(d2 + 1, format!("{out} = {};", kind.cuda_of_words(j as u32)));
