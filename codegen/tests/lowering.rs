@@ -1724,3 +1724,35 @@ fn lower_wgmma_tma_store() {
         "rows are 4-byte aligned",
     );
 }
+
+#[test]
+fn a_row_kernels_repeated_computation_is_computed_once_per_element() {
+    // jsd's shape: `lm` is used twice, and `exp(a)` three times; inlined as
+    // text, `logf` ran twice per element (the compiler does not merge it).
+    let k = Kernel::parse(
+        "kernel jsd(lp: Tensor<f32, 2>, lq: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {
+           for tm in tile(m) {
+             let mut acc = zeros::<f32>([tm]);
+             for tn in tile(n) {
+               let a = lp[(tm, tn)];
+               let b = lq[(tm, tn)];
+               let lm = log(0.5 * (exp(a) + exp(b)));
+               acc = acc + (exp(a) * (a - lm) + exp(b) * (b - lm)).sum(tn);
+             }
+             out[tm] = acc;
+           }
+         }",
+    )
+    .expect("the kernel parses");
+    let cfg = default_config(&plan(&k));
+    let l = lowered(&k, &declared_spec(&k), &cfg);
+    assert_eq!(l.path, "rows");
+    let body = kernel_part(&l);
+    let line = body
+        .lines()
+        .find(|x| x.contains("for (int j = 0;") && x.contains("tf_a = "))
+        .expect("the reduction's loop over a thread's columns");
+    assert_eq!(line.matches("logf(").count(), 1, "{line}");
+    assert_eq!(line.matches("tf_exp(").count(), 2, "{line}");
+    assert!(line.contains("const float tf_c"), "{line}");
+}

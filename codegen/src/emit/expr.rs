@@ -16,6 +16,7 @@ use std::collections::HashMap;
 pub use crate::dtype::CTy;
 
 /// What the emitter needs to know about where it is.
+#[derive(Clone)]
 pub struct ElemCtx<'a> {
     pub k: &'a Kernel,
     pub spec: &'a Spec,
@@ -171,6 +172,24 @@ impl ElemCtx<'_> {
     /// The dtype `e` has by the checker's rules.
     pub fn dtype_of(&self, e: &Expr) -> DType {
         crate::check::type_of(self.k, self.spec, self.checked, e).map_or(DType::F32, |t| t.dtype)
+    }
+
+    /// [`ElemCtx::emit`] with each computation `e` repeats (a `let` used
+    /// twice is inlined twice, as jsd's `log(m)` is) declared once before:
+    /// `(declarations, the C expression, its C type)`. The declarations are
+    /// statements for the same scope as the expression (names `tf_c0`, …);
+    /// the compiler does not merge library calls such as `logf` by itself.
+    pub fn emit_shared(&self, e: &Expr, at: &str) -> Result<(String, String, CTy), CodegenError> {
+        let mut ctx = self.clone();
+        let mut decls = String::new();
+        for (i, x) in repeated(e, &self.precomputed).into_iter().enumerate() {
+            let (c, ty) = ctx.emit(&x, at)?;
+            let name = format!("tf_c{i}");
+            decls.push_str(&format!("const {} {name} = {c}; ", ty.c()));
+            ctx.precomputed.push((x, name));
+        }
+        let (c, ty) = ctx.emit(e, at)?;
+        Ok((decls, c, ty))
     }
 
     /// The C expression of one element of `e`, and its C type.
@@ -459,4 +478,34 @@ pub fn end_of(k: &Kernel, d: DimId) -> String {
         Some(s) => format!("s{s}"),
         None => format!("tf_end{d}"),
     }
+}
+
+/// The computations (not loads, variables or constants) that occur more than
+/// once in `e`, inner ones first, each once; not looking inside what is
+/// `done` already (a reduction computed before, with its argument).
+fn repeated(e: &Expr, done: &[(Expr, String)]) -> Vec<Expr> {
+    fn visit<'a>(e: &'a Expr, done: &[(Expr, String)], seen: &mut Vec<(&'a Expr, usize)>) {
+        if matches!(e, Expr::Reduce { .. }) || done.iter().any(|(x, _)| x == e) {
+            return;
+        }
+        for c in e.children() {
+            visit(c, done, seen);
+        }
+        let computes = matches!(
+            e,
+            Expr::Binary { .. } | Expr::Unary { .. } | Expr::Select { .. } | Expr::Rand { .. }
+        );
+        if computes {
+            match seen.iter_mut().find(|(x, _)| *x == e) {
+                Some((_, n)) => *n += 1,
+                None => seen.push((e, 1)),
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    visit(e, done, &mut seen);
+    seen.into_iter()
+        .filter(|&(_, n)| n > 1)
+        .map(|(x, _)| x.clone())
+        .collect()
 }

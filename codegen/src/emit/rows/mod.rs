@@ -542,10 +542,10 @@ impl RowWriter {
         let start = e.out.len();
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre.to_vec();
-        let (v, ty) = ctx.emit(value, at)?;
+        let (shared, v, ty) = ctx.emit_shared(value, at)?;
         let v = crate::prims::cast::cuda(&v, ty, dtype);
         let n = self.open(e, p, ind);
-        let _ = writeln!(e.out, "{ind}  TF_DST = {v};");
+        let _ = writeln!(e.out, "{ind}  {{ {shared}TF_DST = {v}; }}");
         Self::close(e, n, ind);
         Ok((start, dtype.cty()))
     }

@@ -35,7 +35,7 @@ impl RowWriter {
         let f = |a: &str, b: &str| op.combine_c(a, b);
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre.to_vec();
-        let (v, ty) = ctx.emit(arg, at)?;
+        let (shared, v, ty) = ctx.emit_shared(arg, at)?;
         if ty != CTy::F32 {
             return Err(unsupported());
         }
@@ -45,10 +45,10 @@ impl RowWriter {
             "{ind}float {name}[{rpt}];  // {}\n{ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
              {ind}  float tf_a = {identity};\n\
              {ind}  if (tf_rem{dim} == B{dim}) {{  // a whole step: every column in bounds\n\
-             {ind}    #pragma unroll\n{ind}    for (int j = 0; j < {cols}; ++j) tf_a = {upd};\n\
+             {ind}    #pragma unroll\n{ind}    for (int j = 0; j < {cols}; ++j) {{ {shared}tf_a = {upd}; }}\n\
              {ind}  }} else {{\n\
              {ind}    #pragma unroll\n{ind}    for (int j = 0; j < {cols}; ++j)\n\
-             {ind}      if ({col} < tf_rem{dim}) tf_a = {upd};\n\
+             {ind}      if ({col} < tf_rem{dim}) {{ {shared}tf_a = {upd}; }}\n\
              {ind}  }}",
             one_line(at),
             cols = self.cols(e),

@@ -27,7 +27,7 @@ impl RowWriter {
         let p = self.place(index);
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre;
-        let (v, ty) = ctx.emit(value, at)?;
+        let (shared, v, ty) = ctx.emit_shared(value, at)?;
         let _ = writeln!(e.out, "{ind}// {}", one_line(at));
         let ts = &e.spec.tensors[t];
         if p == Place::Tile
@@ -36,7 +36,7 @@ impl RowWriter {
             && index.len() == 2
             && index[0] == self.g.rd
         {
-            self.store_rows(e, t, &v, ty, ind);
+            self.store_rows(e, t, (&shared, &v), ty, ind);
             return Ok(());
         }
         let coords = self.coords();
@@ -62,7 +62,7 @@ impl RowWriter {
         let cty = ty.c();
         let _ = writeln!(
             e.out,
-            "{ind}  if ({owner} && {}) {{ const {cty} v = {v}; t{t}[{}] = {}; }}",
+            "{ind}  if ({owner} && {}) {{ {shared}const {cty} v = {v}; t{t}[{}] = {}; }}",
             tensor_mask(t, &idx),
             tensor_offset(t, &idx),
             narrow(ts.dtype, "v", ty)
@@ -96,7 +96,14 @@ impl RowWriter {
     /// Stores a tile `t[row, col]` (rows contiguous) `VEC` columns at a time:
     /// packed 16-byte stores where the chunk lies inside the tensor and rows are
     /// aligned, element by element otherwise.
-    fn store_rows(&self, e: &mut Emitter, t: TensorId, v: &str, ty: CTy, ind: &str) {
+    fn store_rows(
+        &self,
+        e: &mut Emitter,
+        t: TensorId,
+        (shared, v): (&str, &str),
+        ty: CTy,
+        ind: &str,
+    ) {
         let dtype = e.spec.tensors[t].dtype;
         let esize = dtype.size();
         let vec = self.g.vec;
@@ -118,7 +125,7 @@ impl RowWriter {
         // One chunk: its values, then 16-byte stores or element by element.
         let values = format!(
             "{cty} tf_o[{vec}];\n\
-             #pragma unroll\nfor (int tf_v = 0; tf_v < {vec}; ++tf_v) {{ const int j = tf_ch * {vec} + tf_v; tf_o[tf_v] = {v}; }}\n"
+             #pragma unroll\nfor (int tf_v = 0; tf_v < {vec}; ++tf_v) {{ const int j = tf_ch * {vec} + tf_v; {shared}tf_o[tf_v] = {v}; }}\n"
         );
         let mut vector = String::from("uint4* tf_q = (uint4*)(tf_p + tf_c);\n");
         let per = 16 / esize;
