@@ -268,7 +268,8 @@ fn driver_version() -> i32 {
     v
 }
 
-/// The tuning key of a launch: everything a winner depends on.
+/// The tuning key of a launch: everything a winner depends on (the generated
+/// code through the codegen crate's source digest).
 fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<String> {
     let k = launch.kernel;
     let (cc, nvrtc) = (
@@ -284,7 +285,7 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
             .join("; ")
     });
     Ok(format!(
-        "tune\nkernel {}\nir {ir}\nspec {spec}\nshape buckets {buckets:?}\ndevice {} sm_{}{}\ndriver {}\nnvrtc {}.{}\ntilefuse {}\ncandidates {}",
+        "tune\nkernel {}\nir {ir}\nspec {spec}\nshape buckets {buckets:?}\ndevice {} sm_{}{}\ndriver {}\nnvrtc {}.{}\ntilefuse {} (codegen {})\ncandidates {}",
         k.name,
         launch.dev.name(),
         cc.0,
@@ -293,6 +294,7 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
         nvrtc.0,
         nvrtc.1,
         env!("CARGO_PKG_VERSION"),
+        tilefuse_codegen::SOURCE_HASH,
         cands.as_deref().unwrap_or("(the space)")
     ))
 }
