@@ -189,8 +189,10 @@ fn masks_pick_by_index() {
         .unwrap();
     assert_eq!(l.path, "rows");
     let src = &l.source;
-    // The comparison is a mask `select` branches on, per element.
-    assert!(src.contains(" == v0[i]) ? "), "{src}");
+    // The comparison is a mask `select` picks by, per element (both sides
+    // computed, as interpret mode does).
+    assert!(src.contains("tf_select(((long long)"), "{src}");
+    assert!(src.contains(" == v0[i])"), "{src}");
     // The label is a 64-bit integer per row, loaded before the walk.
     let label = src
         .find("long long v0[1];  // label")
