@@ -3,6 +3,8 @@
 //! device scratch whose rows start on 16-byte boundaries, and the kernel reads
 //! that copy. See `tilefuse_codegen::staging` for which operands and why.
 
+#![warn(clippy::arithmetic_side_effects)] // user shapes and strides: checked
+
 use crate::args::TensorArg;
 use crate::device::Device;
 use crate::error::{argument, driver, Error, Result};
@@ -36,14 +38,14 @@ struct Copy {
 }
 
 /// Where copies of operands `(tensor, rows, bytes per row)` go in the scratch,
-/// and the bytes they need.
-fn layout(operands: impl IntoIterator<Item = (usize, usize, usize)>) -> (Vec<Copy>, usize) {
+/// and the bytes they need; `None` where a size overflows.
+fn layout(operands: impl IntoIterator<Item = (usize, usize, usize)>) -> Option<(Vec<Copy>, usize)> {
     let mut copies = Vec::new();
     let mut end = 0usize;
     for (t, rows, row_bytes) in operands {
-        let pitch = row_bytes.next_multiple_of(ROW_ALIGN);
-        let offset = end.next_multiple_of(COPY_ALIGN);
-        end = offset + rows * pitch;
+        let pitch = row_bytes.checked_next_multiple_of(ROW_ALIGN)?;
+        let offset = end.checked_next_multiple_of(COPY_ALIGN)?;
+        end = offset.checked_add(rows.checked_mul(pitch)?)?;
         copies.push(Copy {
             tensor: t,
             offset,
@@ -52,7 +54,7 @@ fn layout(operands: impl IntoIterator<Item = (usize, usize, usize)>) -> (Vec<Cop
             row_bytes,
         });
     }
-    (copies, end)
+    Some((copies, end))
 }
 
 impl Device {
@@ -69,15 +71,24 @@ impl Device {
         if staged.is_empty() {
             return Ok(out);
         }
+        let overflow = || {
+            argument(
+                format!("kernel `{}`", k.name),
+                "(staged operands)",
+                "their aligned copies' bytes overflow the address space",
+            )
+        };
         let (copies, bytes) = layout(staged.iter().map(|&t| {
             (
                 t,
                 tensors[t].shape[0],
-                tensors[t].shape[1] * tensors[t].dtype.size(),
+                tensors[t].shape[1].saturating_mul(tensors[t].dtype.size()),
             )
-        }));
+        }))
+        .ok_or_else(overflow)?;
         let stream = &self.gpu("staging operands")?.stream;
         let mut s = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let size = bytes.checked_next_power_of_two().ok_or_else(overflow)?;
         if s.buf.as_ref().is_none_or(|b| b.len() < bytes) {
             // Inside a graph capture an allocation on the stream would belong to
             // the graph, and the scratch kept here would be invalid outside it.
@@ -88,11 +99,11 @@ impl Device {
                 });
             }
             // The old buffer is freed in stream order, after the launches using it.
-            s.generation += 1;
+            s.generation = s.generation.wrapping_add(1);
             s.buf = Some(
                 // SAFETY: every byte a kernel reads from the scratch is written by
                 // the copies queued below, before that kernel on the same stream.
-                unsafe { stream.alloc::<u8>(bytes.next_power_of_two()) }
+                unsafe { stream.alloc::<u8>(size) }
                     .map_err(driver("allocating scratch for staged operands"))?,
             );
         }
@@ -105,10 +116,12 @@ impl Device {
             let src = &tensors[c.tensor];
             let name = k.tensors[c.tensor].name.as_str();
             let esize = src.dtype.size();
-            let dst = base + c.offset as u64;
+            let dst = base.checked_add(c.offset as u64).ok_or_else(overflow)?;
+            // A row stride in bytes (saturated: a huge one never overlaps).
+            let stride = src.strides[0];
+            let pitch = (stride.max(0) as usize).saturating_mul(esize);
             if c.rows > 0 && c.row_bytes > 0 {
-                let stride = src.strides[0];
-                if stride < 0 || ((stride as usize) * esize < c.row_bytes && c.rows > 1) {
+                if stride < 0 || (pitch < c.row_bytes && c.rows > 1) {
                     return Err(argument(
                         format!("kernel `{}`", k.name),
                         name,
@@ -125,7 +138,7 @@ impl Device {
                     srcHost: std::ptr::null(),
                     srcDevice: src.ptr,
                     srcArray: std::ptr::null_mut(),
-                    srcPitch: (stride as usize * esize).max(c.row_bytes),
+                    srcPitch: pitch.max(c.row_bytes),
                     dstXInBytes: 0,
                     dstY: 0,
                     dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
@@ -149,7 +162,7 @@ impl Device {
             }
             let t = &mut out[c.tensor];
             t.ptr = dst;
-            t.strides = vec![(c.pitch / esize) as isize, 1];
+            t.strides = vec![c.pitch.checked_div(esize).unwrap_or(0) as isize, 1];
         }
         Ok(out)
     }
@@ -170,14 +183,21 @@ mod tests {
     #[test]
     fn copies_start_aligned_with_rows_of_whole_16_bytes() {
         // bf16 A 777x3333 and B 3333x2222, as a ragged benchmark shape stages them.
-        let (c, bytes) = layout([(0, 777, 3333 * 2), (1, 3333, 2222 * 2)]);
+        let (c, bytes) = layout([(0, 777, 3333 * 2), (1, 3333, 2222 * 2)]).expect("fits");
         assert_eq!((c[0].offset, c[0].pitch), (0, 6672));
         assert_eq!(c[1].pitch, 4448);
         assert_eq!(c[1].offset % COPY_ALIGN, 0);
         assert!(c[1].offset >= 777 * 6672);
         assert_eq!(bytes, c[1].offset + 3333 * 4448);
         // Aligned rows keep their length; empty operands take no room.
-        let (c, bytes) = layout([(2, 4, 64), (3, 0, 6)]);
+        let (c, bytes) = layout([(2, 4, 64), (3, 0, 6)]).expect("fits");
         assert_eq!((c[0].pitch, c[1].offset, bytes), (64, 256, 256));
+    }
+
+    #[test]
+    fn copies_whose_bytes_overflow_are_refused() {
+        assert!(layout([(0, usize::MAX, 64)]).is_none());
+        assert!(layout([(0, 2, usize::MAX)]).is_none());
+        assert!(layout([(0, 1, 64), (1, usize::MAX / 64, 64)]).is_none());
     }
 }

@@ -2,6 +2,8 @@
 //! tensor memory accelerator: built on the host per launch (a few hundred
 //! nanoseconds) and passed by value as `__grid_constant__` parameters.
 
+#![warn(clippy::arithmetic_side_effects)] // user shapes and strides: checked
+
 use crate::args::TensorArg;
 use crate::error::{argument, driver, Result};
 use cudarc::driver::sys;
@@ -32,20 +34,30 @@ pub(crate) fn tensor_map(
     let rank = t.shape.len();
     // Dimensions innermost first; each outer one's stride in bytes. A dimension of
     // one index is never stepped: any valid stride stands in for its own (which
-    // may be 0 or odd for a broadcast or a view).
+    // may be 0 or odd for a broadcast or a view). Byte counts saturate: a huge
+    // one fails the `< 2^40` test below instead of wrapping into a small one.
     let dims: Vec<u64> = t.shape.iter().rev().map(|&n| n as u64).collect();
-    let mut strides: Vec<u64> = Vec::with_capacity(rank.saturating_sub(1));
-    let mut ok = (2..=5).contains(&rank) && t.strides[rank - 1] == 1 && t.ptr % 16 == 0;
-    let mut span = (t.shape[rank - 1] as u64 * elem as u64).div_ceil(16) * 16;
-    for i in (0..rank.saturating_sub(1)).rev() {
-        let bytes = t.strides[i] as i64 * elem as i64;
+    let outer = rank.saturating_sub(1);
+    let mut strides: Vec<u64> = Vec::with_capacity(outer);
+    let mut ok = (2..=5).contains(&rank)
+        && dims.iter().all(|&n| (1..=1 << 32).contains(&n))
+        && t.strides.len() == rank
+        && t.strides.last() == Some(&1)
+        && t.ptr % 16 == 0;
+    let inner = t.shape.last().map_or(0, |&n| n as u64);
+    let mut span = inner
+        .saturating_mul(elem as u64)
+        .div_ceil(16)
+        .saturating_mul(16);
+    for i in (0..outer.min(t.strides.len())).rev() {
+        let bytes = (t.strides[i] as i64).saturating_mul(elem as i64);
         let s = if t.shape[i] == 1 {
             span.max(16)
         } else {
             bytes.max(0) as u64
         };
         ok &= s > 0 && s % 16 == 0 && s < (1 << 40);
-        span = s * t.shape[i].max(1) as u64;
+        span = s.saturating_mul(t.shape[i].max(1) as u64);
         strides.push(s);
     }
     if !ok {
@@ -53,8 +65,9 @@ pub(crate) fn tensor_map(
             "TMA descriptor",
             name,
             format!(
-                "needs a tensor of 2 to 5 dimensions with contiguous rows, a 16-byte aligned start and \
-                 outer strides that are positive multiples of 16 bytes; got shape {:?}, strides {:?}",
+                "needs a tensor of 2 to 5 dimensions of 1 to 2^32 indices with contiguous rows, a 16-byte \
+                 aligned start and outer strides that are positive multiples of 16 bytes below 2^40; got \
+                 shape {:?}, strides {:?}",
                 t.shape, t.strides
             ),
         ));
@@ -85,5 +98,50 @@ pub(crate) fn tensor_map(
         .result()
         .map_err(driver(format!("encoding the TMA descriptor of `{name}`")))?;
         Ok(map.assume_init())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+
+    fn arg(shape: Vec<usize>, strides: Vec<isize>) -> TensorArg {
+        TensorArg {
+            ptr: 0,
+            dtype: DType::BF16,
+            shape,
+            strides,
+            device: Device::interpreter(),
+            host: None,
+        }
+    }
+
+    #[test]
+    fn strides_that_overflow_in_bytes_are_refused_not_wrapped() {
+        for (shape, strides) in [
+            (vec![4, 64], vec![isize::MAX, 1]),
+            (vec![4, 64], vec![isize::MAX / 2 + 8, 1]),
+            (vec![usize::MAX, 64], vec![64, 1]),
+            (vec![4, usize::MAX], vec![64, 1]),
+        ] {
+            let e = tensor_map(&arg(shape.clone(), strides), "a", 64, 64)
+                .err()
+                .unwrap_or_else(|| panic!("{shape:?} was accepted"));
+            assert!(e.to_string().contains("outer strides"), "{e}");
+        }
+    }
+
+    #[test]
+    fn ranks_outside_two_to_five_are_refused_not_indexed() {
+        for (shape, strides) in [
+            (vec![], vec![]),
+            (vec![8], vec![1]),
+            (vec![2; 6], vec![1; 6]),
+        ] {
+            assert!(tensor_map(&arg(shape, strides), "a", 64, 64).is_err());
+        }
+        // Strides that do not match the shape's rank.
+        assert!(tensor_map(&arg(vec![4, 64], vec![1]), "a", 64, 64).is_err());
     }
 }
