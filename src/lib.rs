@@ -97,12 +97,13 @@
 //!   instead (accumulate across the loop, or `atomic_add`);
 //! - masks: `t.index()` is each element's index along tile `t`; `select(mask, a, b)`
 //!   picks `a` where the mask holds, else `b` (`select(tn.index() == label, v, 0.0)`,
-//!   `examples/cross_entropy.rs`);
-//! - random numbers: `rand(seed, offset)` (uniform in [0, 1)), `randn(…)`,
-//!   `randint(…)`: Philox 4x32-10 keyed by the seed, as Triton's `tl.rand`, from each
-//!   element's integer offset, so a dropout mask can be recomputed; four consecutive
-//!   offsets share one call's words (two for `randn`), as cuRAND's `uniform4`, so
-//!   offsets that run along a tile (`tm.index() * n + tn.index()`) draw once per four;
+//!   `examples/cross_entropy.rs`); both sides are computed, as `torch.where` does;
+//! - random numbers: `rand(seed, offset)` (uniform in [0, 1), multiples of 2^-23),
+//!   `randn(…)`, `randint(…)`: Philox 4x32-10 keyed by the seed, as Triton's `tl.rand`,
+//!   from each element's integer offset, so a dropout mask can be recomputed; four
+//!   consecutive offsets share one call's words (two for `randn`), as cuRAND's
+//!   `uniform4`, so offsets that run along a tile (`tm.index() * n + tn.index()`) draw
+//!   once per four;
 //! - host values (`alpha`, `m / chunks`) are captured by value; `#[constexpr]`
 //!   parameters are baked into the generated code;
 //! - `if cond { … } else { … }`, as a statement or a value
