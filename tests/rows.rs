@@ -191,7 +191,7 @@ fn masks_pick_by_index() {
     let src = &l.source;
     // The comparison is a mask `select` picks by, per element (both sides
     // computed, as interpret mode does).
-    assert!(src.contains("tf_select(((long long)"), "{src}");
+    assert!(src.contains("tf_select<float>(((long long)"), "{src}");
     assert!(src.contains(" == v0[i])"), "{src}");
     // The label is a 64-bit integer per row, loaded before the walk.
     let label = src

@@ -311,8 +311,11 @@ impl ElemCtx<'_> {
                 let a = self.emit(then, at)?;
                 let b = self.emit(otherwise, at)?;
                 (
+                    // The type named: each side converts to it even where its
+                    // C expression's own type differs (an integer promotion).
                     format!(
-                        "tf_select({}, {}, {})",
+                        "tf_select<{}>({}, {}, {})",
+                        ty.c(),
                         convert(&m, mt, CTy::Bool),
                         convert(&a.0, a.1, ty),
                         convert(&b.0, b.1, ty)
