@@ -328,3 +328,110 @@ fn every_primitive_on_the_gpu_matches_interpret_mode() {
         failed.join("\n")
     );
 }
+
+/// `/` on f32 at the ends of the range, where `tf_div` scales the divisor
+/// into `rcp.approx`'s range (above 2^126, below 2^-126, zeros and
+/// infinities), elementwise and with a divisor shared by a row (its
+/// reciprocal computed once): within 2 ulp of the quotient rounded once,
+/// the same infinities, zeros and NaNs.
+#[test]
+fn division_across_the_f32_range_is_within_two_ulp() {
+    let texts = [
+        "kernel div(a: Tensor<f32, 2>, b: Tensor<f32, 2>, d: Tensor<f32, 1>, out: Tensor<f32, 2>; m, n) {\n  \
+         for (tm, tn) in tile([m, n]) {\n    out[(tm, tn)] = a[(tm, tn)] / b[(tm, tn)];\n  }\n}\n",
+        "kernel div(a: Tensor<f32, 2>, b: Tensor<f32, 2>, d: Tensor<f32, 1>, out: Tensor<f32, 2>; m, n) {\n  \
+         for (tm, tn) in tile([m, n]) {\n    out[(tm, tn)] = a[(tm, tn)] / d[tm];\n  }\n}\n",
+    ];
+    // Divisors: each end of the range, both signs, and ordinary values.
+    let ends: [f32; 12] = [
+        3.0e38,
+        1.0e38,
+        9.0e37,
+        1.0e-37,
+        1.1e-38,
+        1.0e-39,
+        1.0e-42,
+        1.0e-45,
+        0.0,
+        f32::INFINITY,
+        0.75,
+        3.0,
+    ];
+    let mut rng = Rng::fresh();
+    let mut b = vec![0f32; M * N];
+    let mut a = vec![0f32; M * N];
+    for (i, (x, y)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
+        let sign = if rng.uniform() < 0.0 { -1.0 } else { 1.0 };
+        *y = sign * ends[i % ends.len()];
+        // Numerators: ordinary, tiny and huge, so quotients overflow and
+        // underflow too.
+        let u = rng.uniform() as f32;
+        *x = match (i / ends.len()) % 4 {
+            0 => 3.0 * u,
+            1 => 1.0e-30 * u,
+            2 => 1.0e30 * u,
+            _ => 2.0e38 * u,
+        };
+    }
+    let d: Vec<f32> = (0..M).map(|r| ends[r % ends.len()]).collect();
+    let defs: Vec<&'static KernelDef> = texts
+        .iter()
+        .map(|text| {
+            let kernel = Kernel::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let json: &'static str = Box::leak(kernel.to_json().into_boxed_str());
+            &*Box::leak(Box::new(KernelDef::new("div", json, None)))
+        })
+        .collect();
+    if crate::common::nvrtc_or_skip() {
+        for (form, def) in defs.iter().enumerate() {
+            let spec = def.declared_spec().unwrap();
+            let cfg = default_config(def.ir().unwrap());
+            for arch in ["sm_90a", "sm_80"] {
+                def.compile(&spec, &cfg, arch)
+                    .unwrap_or_else(|e| panic!("form {form} for {arch}: {e}"));
+            }
+        }
+    }
+    let Some(_dev) = gpu() else { return };
+    let tiny = f32::from_bits(1);
+    for (form, def) in defs.iter().enumerate() {
+        let ta = Tensor::from_slice(&a, [M, N]).unwrap();
+        let tb = Tensor::from_slice(&b, [M, N]).unwrap();
+        let td = Tensor::from_slice(&d, [M]).unwrap();
+        let to = Tensor::from_slice(&vec![-12345.0f32; M * N], [M, N]).unwrap();
+        let args = [
+            ta.tensor_arg(),
+            tb.tensor_arg(),
+            td.tensor_arg(),
+            to.tensor_arg(),
+        ];
+        def.launch(
+            &args,
+            &[ScalarArg::Int(M as i64), ScalarArg::Int(N as i64)],
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("form {form}: {e}"));
+        let got = to.to_vec().unwrap();
+        for (i, &g) in got.iter().enumerate() {
+            let den = if form == 0 { b[i] } else { d[i / N] };
+            let want = (f64::from(a[i]) / f64::from(den)) as f32;
+            let ok = if want.is_nan() || g.is_nan() {
+                want.is_nan() && g.is_nan()
+            } else if want.is_infinite() {
+                // Overflowed: infinity, or within 2 ulp of the largest finite.
+                g == want
+                    || (g.signum() == want.signum()
+                        && g.abs() >= f32::MAX * (1.0 - 4.0 * f32::EPSILON))
+            } else {
+                // An ulp of the quotient (of the subnormals below 2^-126).
+                let ulp = (want.abs() * f32::EPSILON).max(tiny);
+                (g - want).abs() <= 2.0 * ulp
+            };
+            assert!(
+                ok,
+                "form {form}, element {i}: {} / {den} = {g} on the GPU, {want} rounded once",
+                a[i]
+            );
+        }
+    }
+}
