@@ -17,6 +17,24 @@ fn value(rank: usize, call: u32, i: usize) -> f32 {
     (rank * 1_000_000 + call as usize * 10_000 + i % 9_973) as f32
 }
 
+/// A survivor's end of an NCCL fault run: `outcome` (of `what`, with a dead
+/// rank) must be an error; then the tensors, communicator and group are
+/// dropped (which must neither hang nor free twice) and the error is
+/// reported as the expected failure.
+fn dropped_after(
+    rank: usize,
+    outcome: tilefuse_runtime::Result<()>,
+    what: &str,
+    drop_all: impl FnOnce(),
+) -> Result<(), String> {
+    let Err(err) = outcome else {
+        return Err(format!("{what} passed with a dead rank"));
+    };
+    drop_all();
+    println!("rank {rank}: the group was dropped after: {err}");
+    Err(format!("expected failure: {err}"))
+}
+
 /// What one rank checks; `Err` describes the first failure.
 fn rank_main() -> Result<(), String> {
     let e = |x: tilefuse_runtime::Error| x.to_string();
@@ -66,13 +84,9 @@ fn rank_main() -> Result<(), String> {
         let outcome = nccl
             .all_reduce(&x, &y)
             .and_then(|()| pg.synchronize("an NCCL all-reduce"));
-        let Err(err) = outcome else {
-            return Err("an all-reduce passed with a dead rank".into());
-        };
-        drop((x, y, nccl));
-        drop(pg);
-        println!("rank {rank}: the group was dropped after: {err}");
-        return Err(format!("expected failure: {err}"));
+        return dropped_after(rank, outcome, "an all-reduce", move || {
+            drop((x, y, nccl, pg))
+        });
     }
     if std::env::args().any(|a| a == "--fault-nccl-connect") {
         // Rank 1 joins NCCL and dies before the first collective, in which NCCL
@@ -92,13 +106,9 @@ fn rank_main() -> Result<(), String> {
         let outcome = nccl
             .all_reduce(&x, &y)
             .and_then(|()| pg.synchronize("the first NCCL all-reduce"));
-        let Err(err) = outcome else {
-            return Err("a first all-reduce passed with a dead rank".into());
-        };
-        drop((x, y, nccl));
-        drop(pg);
-        println!("rank {rank}: the group was dropped after: {err}");
-        return Err(format!("expected failure: {err}"));
+        return dropped_after(rank, outcome, "a first all-reduce", move || {
+            drop((x, y, nccl, pg))
+        });
     }
     if std::env::args().any(|a| a == "--fault") {
         // Rank 1 dies; rank 0 must not hang: the launcher stops it, or its barrier

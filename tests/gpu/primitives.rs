@@ -96,48 +96,38 @@ fn cases() -> Vec<Case> {
                 out: vec![M],
             });
         }
-        // Carried down a loop, as a column reduction writes it: the general
-        // lowering keeps per-element totals and reduces them after the loop.
+        // Carried down a loop, as a column reduction writes it (the general
+        // lowering keeps per-element totals and reduces them after the loop),
+        // and along a row, as a norm writes it (the row lowering's form).
         let id = match op.identity(DType::F32) {
             Num::F(v) if v.is_infinite() => format!("{}inf", if v < 0.0 { "-" } else { "" }),
             Num::F(v) => format!("{v:?}"),
             Num::I(v) => v.to_string(),
         };
-        let x = format!("a[(tm, tn)].{}(tm)", op.name());
-        let step = match op.binary().function() {
-            Some(f) => format!("{f}(acc, {x})"),
-            None => format!("acc {} {x}", op.binary().symbol()),
-        };
-        cases.push(Case {
-            what: format!("{} down a loop on f32", op.name()),
-            text: format!(
-                "kernel prim(a: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {{\n  \
-                 for tn in tile(n) {{\n    let mut acc = full::<f32>([tn], {id});\n    \
-                 for tm in tile(m) {{\n      acc = {step};\n    }}\n    out[tn] = acc;\n  }}\n}}\n"
-            ),
-            ints: false,
-            binary: None,
-            product: op == ReduceOp::Prod,
-            out: vec![N],
-        });
-        // Carried along a row, as a norm writes it: the row lowering's form.
-        let x = format!("a[(tm, tn)].{}(tn)", op.name());
-        let step = match op.binary().function() {
-            Some(f) => format!("{f}(acc, {x})"),
-            None => format!("acc {} {x}", op.binary().symbol()),
-        };
-        cases.push(Case {
-            what: format!("{} along a row on f32", op.name()),
-            text: format!(
-                "kernel prim(a: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {{\n  \
-                 for tm in tile(m) {{\n    let mut acc = full::<f32>([tm], {id});\n    \
-                 for tn in tile(n) {{\n      acc = {step};\n    }}\n    out[tm] = acc;\n  }}\n}}\n"
-            ),
-            ints: false,
-            binary: None,
-            product: op == ReduceOp::Prod,
-            out: vec![M],
-        });
+        for (form, kept, walked, len) in [
+            ("down a loop", "tn", "tm", N),
+            ("along a row", "tm", "tn", M),
+        ] {
+            let x = format!("a[(tm, tn)].{}({walked})", op.name());
+            let step = match op.binary().function() {
+                Some(f) => format!("{f}(acc, {x})"),
+                None => format!("acc {} {x}", op.binary().symbol()),
+            };
+            cases.push(Case {
+                what: format!("{} {form} on f32", op.name()),
+                text: format!(
+                    "kernel prim(a: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {{\n  \
+                     for {kept} in tile({}) {{\n    let mut acc = full::<f32>([{kept}], {id});\n    \
+                     for {walked} in tile({}) {{\n      acc = {step};\n    }}\n    out[{kept}] = acc;\n  }}\n}}\n",
+                    &kept[1..],
+                    &walked[1..],
+                ),
+                ints: false,
+                binary: None,
+                product: op == ReduceOp::Prod,
+                out: vec![len],
+            });
+        }
     }
     cases
 }
@@ -200,7 +190,12 @@ fn to_host(t: &(Option<Tensor<f32>>, Option<Tensor<i32>>)) -> Vec<f64> {
 
 /// The case's kernel, as the macro would define it.
 fn define(c: &Case) -> &'static KernelDef {
-    let kernel = Kernel::parse(&c.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", c.what, c.text));
+    define_text(&c.text, &c.what)
+}
+
+/// A kernel from the IR's text, as the macro would define it.
+fn define_text(text: &str, what: &str) -> &'static KernelDef {
+    let kernel = Kernel::parse(text).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
     let json: &'static str = Box::leak(kernel.to_json().into_boxed_str());
     Box::leak(Box::new(KernelDef::new("prim", json, None)))
 }
@@ -374,14 +369,7 @@ fn division_across_the_f32_range_is_within_two_ulp() {
         };
     }
     let d: Vec<f32> = (0..M).map(|r| ends[r % ends.len()]).collect();
-    let defs: Vec<&'static KernelDef> = texts
-        .iter()
-        .map(|text| {
-            let kernel = Kernel::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-            let json: &'static str = Box::leak(kernel.to_json().into_boxed_str());
-            &*Box::leak(Box::new(KernelDef::new("div", json, None)))
-        })
-        .collect();
+    let defs: Vec<&'static KernelDef> = texts.iter().map(|t| define_text(t, "division")).collect();
     if crate::common::nvrtc_or_skip() {
         for (form, def) in defs.iter().enumerate() {
             let spec = def.declared_spec().unwrap();
