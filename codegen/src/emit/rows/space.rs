@@ -30,37 +30,37 @@ pub(super) fn axes(kernel: &Kernel) -> Vec<Axis> {
 /// A warp per row for short rows, a whole block per row (one pass, the row
 /// in registers) for long ones. (rows per program, columns per step, warps.)
 pub(super) fn seeds(space: &ConfigSpace) -> Vec<Config> {
-    const PROVEN: [(usize, usize, usize); 8] = [
-        (4, 1024, 4),
-        (1, 4096, 8),
-        (1, 8192, 8),
-        (1, 8192, 16),
-        (2, 4096, 8),
-        (8, 1024, 8),
-        (1, 2048, 4),
-        (16, 512, 16),
+    // (rows, columns, warps, threads an SM or 0 for no bound). The last: a row
+    // kernel that reduces each step across its threads before the next
+    // (welford's per-step means, 16384×8192 bf16 on an H200) ran 0.082 ms at
+    // 16 × 512 with 4 warps, against 0.107 at (4, 1024, 4) and 0.100 at
+    // (16, 512, 8); without the occupancy bound that tile spills softmax's
+    // per-row state.
+    const PROVEN: [(usize, usize, usize, usize); 9] = [
+        (4, 1024, 4, 0),
+        (1, 4096, 8, 0),
+        (1, 8192, 8, 0),
+        (1, 8192, 16, 0),
+        (2, 4096, 8, 0),
+        (8, 1024, 8, 0),
+        (1, 2048, 4, 0),
+        (16, 512, 16, 0),
+        (16, 512, 4, 512),
     ];
     let grid = &space.kernel().grid;
     let mut seeds: Vec<Config> = PROVEN
         .iter()
-        .map(|&(rows, cols, w)| {
+        .map(|&(rows, cols, w, occupancy)| {
             let mut c = space.default_config().clone().num_warps(w);
+            if occupancy > 0 {
+                c = c.occupancy(occupancy);
+            }
             for (d, b) in c.block_sizes.iter_mut().enumerate() {
                 *b = if grid.contains(&d) { rows } else { cols };
             }
             c
         })
         .collect();
-    // 16 rows of 512 columns, 4 warps, 512 threads an SM: a row kernel that
-    // reduces each step across its threads before the next (welford's per-step
-    // means, 16384×8192 bf16 on an H200) ran 0.082 ms so, against 0.107 at
-    // (4, 1024, 4) and 0.100 at (16, 512, 8). Without the occupancy bound the
-    // same tile spills softmax's per-row state.
-    let mut tall = space.default_config().clone().num_warps(4).occupancy(512);
-    for (d, b) in tall.block_sizes.iter_mut().enumerate() {
-        *b = if grid.contains(&d) { 16 } else { 512 };
-    }
-    seeds.push(tall);
     // A long first walk and narrower later ones, 4 warps: one row of a kernel
     // that walks it three times (LayerNorm with a two-pass variance, 8192
     // columns) ran 0.158 ms as 4096 then 2048, against 0.204 as one
