@@ -185,11 +185,13 @@ fn random_numbers_use_philox() {
     let body = kernel_part(&l);
     // A run of 8 draws twice, four values a call, where its offsets are
     // consecutive from a multiple of 4; else each element by itself. The
-    // round keys are made once, before the runs.
-    assert!(body.contains("tf_philox_keys(s1, tf_pk"), "{body}");
+    // round keys are made once, before the runs, and the offsets in 32 bits.
+    assert!(body.contains("tf_philox_keys_held(s1, tf_pk"), "{body}");
     assert!(body.contains("tf_o / 4u, tf_c);"), "{body}");
     assert!(body.contains("= tf_uniform(tf_c[3]);"), "{body}");
-    assert!(body.contains("tf_rand(s1, (unsigned int)("), "{body}");
+    assert!(body.contains("unsigned int tf_x"), "{body}");
+    assert!(!body.contains("long long tf_x"), "{body}");
+    assert!(body.contains("tf_rand(s1, tf_x"), "{body}");
 }
 
 #[test]

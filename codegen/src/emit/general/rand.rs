@@ -6,6 +6,7 @@
 //! its own call, with the same numbers.
 
 use super::{Gen, Val};
+use crate::dtype::DType;
 use crate::emit::expr::{convert, CTy};
 use crate::error::CodegenError;
 use crate::ir::*;
@@ -42,7 +43,8 @@ impl Gen<'_, '_> {
         }
         let (s, st) = self.ctx(l, pre).emit(seed, at)?;
         let seed_c = convert(&s, st, CTy::I64);
-        let off = self.materialize(offset, at, l, depth, pre)?;
+        let wrapped = self.in_u32(offset);
+        let off = self.materialize(&wrapped, at, l, depth, pre)?;
         let v = Val {
             name: self.temp("tf_rn"),
             dims: dims.clone(),
@@ -56,12 +58,13 @@ impl Gen<'_, '_> {
         };
         let decl = self.decl(&v);
         self.w(depth, format!("{decl};  // {}", crate::emit::one_line(at)));
-        // The round keys once, outside the groups' branches (where the
-        // compiler would recompute them per group).
+        // The round keys once, outside the groups' branches, and held in
+        // registers (`tf_philox_keys_held`): recomputed, they cost a fifth of
+        // each call.
         let keys = self.temp("tf_pk");
         self.w(
             depth,
-            format!("unsigned int {keys}[20]; tf_philox_keys({seed_c}, {keys});"),
+            format!("unsigned int {keys}[20]; tf_philox_keys_held({seed_c}, {keys});"),
         );
         let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
         let n = self.open(l, &others, depth);
@@ -109,5 +112,40 @@ impl Gen<'_, '_> {
         self.w(d1, "}");
         self.close(n, depth);
         Ok(Some(v))
+    }
+
+    /// `x` (an integer expression) computed modulo 2^32, in 32-bit arithmetic
+    /// where that gives the same word: sums, differences, products and bitwise
+    /// operations of its parts wrap alike, and the offset is taken modulo
+    /// 2^32 anyway. `tm.index() * n + tn.index()` then costs 32-bit
+    /// multiplies and adds per element instead of 64-bit ones, and the
+    /// compiler sees that a run's offsets are consecutive.
+    fn in_u32(&self, x: &Expr) -> Expr {
+        let integral = |e: &Expr| !self.ty(e).dtype.is_float();
+        match x {
+            Expr::Binary { op, lhs, rhs, at }
+                if integral(x)
+                    && matches!(
+                        op,
+                        BinOp::Add
+                            | BinOp::Sub
+                            | BinOp::Mul
+                            | BinOp::BitAnd
+                            | BinOp::BitOr
+                            | BinOp::BitXor
+                    ) =>
+            {
+                Expr::Binary {
+                    op: *op,
+                    lhs: Box::new(self.in_u32(lhs)),
+                    rhs: Box::new(self.in_u32(rhs)),
+                    at: at.clone(),
+                }
+            }
+            _ => Expr::Cast {
+                arg: Box::new(x.clone()),
+                dtype: Some(DType::U32),
+            },
+        }
     }
 }
