@@ -192,6 +192,12 @@ fn random_numbers_use_philox() {
     assert!(body.contains("unsigned int tf_x"), "{body}");
     assert!(!body.contains("long long tf_x"), "{body}");
     assert!(body.contains("tf_rand(s1, tf_x"), "{body}");
+    // `x[ti]` is loaded before the draws, so its latency overlaps them.
+    let load = body.find("// x[ti]").expect("the load of x");
+    assert!(
+        load < body.find("tf_philox_keys_held").unwrap_or(0),
+        "{body}"
+    );
 }
 
 #[test]

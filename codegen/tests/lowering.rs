@@ -1009,7 +1009,7 @@ fn lower_elementwise_1d() {
     let body = kernel_part(&l);
     // The scalar `len` is a block-uniform C local using the clipped tile end.
     assert!(
-        body.contains("v0_0 = (long long)((tf_min_i(tb0 + B0, s0) - tb0));"),
+        body.contains(" = (long long)((tf_min_i(tb0 + B0, s0) - tb0));"),
         "{body}"
     );
     assert!(body.contains("* (float)(v0_"), "{body}");
@@ -1086,7 +1086,14 @@ fn a_value_carried_across_a_loop_stays_in_registers() {
     let decl = body.find("float v0_").expect("s declared");
     let lp = body.find("for (long long tb1").expect("the loop");
     assert!(decl < lp, "{body}");
-    assert!(body.contains("= (v0_0[0] + 1.0f);"), "{body}");
+    let name = &body[decl + "float ".len()..]
+        .split('[')
+        .next()
+        .unwrap_or("");
+    assert!(
+        body.contains(&format!("{name}[0] = ({name}[0] + 1.0f);")),
+        "{body}"
+    );
 }
 
 // ---------------------------------------------------------------- default_config

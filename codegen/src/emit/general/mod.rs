@@ -727,8 +727,85 @@ impl Gen<'_, '_> {
         l: usize,
         depth: usize,
     ) -> Result<(), CodegenError> {
+        self.prefetch(stmts, l, depth)?;
         for s in stmts {
             self.stmt(s, active, l, depth)?;
+        }
+        Ok(())
+    }
+
+    /// Issues the loads of a level's statements before the first of them, so
+    /// their latency overlaps whatever the statements compute before the
+    /// values are used (dropout draws its random numbers, about 13
+    /// instructions an element, before the load it scales; in that order a
+    /// warp waits for its load after the draws). Taken: loads of tensors the
+    /// kernel never writes (and waits for nothing), indexed by tiles, scalars
+    /// and constants only, outside branches, nested loops and matmuls; the
+    /// statements then find them in [`Gen::loaded`].
+    fn prefetch(&mut self, stmts: &[Stmt], l: usize, depth: usize) -> Result<(), CodegenError> {
+        let k = self.e.k;
+        let mut written = Vec::new();
+        let mut waits = false;
+        k.walk_stmts(&mut |s| match s {
+            Stmt::Store { tensor, .. } | Stmt::Atomic { tensor, .. } => written.push(*tensor),
+            Stmt::Wait { .. } | Stmt::Signal { .. } => waits = true,
+            _ => {}
+        });
+        if waits {
+            return Ok(());
+        }
+        fn plain(index: &[Expr]) -> bool {
+            let mut ok = true;
+            for i in index {
+                i.walk(&mut |y| {
+                    ok &= !matches!(
+                        y,
+                        Expr::Var(_)
+                            | Expr::Load { .. }
+                            | Expr::Reduce { .. }
+                            | Expr::Addmm { .. }
+                            | Expr::Rand { .. }
+                    )
+                });
+            }
+            ok
+        }
+        fn collect<'a>(x: &'a Expr, written: &[TensorId], out: &mut Vec<&'a Expr>) {
+            match x {
+                Expr::Load { tensor, index, .. } => {
+                    if !written.contains(tensor) && plain(index) && !out.contains(&x) {
+                        out.push(x);
+                    }
+                }
+                Expr::Addmm { .. } => {}
+                _ => {
+                    for c in x.children() {
+                        collect(c, written, out);
+                    }
+                }
+            }
+        }
+        let mut loads = Vec::new();
+        for s in stmts {
+            if matches!(
+                s,
+                Stmt::Let { .. } | Stmt::Assign { .. } | Stmt::Store { .. } | Stmt::Atomic { .. }
+            ) {
+                for x in s.exprs() {
+                    collect(x, &written, &mut loads);
+                }
+            }
+        }
+        let mut pre = Vec::new();
+        for x in loads {
+            if self.loaded.iter().any(|(y, _)| y == x) {
+                continue;
+            }
+            let at = match x {
+                Expr::Load { at, .. } => at.clone(),
+                _ => String::new(),
+            };
+            self.hoist_into(x, &at, l, depth, &mut pre)?;
         }
         Ok(())
     }
