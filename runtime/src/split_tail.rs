@@ -18,6 +18,8 @@
 //! Either way the last program to finish a tile adds the parts in order and runs
 //! the epilogue, so results do not depend on timing.
 
+#![warn(clippy::arithmetic_side_effects)] // extents from user scalars: checked
+
 use crate::device::Device;
 use crate::error::{driver, Error, Result};
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -59,12 +61,17 @@ impl SplitPlan {
 
     /// Programs to launch.
     pub fn programs(&self) -> u64 {
-        self.whole + self.parts
+        self.whole.saturating_add(self.parts)
     }
 
     /// The K tiles of a program's share, as the kernel walks them:
     /// `(tile, k_lo, k_hi, part, parts of the tile)` in order, split tiles
     /// numbered from 0. For tests and tools; the kernel computes the same.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "in u128, of u64 values: products of two cannot overflow; \
+                  `it < end <= iters` bounds the rest, and divisors are checked nonzero"
+    )]
     pub fn segments(&self, program: u64, k_tiles: u64) -> Vec<Segment> {
         if program < self.whole {
             return vec![Segment {
@@ -74,21 +81,30 @@ impl SplitPlan {
                 of: 1,
             }];
         }
-        let (q, iters, p) = (program - self.whole, self.split * k_tiles, self.parts);
+        let k = u128::from(k_tiles);
+        let (q, iters, p) = (
+            u128::from(program - self.whole),
+            u128::from(self.split) * k,
+            u128::from(self.parts),
+        );
+        if iters == 0 || p == 0 || q >= p {
+            return Vec::new();
+        }
         // The program holding iteration x: the last q with q·I/P <= x.
-        let owner = |x: u64| ((x + 1) * p).div_ceil(iters) - 1;
+        let owner = |x: u128| ((x + 1) * p).div_ceil(iters) - 1;
         let (mut it, end) = (q * iters / p, (q + 1) * iters / p);
+        let narrow = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
         let mut out = Vec::new();
         while it < end {
-            let t = it / k_tiles;
-            let lo = it - t * k_tiles;
-            let hi = k_tiles.min(lo + end - it);
-            let (q0, q1) = (owner(t * k_tiles), owner((t + 1) * k_tiles - 1));
+            let t = it / k;
+            let lo = it - t * k;
+            let hi = k.min(lo + end - it);
+            let (q0, q1) = (owner(t * k), owner((t + 1) * k - 1));
             out.push(Segment {
-                tile: t,
-                k: (lo, hi),
-                part: q - q0,
-                of: q1 - q0 + 1,
+                tile: narrow(t),
+                k: (narrow(lo), narrow(hi)),
+                part: narrow(q - q0),
+                of: narrow(q1 - q0 + 1),
             });
             it += hi - lo;
         }
@@ -123,19 +139,22 @@ pub struct Segment {
 /// assert_eq!(plan(16, 16, 66, 16).ways, 1);
 /// ```
 pub fn plan(tiles: u64, k_tiles: u64, slots: u64, min_part: u64) -> SplitPlan {
-    let tail = if slots == 0 { 0 } else { tiles % slots };
+    let tail = tiles.checked_rem(slots).unwrap_or(0);
     if tail == 0 || !enabled() {
         return SplitPlan::none(tiles);
     }
-    let ways = (slots / tail).min(MAX_WAYS).min(k_tiles / min_part.max(1));
+    let ways = (slots.checked_div(tail).unwrap_or(0))
+        .min(MAX_WAYS)
+        .min(k_tiles.checked_div(min_part.max(1)).unwrap_or(0));
     if ways < 2 {
         return SplitPlan::none(tiles);
     }
     SplitPlan {
-        whole: tiles - tail,
+        // `tail < slots` and `ways <= MAX_WAYS`: neither saturates.
+        whole: tiles.saturating_sub(tail),
         ways,
         split: tail,
-        parts: tail * ways,
+        parts: tail.saturating_mul(ways),
     }
 }
 
@@ -151,29 +170,43 @@ pub fn plan(tiles: u64, k_tiles: u64, slots: u64, min_part: u64) -> SplitPlan {
 /// assert_eq!((p.whole, p.split, p.parts, p.ways), (396, 116, 132, 3));
 /// ```
 pub fn stream_k_plan(tiles: u64, k_tiles: u64, slots: u64) -> SplitPlan {
-    let tail = if slots == 0 { 0 } else { tiles % slots };
-    if tail == 0 || k_tiles == 0 || !enabled() {
+    let tail = tiles.checked_rem(slots).unwrap_or(0);
+    // A K extent no tensor has (a scalar argument) could overflow the count of
+    // iterations: nothing is split then.
+    let iters = tail.checked_mul(k_tiles).unwrap_or(0);
+    if tail == 0 || iters == 0 || !enabled() {
         return SplitPlan::none(tiles);
     }
-    let iters = tail * k_tiles;
     let parts = slots.min(iters / MIN_K_TILES_PER_PART);
     if parts <= tail {
         // No program would get less than a tile: nothing gained over whole tiles.
         return SplitPlan::none(tiles);
     }
-    // The most programs on one tile: those holding its first and last iterations
-    // and every one between.
-    let owner = |x: u64| ((x + 1) * parts).div_ceil(iters) - 1;
-    let ways = (0..tail)
-        .map(|t| owner((t + 1) * k_tiles - 1) - owner(t * k_tiles) + 1)
-        .max()
-        .unwrap_or(1);
     SplitPlan {
-        whole: tiles - tail,
-        ways,
+        whole: tiles.saturating_sub(tail),
+        ways: most_parts_on_a_tile(tail, k_tiles, parts),
         split: tail,
         parts,
     }
+}
+
+/// The most of `parts` programs, sharing the `tail · k_tiles` iterations
+/// evenly and in order, that hold iterations of one tile: those holding its
+/// first and last iterations and every one between.
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "in u128, of u64 values: products of two cannot overflow; \
+              `x < iters` and `iters = tail · k_tiles > 0` bound the rest"
+)]
+fn most_parts_on_a_tile(tail: u64, k_tiles: u64, parts: u64) -> u64 {
+    let (k, p) = (u128::from(k_tiles), u128::from(parts));
+    let iters = u128::from(tail) * k;
+    let owner = |x: u128| ((x + 1) * p).div_ceil(iters) - 1;
+    let most = (0..u128::from(tail))
+        .map(|t| owner((t + 1) * k - 1) - owner(t * k) + 1)
+        .max()
+        .unwrap_or(1);
+    u64::try_from(most).unwrap_or(u64::MAX)
 }
 
 // 0: not read yet, 1: off, 2: on.
@@ -237,18 +270,18 @@ impl Device {
         let stream = &self.gpu("split-K scratch")?.stream;
         if s.partials.as_ref().is_none_or(|p| p.len() < floats) {
             // The old buffer is freed in stream order, after the launches using it.
-            s.generation += 1;
+            s.generation = s.generation.wrapping_add(1);
             s.partials = Some(
                 stream
-                    .alloc_zeros::<f32>(floats.next_power_of_two())
+                    .alloc_zeros::<f32>(floats.checked_next_power_of_two().unwrap_or(floats))
                     .map_err(driver("allocating split-K scratch"))?,
             );
         }
         if s.counters.as_ref().is_none_or(|c| c.len() < counters) {
-            s.generation += 1;
+            s.generation = s.generation.wrapping_add(1);
             s.counters = Some(
                 stream
-                    .alloc_zeros::<u32>(counters.next_power_of_two())
+                    .alloc_zeros::<u32>(counters.checked_next_power_of_two().unwrap_or(counters))
                     .map_err(driver("allocating split-K counters"))?,
             );
         }
@@ -271,8 +304,28 @@ impl Device {
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects, reason = "tests: small known values")]
 mod tests {
     use super::*;
+
+    /// A K extent no tensor has (a kernel's scalar argument) plans without
+    /// overflowing, and the plan still covers each K tile once.
+    #[test]
+    fn huge_k_extents_plan_without_overflow() {
+        set_enabled(true);
+        for k_tiles in [u64::MAX, u64::MAX / 3, 1 << 62] {
+            assert_eq!(stream_k_plan(7, k_tiles, 132).parts, 0, "{k_tiles}");
+            let p = stream_k_plan(1, k_tiles, 132);
+            assert_eq!((p.split, p.parts, p.ways), (1, 132, 132), "{k_tiles}");
+            let last = p.segments(p.programs() - 1, k_tiles);
+            assert_eq!(last.last().map(|s| s.k.1), Some(k_tiles));
+            let p = plan(8, k_tiles, 132, 4);
+            assert_eq!((p.ways, p.parts), (4, 32));
+            assert_eq!(p.segments(p.programs() - 1, k_tiles)[0].k.1, k_tiles);
+        }
+        assert_eq!(plan(u64::MAX, 8, 0, 4).ways, 1);
+        assert_eq!(stream_k_plan(u64::MAX, 8, 0).parts, 0);
+    }
 
     #[test]
     fn whole_waves_are_not_split() {
