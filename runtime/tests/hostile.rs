@@ -40,6 +40,27 @@ fn shapes_whose_size_overflows_are_refused() {
     assert_eq!(t.numel(), 0);
 }
 
+/// A GEMM's K extent from a scalar argument (no tensor bounds it) plans its
+/// split of the last wave without overflowing, and the plan still reaches the
+/// last K tile.
+#[test]
+fn huge_k_extents_plan_the_split_tail_without_overflow() {
+    use tilefuse_runtime::split_tail::{plan, set_enabled, stream_k_plan};
+    set_enabled(true);
+    for k_tiles in [u64::MAX, u64::MAX / 3, 1 << 62] {
+        assert_eq!(stream_k_plan(7, k_tiles, 132).parts, 0, "{k_tiles}");
+        let p = stream_k_plan(1, k_tiles, 132);
+        assert_eq!((p.split, p.parts, p.ways), (1, 132, 132), "{k_tiles}");
+        let last = p.segments(p.programs() - 1, k_tiles);
+        assert_eq!(last.last().map(|s| s.k.1), Some(k_tiles));
+        let p = plan(8, k_tiles, 132, 4);
+        assert_eq!((p.ways, p.parts), (4, 32));
+        assert_eq!(p.segments(p.programs() - 1, k_tiles)[0].k.1, k_tiles);
+    }
+    assert_eq!(plan(u64::MAX, 8, 0, 4).ways, 1);
+    assert_eq!(stream_k_plan(u64::MAX, 8, 0).parts, 0);
+}
+
 #[test]
 fn views_outside_their_tensor_are_refused() {
     let dev = Device::interpreter();
