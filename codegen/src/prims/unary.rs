@@ -164,13 +164,17 @@ unary_table! {
 // (erff's 1 + erf cancels there); the positive side 1 - erfc/2, within 2 ulp. Twelve
 // FMAs and one ex2, where erff evaluates two polynomials and selects (about 25
 // instructions). docs/perf-history.md (GELU without erff) has the error by range.
+// The coefficients sit in constant memory, read by the FMAs as operands: as
+// immediates each took a register wherever the compiler hoisted them (a GEMM's
+// epilogue, at its register limit, spilled).
+__constant__ float tf_phi_fit[12] = {1.133601444e-07f, -2.984496632e-06f, 3.493410986e-05f, -2.373729803e-04f,
+  1.004367834e-03f, -2.406020416e-03f, 7.958838250e-05f, 2.782250755e-02f, -1.483802646e-01f, 5.242727995e-01f,
+  -1.627909303e+00f, -9.999999404e-01f};
 __device__ __forceinline__ float tf_phi(float x) {
   const float t = fabsf(x) * 0.70710678118654752f, u = fminf(t, 4.0f);
-  float h = 1.133601444e-07f;
-  h = fmaf(h, u, -2.984496632e-06f); h = fmaf(h, u, 3.493410986e-05f); h = fmaf(h, u, -2.373729803e-04f);
-  h = fmaf(h, u, 1.004367834e-03f); h = fmaf(h, u, -2.406020416e-03f); h = fmaf(h, u, 7.958838250e-05f);
-  h = fmaf(h, u, 2.782250755e-02f); h = fmaf(h, u, -1.483802646e-01f); h = fmaf(h, u, 5.242727995e-01f);
-  h = fmaf(h, u, -1.627909303e+00f); h = fmaf(h, u, -9.999999404e-01f);
+  float h = tf_phi_fit[0];
+  #pragma unroll
+  for (int i = 1; i < 12; ++i) h = fmaf(h, u, tf_phi_fit[i]);
   const float e = tf_exp2(fmaf(t, t * -1.4426950408889634f, h));
   return x < 0.0f ? e : 1.0f - e;
 }
@@ -261,18 +265,17 @@ mod tests {
     #[test]
     fn gelu_phi_fit_is_accurate() {
         let text = UnOp::Gelu.entry().helpers;
-        let body = &text[text.find("tf_phi(float x)").expect("tf_phi")..];
-        let num = |s: &str| -> f32 {
-            let end = s.find('f').expect("a float literal");
-            s[..end].trim().parse().expect("a coefficient")
-        };
-        let first = num(&body[body.find("float h = ").expect("h") + 10..]);
-        let rest: Vec<f32> = body.split("fmaf(h, u, ").skip(1).map(num).collect();
+        let fit = &text[text.find("tf_phi_fit[12] = {").expect("the fit") + 18..];
+        let coefs: Vec<f32> = fit[..fit.find('}').expect("its end")]
+            .split(',')
+            .map(|c| c.trim().trim_end_matches('f').parse().expect("a coefficient"))
+            .collect();
+        let (first, rest) = coefs.split_first().expect("coefficients");
         assert_eq!(rest.len(), 11, "a degree-11 fit");
         let phi_f32 = |x: f32| -> f32 {
             let t = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
             let u = t.min(4.0);
-            let h = rest.iter().fold(first, |h, &c| h.mul_add(u, c));
+            let h = rest.iter().fold(*first, |h, &c| h.mul_add(u, c));
             let e = (t.mul_add(t * -std::f32::consts::LOG2_E, h) as f64).exp2() as f32;
             if x < 0.0 {
                 e
