@@ -5,8 +5,11 @@
 //! times it next to cuBLAS's GEMM rate.
 //!
 //! ```text
-//! cargo run --release --example attention -- [B H S D] [--causal] [--bench]   (default 2 3 1000 80)
+//! cargo run --release --example attention -- [B H S D] [--causal] [--kv-heads HK] [--bench]   (default 2 3 1000 80)
 //! ```
+//!
+//! `--kv-heads HK` runs grouped-query attention ([`attention_gqa`]): `k` and `v`
+//! of `HK` heads, each shared by `H / HK` query heads.
 //!
 //! `q`, `k`, `v` and the output are `[B, H, S, D]` bf16, as PyTorch's
 //! `scaled_dot_product_attention` takes them.
@@ -48,6 +51,47 @@ pub fn attention(
             let alpha = exp(row_max - new_max);
             denom = denom * alpha + p.sum(tn);
             acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th, tn, td)]);
+            row_max = new_max;
+        }
+        out[(tb, th, tm, td)] = (acc / denom).cast();
+    }
+}
+
+/// Grouped-query attention: `k` and `v` have `hk` heads, each shared by `h / hk`
+/// consecutive query heads (`hk = h` is [`attention`]; `hk = 1`, multi-query
+/// attention), as SDPA's `enable_gqa=True`. Otherwise the same program.
+#[fused_kernel]
+pub fn attention_gqa(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    out: &Tensor<bf16>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, hk, sk, _] = k.shape();
+    let group = h / hk;
+    for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
+        let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);
+        let mut denom = zeros::<f32>([tb, th, tm]);
+        let mut acc = zeros::<f32>([tb, th, tm, td]);
+        for tn in tile(sk).until(if causal { tm.end() } else { sk }) {
+            let x = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                q[(tb, th, tm, td)],
+                k[(tb, th / group, tn, td)],
+            ) * scale;
+            let x = if causal {
+                select(tm.index() >= tn.index(), x, f32::NEG_INFINITY)
+            } else {
+                x
+            };
+            let new_max = max(row_max, x.max(tn));
+            let p = exp(x - new_max);
+            let alpha = exp(row_max - new_max);
+            denom = denom * alpha + p.sum(tn);
+            acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th / group, tn, td)]);
             row_max = new_max;
         }
         out[(tb, th, tm, td)] = (acc / denom).cast();
@@ -102,6 +146,10 @@ struct Cli {
     /// A causal mask.
     #[arg(long)]
     causal: bool,
+    /// Key and value heads, each shared by H / HK query heads (grouped-query
+    /// attention; H by default).
+    #[arg(long, value_name = "HK")]
+    kv_heads: Option<usize>,
     /// Time it next to cuBLAS's GEMMs of the same FLOPs.
     #[arg(long)]
     bench: bool,
@@ -110,6 +158,8 @@ struct Cli {
 struct Args {
     shape: [usize; 4],
     causal: bool,
+    /// Key and value heads; `None`: one per query head.
+    kv_heads: Option<usize>,
     bench: bool,
 }
 
@@ -126,9 +176,18 @@ fn parse(cli: Cli) -> Result<Args, String> {
     if shape.contains(&0) {
         return Err("every size must be at least 1".into());
     }
+    if let Some(hk) = cli.kv_heads {
+        if hk == 0 || shape[1] % hk != 0 {
+            return Err(format!(
+                "--kv-heads {hk}: expected a divisor of the {} query heads",
+                shape[1]
+            ));
+        }
+    }
     Ok(Args {
         shape,
         causal: cli.causal,
+        kv_heads: cli.kv_heads,
         bench: cli.bench,
     })
 }
@@ -136,18 +195,24 @@ fn parse(cli: Cli) -> Result<Args, String> {
 fn run(a: &Args) -> tilefuse::Result<bool> {
     let dev = Device::current()?;
     let [b, h, s, d] = a.shape;
+    let hk = a.kv_heads.unwrap_or(h);
     println!(
-        "device: {} ({}), attention over q, k, v [{b}x{h}x{s}x{d}] bf16{}",
+        "device: {} ({}), attention over q [{b}x{h}x{s}x{d}], k, v [{b}x{hk}x{s}x{d}] bf16{}",
         dev.name(),
         dev.arch(),
         if a.causal { ", causal" } else { "" }
     );
     let q = random_tensor::<bf16>([b, h, s, d], 1.0)?;
-    let k = random_tensor::<bf16>([b, h, s, d], 1.0)?;
-    let v = random_tensor::<bf16>([b, h, s, d], 1.0)?;
+    let k = random_tensor::<bf16>([b, hk, s, d], 1.0)?;
+    let v = random_tensor::<bf16>([b, hk, s, d], 1.0)?;
     let out = poisoned::<bf16>([b, h, s, d])?;
     let scale = 1.0 / (d as f32).sqrt();
-    attention(&q, &k, &v, &out, scale, a.causal)?;
+    let grouped = a.kv_heads.is_some();
+    let launch = || match grouped {
+        true => attention_gqa(&q, &k, &v, &out, scale, a.causal),
+        false => attention(&q, &k, &v, &out, scale, a.causal),
+    };
+    launch()?;
 
     // Every row of every slice when that is cheap, else rows spread over the
     // first and last slices (the last rows included: ragged edges).
@@ -168,8 +233,10 @@ fn run(a: &Args) -> tilefuse::Result<bool> {
     let (qh, kh, vh, oh) = (to64(&q)?, to64(&k)?, to64(&v)?, to64(&out)?);
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for &sl in &slices {
-        let at = |x: &[f64]| x[sl * s * d..(sl + 1) * s * d].to_vec();
-        let (qs, ks, vs) = (at(&qh), at(&kh), at(&vh));
+        let at = |x: &[f64], sl: usize| x[sl * s * d..(sl + 1) * s * d].to_vec();
+        // A query head's key/value head: its group's.
+        let kv = sl / h * hk + sl % h / (h / hk);
+        let (qs, ks, vs) = (at(&qh, sl), at(&kh, kv), at(&vh, kv));
         for &r in &rows {
             let want = reference_row(&qs, &ks, &vs, r, (s, d), f64::from(scale), a.causal);
             for (c, w) in want.iter().enumerate() {
@@ -190,9 +257,7 @@ fn run(a: &Args) -> tilefuse::Result<bool> {
     if a.bench && !dev.is_host() {
         // FlashAttention's count: 4·B·H·S²·D, half of it under a causal mask.
         let flops = 4.0 * work / if a.causal { 2.0 } else { 1.0 };
-        let t = tilefuse::time_gpu(&dev, 3, 20, true, || {
-            attention(&q, &k, &v, &out, scale, a.causal)
-        })?;
+        let t = tilefuse::time_gpu(&dev, 3, 20, true, launch)?;
         let n = 8192;
         let ga = random_tensor::<bf16>([n, n], 1.0)?;
         let gb = random_tensor::<bf16>([n, n], 1.0)?;
@@ -222,7 +287,7 @@ fn main() -> ExitCode {
     match parse(cli) {
         Ok(a) => exit_code(run(&a)),
         Err(e) => {
-            eprintln!("usage: attention [B H S D] [--causal] [--bench]: {e}");
+            eprintln!("usage: attention [B H S D] [--causal] [--kv-heads HK] [--bench]: {e}");
             ExitCode::from(2)
         }
     }

@@ -3,7 +3,10 @@
 timed as tilefuse times its kernels (CUDA events, warm-up, L2 flushed before each
 run, median of repeats), for the comparison in docs/PERFORMANCE.md.
 
-    python3 scripts/sdpa_bench.py [B H S D]      (default 8 16 4096 128)
+    python3 scripts/sdpa_bench.py [B H S D [HK]]      (default 8 16 4096 128)
+
+HK: key/value heads, each shared by H / HK query heads (grouped-query attention,
+`enable_gqa=True`); H by default.
 """
 import statistics
 import sys
@@ -32,12 +35,16 @@ def time_ms(fn, warmup=3, reps=20):
 
 def main():
     b, h, s, d = (int(x) for x in sys.argv[1:5]) if len(sys.argv) >= 5 else (8, 16, 4096, 128)
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, q/k/v [{b}x{h}x{s}x{d}] bf16")
-    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    hk = int(sys.argv[5]) if len(sys.argv) >= 6 else h
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, q [{b}x{h}x{s}x{d}], "
+          f"k/v [{b}x{hk}x{s}x{d}] bf16")
+    q = torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(b, hk, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    gqa = {"enable_gqa": True} if hk != h else {}
     for causal in (False, True):
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         tag = "causal" if causal else "non-causal"
-        ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa))
         print(f"sdpa default {tag}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
         for name, backend in (
             ("flash", SDPBackend.FLASH_ATTENTION),
@@ -46,7 +53,7 @@ def main():
         ):
             try:
                 with sdpa_kernel(backend):
-                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa))
                 print(f"sdpa {name} {tag}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
             except RuntimeError as e:
                 print(f"sdpa {name} {tag}: unavailable ({str(e).splitlines()[0]})")

@@ -40,6 +40,51 @@ fn the_example_is_attention_shaped_and_lowers() {
     }
 }
 
+/// Grouped-query attention (`k[(tb, th / group, tn, td)]`) is attention-shaped
+/// too: both programs read the keys and values of the query head's group, the
+/// queries and output of its own head.
+#[test]
+fn grouped_query_attention_takes_the_attention_lowering() {
+    let def = attention::attention_gqa::kernel();
+    let ir = def.ir().unwrap();
+    let Some(a) = ir.plan::<AttentionShape>() else {
+        panic!("not attention: {ir:?}");
+    };
+    assert_eq!(a.batch, vec![0, 1]);
+    assert!(
+        matches!(a.kv_group.as_slice(), [None, Some(Expr::Scalar(_))]),
+        "{:?}",
+        a.kv_group
+    );
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    for cfg in [default_config(ir), default_wgmma_attention(ir).unwrap()] {
+        let l = lower(ir, &spec, &cfg).unwrap();
+        assert!(l.path.starts_with("attention"), "{}", l.path);
+        assert!(l.source.contains("tb1 / tf_grp1"), "{}", l.source);
+        if cfg.wgmma {
+            assert!(l
+                .source
+                .contains("&tf_map_k, 0, (int)(tf_row), (int)tf_kv1, (int)tb0"));
+            assert!(l
+                .source
+                .contains("&tf_map_q, 0, (int)(tb2), (int)tb1, (int)tb0"));
+        } else {
+            assert!(l
+                .source
+                .contains("tf_k = t1 + tb0 * t1_s0 + tf_kv1 * t1_s1;"));
+            assert!(l.source.contains("tf_q = t0 + tb0 * t0_s0 + tb1 * t0_s1;"));
+        }
+    }
+    // A query (or any other load) indexed by a group is not the form: the
+    // general lowering takes it.
+    let text = ir.to_string();
+    let grouped_q = text.replace("q[(tb, th, tm, td)]", "q[(tb, (th / group), tm, td)]");
+    assert_ne!(grouped_q, text);
+    let other = Planned::new(tilefuse::codegen::ir::Kernel::parse(&grouped_q).unwrap());
+    assert!(other.plan::<AttentionShape>().is_none());
+}
+
 #[test]
 fn configs_the_lowering_cannot_run_say_why() {
     let def = attention::attention::kernel();

@@ -86,3 +86,19 @@ fn the_shared_command_lines_have_help_and_take_all_sizes_or_none() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("<K>"), "{err}");
 }
+
+/// Attention's key/value head count must divide the query heads: another is
+/// a usage error that names the flag, not a silent multi-head run.
+#[test]
+fn attention_refuses_kv_heads_that_do_not_divide_the_heads() {
+    for bad in ["3", "0"] {
+        let (code, err) = example("attention", &["1", "4", "60", "32", "--kv-heads", bad]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains(&format!(
+                "--kv-heads {bad}: expected a divisor of the 4 query heads"
+            )),
+            "{err}"
+        );
+    }
+}

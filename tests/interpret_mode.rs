@@ -166,31 +166,46 @@ fn row_kernels_match_f64() {
 /// block fitted to 32), causal (the key loop stopping at the diagonal) and
 /// not, and cross-attention over 30 keys: against the example's f64 rows. A
 /// pinned head-dimension block below the extent is refitted, not trusted.
+/// The grouped-query kernel too: 4 query heads on 2 key/value heads, and on 1.
 #[test]
 fn attention_matches_f64() {
     interpret();
-    let (b, h, d) = (2, 2, 20);
-    for (s, sk, causal) in [(45, 45, false), (45, 45, true), (45, 30, false)] {
+    let (b, d) = (2, 20);
+    for (h, hk, s, sk, causal) in [
+        (2, 2, 45, 45, false),
+        (2, 2, 45, 45, true),
+        (2, 2, 45, 30, false),
+        (4, 2, 45, 45, true),
+        (4, 1, 45, 30, false),
+    ] {
+        let grouped = hk != h;
         let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
-        let k = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
-        let v = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
+        let k = random_tensor::<bf16>([b, hk, sk, d], 1.0).unwrap();
+        let v = random_tensor::<bf16>([b, hk, sk, d], 1.0).unwrap();
         let out = poisoned::<bf16>([b, h, s, d]).unwrap();
         let scale = 0.3f32;
-        let def = attention::attention::kernel();
         // dims: tb, th, tm, td, tn; td's 8 is refitted to the extent; 16
         // rows a warp, as the GPU's attention program takes them.
         let cfg = Config::new(&[1, 1, 64, 8, 16]).num_warps(4);
-        def.with_config(cfg, || {
-            attention::attention(&q, &k, &v, &out, scale, causal)
-        })
+        if grouped {
+            attention::attention_gqa::kernel().with_config(cfg, || {
+                attention::attention_gqa(&q, &k, &v, &out, scale, causal)
+            })
+        } else {
+            attention::attention::kernel().with_config(cfg, || {
+                attention::attention(&q, &k, &v, &out, scale, causal)
+            })
+        }
         .unwrap();
         let (qh, kh, vh, oh) = (host(&q), host(&k), host(&v), host(&out));
         let mut want = Vec::new();
         for sl in 0..b * h {
+            // A query head's key/value head: its group's.
+            let kv = sl / h * hk + sl % h / (h / hk);
             let (qs, ks, vs) = (
                 &qh[sl * s * d..(sl + 1) * s * d],
-                &kh[sl * sk * d..(sl + 1) * sk * d],
-                &vh[sl * sk * d..(sl + 1) * sk * d],
+                &kh[kv * sk * d..(kv + 1) * sk * d],
+                &vh[kv * sk * d..(kv + 1) * sk * d],
             );
             for r in 0..s {
                 want.extend(attention::reference_row(
@@ -207,7 +222,7 @@ fn attention_matches_f64() {
         let err = rel_error(&oh, &want, |x| x, |x| x);
         assert!(
             err < 1e-2,
-            "attention {s}x{sk} causal={causal}: rel err {err}"
+            "attention {h}/{hk} heads {s}x{sk} causal={causal}: rel err {err}"
         );
     }
 }

@@ -437,7 +437,6 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
     let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
     std::env::set_var("TILEFUSE_SKIP_CACHE", "1");
     let def = attention::attention::kernel();
-    let base = def.declared_spec().expect("declared dtypes");
     // dims: tb, th, tm, td, tn; the accumulator registers a thread holds.
     let configs = [
         (Config::new(&[1, 1, 128, 128, 64]).num_warps(4), 192),
@@ -467,29 +466,44 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
             hopper(128, 256, 64, 2),
         ])
         .collect();
-    for causal in [0, 1] {
-        for (cfg, held) in &configs {
-            let mut spec = base.clone();
+    // The grouped-query kernel (keys and values of a head group) at the two
+    // paths' defaults for head dimension 128.
+    let grouped = attention::attention_gqa::kernel();
+    let runs = configs
+        .iter()
+        .map(|(c, held)| (def, c.clone(), *held))
+        .chain([
+            (
+                grouped,
+                Config::new(&[1, 1, 128, 128, 64]).num_warps(4),
+                192,
+            ),
+            (grouped, hopper(128, 128, 128, 3).0, 0),
+        ]);
+    for (def, cfg, held) in runs {
+        for causal in [0, 1] {
+            let mut spec = def.declared_spec().expect("declared dtypes");
             spec.constexprs = vec![causal];
             let lowered = def
-                .lower(&spec, cfg)
+                .lower(&spec, &cfg)
                 .unwrap_or_else(|e| panic!("attention {cfg}: {e}"));
-            let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
-                .unwrap_or_else(|e| panic!("attention {cfg} causal={causal}: {e}"));
-            no_warnings(&format!("attention {cfg} causal={causal}"), &log);
-            let spilled = spill_stores(&log)
-                .unwrap_or_else(|| panic!("attention {cfg}: no report in\n{log}"));
-            eprintln!("attention {cfg} causal={causal}: {spilled} bytes spilled");
-            let most = if *held <= 96 { 0 } else { 128 };
+            let name = def.name();
+            let log = tilefuse::jit::resource_report(name, &lowered.source, "sm_90a")
+                .unwrap_or_else(|e| panic!("{name} {cfg} causal={causal}: {e}"));
+            no_warnings(&format!("{name} {cfg} causal={causal}"), &log);
+            let spilled =
+                spill_stores(&log).unwrap_or_else(|| panic!("{name} {cfg}: no report in\n{log}"));
+            eprintln!("{name} {cfg} causal={causal}: {spilled} bytes spilled");
+            let most = if held <= 96 { 0 } else { 128 };
             if cfg.wgmma {
                 assert!(
                     !log.contains("C7510"),
-                    "attention {cfg}: wgmma serialized:\n{log}"
+                    "{name} {cfg}: wgmma serialized:\n{log}"
                 );
             }
             assert!(
                 spilled <= most,
-                "attention {cfg} causal={causal} spills {spilled} bytes (at most {most}):\n{log}"
+                "{name} {cfg} causal={causal} spills {spilled} bytes (at most {most}):\n{log}"
             );
         }
     }

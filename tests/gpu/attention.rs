@@ -3,7 +3,7 @@
 //! cross-attention (fewer keys than queries), under the tuner's configs;
 //! outputs poisoned. Also the errors for operands the lowering cannot load.
 
-use crate::common::examples::attention::{attention, reference_row};
+use crate::common::examples::attention::{attention, attention_gqa, reference_row};
 use crate::common::gpu;
 use tilefuse::prelude::*;
 use tilefuse_testkit::{poisoned, random_tensor};
@@ -53,31 +53,47 @@ fn attention_reading_acc(
     }
 }
 
-/// Runs the kernel on `[b, h, s, d]` queries and `sk` keys, checks every row.
-fn check(b: usize, h: usize, s: usize, sk: usize, d: usize, causal: bool, cfg: Option<Config>) {
-    check_kernel(false, (b, h, s, sk, d), causal, cfg)
+/// Which attention kernel a check runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Which {
+    /// The example's.
+    Example,
+    /// [`attention_reading_acc`].
+    ReadsAcc,
+    /// The example's grouped-query kernel, with this many key/value heads.
+    Grouped(usize),
 }
 
-/// [`check`] of the example's kernel, or with `reads_acc` of
-/// [`attention_reading_acc`]; `dims` = (b, h, s, sk, d).
+/// Runs the kernel on `[b, h, s, d]` queries and `sk` keys, checks every row.
+fn check(b: usize, h: usize, s: usize, sk: usize, d: usize, causal: bool, cfg: Option<Config>) {
+    check_kernel(Which::Example, (b, h, s, sk, d), causal, cfg)
+}
+
+/// [`check`] of the kernel `which`; `dims` = (b, h, s, sk, d).
 fn check_kernel(
-    reads_acc: bool,
+    which: Which,
     (b, h, s, sk, d): (usize, usize, usize, usize, usize),
     causal: bool,
     cfg: Option<Config>,
 ) {
+    let hk = match which {
+        Which::Grouped(hk) => hk,
+        _ => h,
+    };
     let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
-    let k = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
-    let v = random_tensor::<bf16>([b, h, sk, d], 1.0).unwrap();
+    let k = random_tensor::<bf16>([b, hk, sk, d], 1.0).unwrap();
+    let v = random_tensor::<bf16>([b, hk, sk, d], 1.0).unwrap();
     let out = poisoned::<bf16>([b, h, s, d]).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
-    let run = || match reads_acc {
-        false => attention(&q, &k, &v, &out, scale, causal).unwrap(),
-        true => attention_reading_acc(&q, &k, &v, &out, scale, causal).unwrap(),
+    let run = || match which {
+        Which::Example => attention(&q, &k, &v, &out, scale, causal).unwrap(),
+        Which::ReadsAcc => attention_reading_acc(&q, &k, &v, &out, scale, causal).unwrap(),
+        Which::Grouped(_) => attention_gqa(&q, &k, &v, &out, scale, causal).unwrap(),
     };
-    let def = match reads_acc {
-        false => attention::kernel(),
-        true => attention_reading_acc::kernel(),
+    let def = match which {
+        Which::Example => attention::kernel(),
+        Which::ReadsAcc => attention_reading_acc::kernel(),
+        Which::Grouped(_) => attention_gqa::kernel(),
     };
     match &cfg {
         Some(c) => def.with_config(c.clone(), run),
@@ -87,9 +103,11 @@ fn check_kernel(
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for sl in 0..b * h {
         let qs = &qh[sl * s * d..(sl + 1) * s * d];
+        // A query head's key/value head: its group's.
+        let kv = sl / h * hk + sl % h / (h / hk);
         let (ks, vs) = (
-            &kh[sl * sk * d..(sl + 1) * sk * d],
-            &vh[sl * sk * d..(sl + 1) * sk * d],
+            &kh[kv * sk * d..(kv + 1) * sk * d],
+            &vh[kv * sk * d..(kv + 1) * sk * d],
         );
         for r in 0..s {
             let want = reference_row(qs, ks, vs, r, (sk, d), f64::from(scale), causal);
@@ -101,10 +119,10 @@ fn check_kernel(
     }
     let err = (num / den).sqrt();
     let label = cfg.map_or("default".into(), |c| c.to_string());
-    eprintln!("attention {b}x{h}x{s}x{d}, {sk} keys, causal={causal}, {label}: rel err {err:.2e}");
+    eprintln!("attention {b}x{h}x{s}x{d}, {hk} kv heads, {sk} keys, causal={causal}, {label}: rel err {err:.2e}");
     assert!(
         err <= 1e-2,
-        "attention {b}x{h}x{s}x{d} causal={causal} {label}: rel err {err}"
+        "attention {b}x{h}x{s}x{d}, {hk} kv heads, causal={causal} {label}: rel err {err}"
     );
 }
 
@@ -188,9 +206,56 @@ fn attention_matches_f64_on_the_wgmma_path_when_the_loop_reads_the_accumulator()
             .unwrap()
             .source;
         assert!(source.contains("both products read the stage"), "{cfg}");
-        check_kernel(true, (1, 2, 300, 300, 64), true, Some(cfg.clone()));
-        check_kernel(true, (2, 1, 250, 250, 48), false, Some(cfg.clone()));
-        check_kernel(true, (1, 1, 333, 333, 80), true, Some(cfg));
+        check_kernel(
+            Which::ReadsAcc,
+            (1, 2, 300, 300, 64),
+            true,
+            Some(cfg.clone()),
+        );
+        check_kernel(
+            Which::ReadsAcc,
+            (2, 1, 250, 250, 48),
+            false,
+            Some(cfg.clone()),
+        );
+        check_kernel(Which::ReadsAcc, (1, 1, 333, 333, 80), true, Some(cfg));
+    }
+}
+
+/// Grouped-query attention (3 query heads a key/value head), multi-query (one
+/// key/value head for all) and one head a group (multi-head) on both paths,
+/// causal and not, ragged rows and keys: each query head reads its group's
+/// keys and values.
+#[test]
+fn grouped_query_attention_matches_f64() {
+    let Some(_dev) = gpu() else { return };
+    for causal in [false, true] {
+        check_kernel(Which::Grouped(2), (2, 6, 200, 200, 64), causal, None);
+        check_kernel(Which::Grouped(1), (1, 4, 129, 129, 128), causal, None);
+        check_kernel(Which::Grouped(3), (1, 3, 77, 77, 80), causal, None);
+    }
+    check_kernel(Which::Grouped(2), (1, 4, 100, 300, 64), false, None);
+}
+
+/// [`grouped_query_attention_matches_f64`] on the Hopper program, whose TMA
+/// loads take the group's head as a coordinate.
+#[test]
+fn grouped_query_attention_matches_f64_on_the_wgmma_path() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    for (bm, warps) in [(128, 8), (64, 4)] {
+        let cfg = Config::new(&[1, 1, bm, 64, 128])
+            .num_warps(warps)
+            .num_stages(3)
+            .wgmma(true);
+        check_kernel(
+            Which::Grouped(2),
+            (2, 6, 300, 300, 64),
+            true,
+            Some(cfg.clone()),
+        );
+        check_kernel(Which::Grouped(1), (1, 4, 250, 250, 128), false, Some(cfg));
     }
 }
 

@@ -7,6 +7,12 @@ use crate::ir::*;
 /// Whether every construct of `k` is one the fast paths know: plain tile
 /// indices, loops over host extents, no atomics or runtime `if`s.
 pub(crate) fn fast_form(k: &Kernel) -> bool {
+    fast_form_loading(k, |index| plain_index(index).is_some())
+}
+
+/// [`fast_form`], with the loads' indices those `load_index` takes (the
+/// attention form's keys and values may index a head by `th / group`).
+pub(crate) fn fast_form_loading(k: &Kernel, load_index: impl Fn(&[Expr]) -> bool) -> bool {
     let mut ok = k.dims.iter().all(|d| !d.each && d.extent.is_some());
     k.walk_stmts(&mut |s| match s {
         Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
@@ -20,7 +26,7 @@ pub(crate) fn fast_form(k: &Kernel) -> bool {
     });
     k.walk_exprs(&mut |e| {
         if let Expr::Load { index, .. } = e {
-            ok &= plain_index(index).is_some();
+            ok &= load_index(index);
         }
     });
     ok

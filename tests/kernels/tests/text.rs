@@ -61,6 +61,7 @@ fn every_example_kernel_round_trips_through_its_text() {
         cross_entropy::cross_entropy::kernel(),
         all_reduce_rms_norm::all_reduce_bias_rms_norm::kernel(),
         attention::attention::kernel(),
+        attention::attention_gqa::kernel(),
     ];
     let wrong: Vec<String> = defs.into_iter().filter_map(round_trip).collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));

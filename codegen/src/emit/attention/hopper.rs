@@ -107,6 +107,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let params = e.begin(threads, 1, &helpers, &extra);
     let (m, n) = (a.m, a.n);
     super::program_tiles(e, a);
+    let kv = super::kv_batch(e, a)?;
     let _ = write!(
         e.out,
         "  const int warp = tid >> 5;\n\
@@ -157,14 +158,13 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
     };
     key_tiles(e, *dim, until.as_ref())?;
-    // TMA coordinates, innermost first: column, row, then the batch tiles.
-    let batch: String = a
-        .batch
-        .iter()
-        .rev()
-        .map(|b| format!(", (int)tb{b}"))
-        .collect();
+    // TMA coordinates, innermost first: column, row, then the batch tiles
+    // (keys' and values' own: a grouped head's).
+    let coords =
+        |idx: &[String]| -> String { idx.iter().rev().map(|b| format!(", (int){b}")).collect() };
+    let q_idx: Vec<String> = a.batch.iter().map(|b| format!("tb{b}")).collect();
     let load = |map: &str, dst: &str, row: &str, bar: &str, rows: usize| -> String {
+        let batch = coords(if map == "q" { &q_idx } else { &kv });
         (0..panels)
             .map(|p| {
                 format!(

@@ -40,6 +40,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let helpers = helpers(&geo, threads, dtype);
     let params = e.begin(threads, 1, &helpers, &[]);
     program_tiles(e, a);
+    let kv = kv_batch(e, a)?;
     let _ = writeln!(
         e.out,
         "  const int lane = tid & 31, tf_warp = tid >> 5;\n\
@@ -60,8 +61,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         q_bytes = geo.bm * geo.hd * 2,
         kv2 = 2 * geo.bn * geo.hd * 2,
     );
-    for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v)] {
-        operand_base(e, a, name, t);
+    let q: Vec<String> = a.batch.iter().map(|b| format!("tb{b}")).collect();
+    for (name, t, idx) in [("q", a.q, &q), ("k", a.k, &kv), ("v", a.v, &kv)] {
+        operand_base(e, name, t, idx);
     }
     let _ = writeln!(
         e.out,
@@ -267,15 +269,39 @@ fn operands(e: &Emitter, a: &AttentionShape) -> Result<DType, CodegenError> {
     Ok(dtype)
 }
 
-/// `tf_{name}`: the operand's rows for this program's batch index, with its row
-/// stride, rows and columns (no rows when the batch index is past its extent).
-fn operand_base(e: &mut Emitter, a: &AttentionShape, name: &str, t: TensorId) {
+/// The batch indices of `k` and `v` for this program, as C: the query's
+/// `tb{b}`, or for a head a group of query heads shares (`th / group`,
+/// [`AttentionShape::kv_group`]) `tf_kv{i}`, declared here. A group under 1
+/// gives an index past every extent: no rows (the TMA unit fills zeros).
+fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenError> {
+    let mut out = Vec::new();
+    for (i, (&b, group)) in a.batch.iter().zip(&a.kv_group).enumerate() {
+        let Some(g) = group else {
+            out.push(format!("tb{b}"));
+            continue;
+        };
+        let (c, ty) = e.ctx(&[]).emit(g, "the key and value heads' group")?;
+        let g = super::expr::convert(&c, ty, CTy::I64);
+        let _ = writeln!(
+            e.out,
+            "  const long long tf_grp{i} = {g};\n\
+             \x20 const long long tf_kv{i} = tf_grp{i} > 0 ? tb{b} / tf_grp{i} : 0x7fffffffll;"
+        );
+        out.push(format!("tf_kv{i}"));
+    }
+    Ok(out)
+}
+
+/// `tf_{name}`: the operand's rows for the batch indices `idx` (C, one per
+/// batch tile), with its row stride, rows and columns (no rows when an index
+/// is past its extent).
+fn operand_base(e: &mut Emitter, name: &str, t: TensorId, idx: &[String]) {
     let rank = e.spec.tensors[t].rank;
     let mut off = String::new();
     let mut inside = String::from("true");
-    for (i, &b) in a.batch.iter().enumerate() {
-        let _ = write!(off, " + tb{b} * t{t}_s{i}");
-        let _ = write!(inside, " && tb{b} < t{t}_n{i}");
+    for (i, b) in idx.iter().enumerate() {
+        let _ = write!(off, " + {b} * t{t}_s{i}");
+        let _ = write!(inside, " && {b} < t{t}_n{i}");
     }
     let _ = writeln!(
         e.out,

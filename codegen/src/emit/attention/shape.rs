@@ -1,10 +1,12 @@
 //! The attention form ([`AttentionShape`]): a grid over rows (plus batch tiles
 //! and a whole head dimension), one inner loop over key tiles holding two
 //! `addmm`s, scores `q·kᵀ` from tile loads, then `acc = addmm(…, p, v[…])` with
-//! `p` computed from the scores.
+//! `p` computed from the scores. Keys and values may share a head among a
+//! group of query heads (grouped-query attention): their batch index
+//! `th / group` for a query head `th`.
 
 use crate::ir::*;
-use crate::plan::form::{addmm_stmts, fast_form, stmt_addmm};
+use crate::plan::form::{addmm_stmts, fast_form_loading, stmt_addmm};
 
 /// The parts of a flash-attention-shaped kernel:
 ///
@@ -20,7 +22,7 @@ use crate::plan::form::{addmm_stmts, fast_form, stmt_addmm};
 ///     …                                                // elementwise over [tm] / [tm, td], stores
 /// }
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AttentionShape {
     /// Grid tiles other than the rows and the head dimension (each one index a program).
     pub batch: Vec<DimId>,
@@ -40,16 +42,62 @@ pub struct AttentionShape {
     pub update: usize,
     /// The output accumulator (over `[tm, td]`).
     pub acc: VarId,
+    /// Per batch tile (as [`AttentionShape::batch`]), the divisor of its index
+    /// into `k` and `v` (a scalar expression: `group` in `k[(tb, th / group,
+    /// tn, td)]`), `None` where they take the query's index.
+    pub kv_group: Vec<Option<Expr>>,
+}
+
+/// A key or value batch index against the query's tile `b`: the tile's own
+/// index (`None`) or its index over a scalar divisor (`Some(divisor)`).
+fn kv_batch_index(e: &Expr, b: DimId) -> Option<Option<Expr>> {
+    match (e, grouped_head(e)) {
+        (Expr::TileIndex(d), _) if *d == b => Some(None),
+        (_, Some((d, g))) if d == b => Some(Some(g.clone())),
+        _ => None,
+    }
 }
 
 /// The attention form of `k`, if it has it: the first statement with an
 /// `addmm` is the key loop.
 pub(super) fn find(k: &Kernel) -> Option<AttentionShape> {
-    if !fast_form(k) {
+    let grouped = |index: &[Expr]| {
+        index
+            .iter()
+            .all(|e| matches!(e, Expr::TileIndex(_)) || grouped_head(e).is_some())
+    };
+    if !fast_form_loading(k, grouped) {
         return None;
     }
     let first = *addmm_stmts(k).first()?;
-    attention(k, first)
+    let a = attention(k, first)?;
+    // A grouped head only in the keys' and values' loads of the two `addmm`s
+    // (which `attention` read): any other load has plain tile indices.
+    let mut others_plain = true;
+    k.walk_exprs(&mut |e| {
+        if let Expr::Load { tensor, index, .. } = e {
+            others_plain &= plain_index(index).is_some() || *tensor == a.k || *tensor == a.v;
+        }
+    });
+    others_plain.then_some(a)
+}
+
+/// `tb / g` with `g` a scalar: the tile `tb` and the divisor `g`.
+fn grouped_head(e: &Expr) -> Option<(DimId, &Expr)> {
+    match e {
+        Expr::Binary {
+            op: BinOp::Div,
+            lhs,
+            rhs,
+            ..
+        } => match (lhs.as_ref(), rhs.as_ref()) {
+            (Expr::TileIndex(d), g @ (Expr::Scalar(_) | Expr::Const(_) | Expr::Int(_))) => {
+                Some((*d, g))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// Counts the `addmm`s in `e`.
@@ -129,20 +177,30 @@ fn attention(k: &Kernel, i: usize) -> Option<AttentionShape> {
     else {
         return None;
     };
-    let (qi, ki, vi) = (plain_index(qi)?, plain_index(ki)?, plain_index(vi)?);
-    let (Some((&d, qb)), Some((&kd, kbatch)), Some((&vd, vbatch))) =
+    let qi = plain_index(qi)?;
+    let (Some((&d, qb)), Some((kd, kbatch)), Some((vd, vbatch))) =
         (qi.split_last(), ki.split_last(), vi.split_last())
     else {
         return None;
     };
-    let (Some((&m, qb)), Some((&kn, kbatch)), Some((&vn, vbatch))) =
+    let (Some((&m, qb)), Some((kn, kbatch)), Some((vn, vbatch))) =
         (qb.split_last(), kbatch.split_last(), vbatch.split_last())
     else {
         return None;
     };
-    if kd != d || vd != d || kn != *n || vn != *n || kbatch != qb || vbatch != qb {
+    let tile = |e: &Expr, t: DimId| matches!(e, Expr::TileIndex(x) if *x == t);
+    if !tile(kd, d) || !tile(vd, d) || !tile(kn, *n) || !tile(vn, *n) {
         return None;
     }
+    // Keys and values: the query's batch index, or a group's shared head.
+    if kbatch != vbatch || kbatch.len() != qb.len() {
+        return None;
+    }
+    let kv_group = kbatch
+        .iter()
+        .zip(qb)
+        .map(|(e, &b)| kv_batch_index(e, b))
+        .collect::<Option<Vec<_>>>()?;
     if !k.dims[d].whole || !k.grid.contains(&d) || !k.grid.contains(&m) {
         return None;
     }
@@ -166,5 +224,6 @@ fn attention(k: &Kernel, i: usize) -> Option<AttentionShape> {
         scores: sites[0],
         update: sites[1],
         acc: *acc,
+        kv_group,
     })
 }
