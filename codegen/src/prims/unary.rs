@@ -268,7 +268,12 @@ mod tests {
         let fit = &text[text.find("tf_phi_fit[12] = {").expect("the fit") + 18..];
         let coefs: Vec<f32> = fit[..fit.find('}').expect("its end")]
             .split(',')
-            .map(|c| c.trim().trim_end_matches('f').parse().expect("a coefficient"))
+            .map(|c| {
+                c.trim()
+                    .trim_end_matches('f')
+                    .parse()
+                    .expect("a coefficient")
+            })
             .collect();
         let (first, rest) = coefs.split_first().expect("coefficients");
         assert_eq!(rest.len(), 11, "a degree-11 fit");
