@@ -52,6 +52,7 @@ fn every_example_refuses_an_unknown_flag() {
         "layer_norm",
         "cross_entropy",
         "attention",
+        "attention_backward",
         "all_gather_matmul",
         "fused_ops",
         "matmul_plan",

@@ -8,8 +8,8 @@
 mod common;
 
 use common::examples::{
-    all_gather_matmul::ag_matmul, attention, bias_gelu::matmul_bias_gelu, cross_entropy,
-    layer_norm, matmul::matmul, rms_norm, softmax,
+    all_gather_matmul::ag_matmul, attention, attention_backward, bias_gelu::matmul_bias_gelu,
+    cross_entropy, layer_norm, matmul::matmul, rms_norm, softmax,
 };
 use std::time::{Duration, Instant};
 use tilefuse::prelude::*;
@@ -223,6 +223,22 @@ fn attention_matches_f64() {
         assert!(
             err < 1e-2,
             "attention {h}/{hk} heads {s}x{sk} causal={causal}: rel err {err}"
+        );
+    }
+}
+
+/// Attention's backward (`examples/attention_backward.rs`): the forward with
+/// its saved log-sum-exp, `delta`, dK and dV per key tile, dQ per query tile,
+/// at 1 × 2 × 37 × 16 (partial tiles), causal and not: dQ, dK and dV against
+/// float64.
+#[test]
+fn attention_backward_matches_f64() {
+    interpret();
+    for causal in [false, true] {
+        let errs = attention_backward::run_and_check([1, 2, 37, 16], causal).unwrap();
+        assert!(
+            errs.iter().all(|e| *e < 2e-2),
+            "causal={causal}: dQ, dK, dV rel errs {errs:?}"
         );
     }
 }

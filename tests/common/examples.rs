@@ -27,3 +27,6 @@ pub mod all_reduce_rms_norm;
 
 #[path = "../../examples/attention.rs"]
 pub mod attention;
+
+#[path = "../../examples/attention_backward.rs"]
+pub mod attention_backward;

@@ -62,6 +62,10 @@ fn every_example_kernel_round_trips_through_its_text() {
         all_reduce_rms_norm::all_reduce_bias_rms_norm::kernel(),
         attention::attention::kernel(),
         attention::attention_gqa::kernel(),
+        attention_backward::attention_lse::kernel(),
+        attention_backward::attention_delta::kernel(),
+        attention_backward::attention_dkdv::kernel(),
+        attention_backward::attention_dq::kernel(),
     ];
     let wrong: Vec<String> = defs.into_iter().filter_map(round_trip).collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));

@@ -1,0 +1,321 @@
+//! Flash attention's backward pass in `#[fused_kernel]`s, in FlashAttention-2's
+//! structure: the forward also saves each query row's log-sum-exp; `delta =
+//! rowsum(dO ∘ O)`; one kernel per key tile accumulates dK and dV over the
+//! query tiles and one per query tile accumulates dQ over the key tiles, each
+//! recomputing the probabilities from `q`, `k` and the saved log-sum-exp
+//! instead of storing them. Causal or not. Every gradient is checked against
+//! float64.
+//!
+//! ```text
+//! cargo run --release --example attention_backward -- [B H S D] [--causal]   (default 1 2 200 64)
+//! ```
+//!
+//! The forward takes the attention program. The backward's kernels (three
+//! `addmm`s a loop) take the general lowering for now, whose `addmm` multiplies
+//! with FMAs through shared memory: correct (interpret mode checks it in CI),
+//! but on a GPU slow to compile and to run, its tiles spilling. Putting them on
+//! tensor cores is the next step (issue 36).
+
+use std::process::ExitCode;
+use tilefuse::prelude::*;
+use tilefuse_testkit::{exit_code, poisoned, random_tensor};
+
+/// The forward of `examples/attention.rs`, also storing each row's
+/// log-sum-exp of its scaled scores (`lse`, `[B, H, S]` f32) for the backward.
+#[fused_kernel]
+pub fn attention_lse(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    out: &Tensor<bf16>,
+    lse: &Tensor<f32>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, _, sk, _] = k.shape();
+    for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
+        let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);
+        let mut denom = zeros::<f32>([tb, th, tm]);
+        let mut acc = zeros::<f32>([tb, th, tm, td]);
+        for tn in tile(sk).until(if causal { tm.end() } else { sk }) {
+            let x = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                q[(tb, th, tm, td)],
+                k[(tb, th, tn, td)],
+            ) * scale;
+            let x = if causal {
+                select(tm.index() >= tn.index(), x, f32::NEG_INFINITY)
+            } else {
+                x
+            };
+            let new_max = max(row_max, x.max(tn));
+            let p = exp(x - new_max);
+            let alpha = exp(row_max - new_max);
+            denom = denom * alpha + p.sum(tn);
+            acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th, tn, td)]);
+            row_max = new_max;
+        }
+        out[(tb, th, tm, td)] = (acc / denom).cast();
+        lse[(tb, th, tm)] = row_max + ln(denom);
+    }
+}
+
+/// `delta = rowsum(dO ∘ O)`: each query row's `Σ_d dO·O`, the term every
+/// probability's gradient subtracts.
+#[fused_kernel]
+pub fn attention_delta(out: &Tensor<bf16>, dout: &Tensor<bf16>, delta: &Tensor<f32>) {
+    let [b, h, s, d] = out.shape();
+    for (tb, th, tm) in tile([b, h, s]) {
+        let mut acc = zeros::<f32>([tb, th, tm]);
+        for td in tile(d) {
+            let o = out[(tb, th, tm, td)].cast::<f32>();
+            acc = acc + (o * dout[(tb, th, tm, td)].cast::<f32>()).sum(td);
+        }
+        delta[(tb, th, tm)] = acc;
+    }
+}
+
+/// dK and dV for a tile of keys, over every query tile: `P` recomputed from
+/// the saved log-sum-exp, `dV += Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − delta)`,
+/// `dK += dSᵀ·Q` (times `scale`).
+#[fused_kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dkdv(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    dout: &Tensor<bf16>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &Tensor<bf16>,
+    dv: &Tensor<bf16>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, _, sk, _] = k.shape();
+    for (tb, th, tn, td) in tile([b, h, sk, whole(d)]) {
+        let mut dk_acc = zeros::<f32>([tb, th, tn, td]);
+        let mut dv_acc = zeros::<f32>([tb, th, tn, td]);
+        for tm in tile(s) {
+            let x = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                q[(tb, th, tm, td)],
+                k[(tb, th, tn, td)],
+            ) * scale;
+            let p = exp(x - lse[(tb, th, tm)]);
+            let p = if causal {
+                select(tm.index() >= tn.index(), p, 0.0)
+            } else {
+                p
+            };
+            dv_acc = addmm(dv_acc, p.cast::<bf16>(), dout[(tb, th, tm, td)]);
+            let dp = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                dout[(tb, th, tm, td)],
+                v[(tb, th, tn, td)],
+            );
+            let ds = p * (dp - delta[(tb, th, tm)]);
+            dk_acc = addmm(dk_acc, ds.cast::<bf16>(), q[(tb, th, tm, td)]);
+        }
+        dk[(tb, th, tn, td)] = (dk_acc * scale).cast();
+        dv[(tb, th, tn, td)] = dv_acc.cast();
+    }
+}
+
+/// dQ for a tile of queries, over the key tiles (up to the diagonal when
+/// causal): `dQ += dS·K` (times `scale`), `dS` recomputed as for dK.
+#[fused_kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dq(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    dout: &Tensor<bf16>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dq: &Tensor<bf16>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, _, sk, _] = k.shape();
+    for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
+        let mut dq_acc = zeros::<f32>([tb, th, tm, td]);
+        for tn in tile(sk).until(if causal { tm.end() } else { sk }) {
+            let x = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                q[(tb, th, tm, td)],
+                k[(tb, th, tn, td)],
+            ) * scale;
+            let p = exp(x - lse[(tb, th, tm)]);
+            let p = if causal {
+                select(tm.index() >= tn.index(), p, 0.0)
+            } else {
+                p
+            };
+            let dp = addmm(
+                zeros::<f32>([tb, th, tm, tn]),
+                dout[(tb, th, tm, td)],
+                v[(tb, th, tn, td)],
+            );
+            let ds = p * (dp - delta[(tb, th, tm)]);
+            dq_acc = addmm(dq_acc, ds.cast::<bf16>(), k[(tb, th, tn, td)]);
+        }
+        dq[(tb, th, tm, td)] = (dq_acc * scale).cast();
+    }
+}
+
+/// The gradients of one `(batch, head)` slice in float64: `q` `s × d`, `k`
+/// and `v` `sk × d`, `dout` `s × d`; returns `(dq, dk, dv)`, row-major.
+#[allow(clippy::type_complexity)]
+pub fn reference_grads(
+    (q, k, v, dout): (&[f64], &[f64], &[f64], &[f64]),
+    (s, sk, d): (usize, usize, usize),
+    scale: f64,
+    causal: bool,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    // P: softmax of the scaled scores, row by row (a causal row sees keys up to itself).
+    let mut p = vec![0.0; s * sk];
+    for i in 0..s {
+        let row = &mut p[i * sk..(i + 1) * sk];
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = if causal && j > i {
+                f64::NEG_INFINITY
+            } else {
+                scale * (0..d).map(|c| q[i * d + c] * k[j * d + c]).sum::<f64>()
+            };
+        }
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = row.iter().map(|x| (x - m).exp()).sum();
+        for x in row.iter_mut() {
+            *x = (*x - m).exp() / z;
+        }
+    }
+    let (mut dq, mut dk, mut dv) = (vec![0.0; s * d], vec![0.0; sk * d], vec![0.0; sk * d]);
+    for i in 0..s {
+        // dP = dO·Vᵀ; dS = P ∘ (dP − Σ_j P·dP).
+        let dp: Vec<f64> = (0..sk)
+            .map(|j| (0..d).map(|c| dout[i * d + c] * v[j * d + c]).sum())
+            .collect();
+        let pi = &p[i * sk..(i + 1) * sk];
+        let dot: f64 = pi.iter().zip(&dp).map(|(a, b)| a * b).sum();
+        for j in 0..sk {
+            let ds = pi[j] * (dp[j] - dot);
+            for c in 0..d {
+                dv[j * d + c] += pi[j] * dout[i * d + c];
+                dq[i * d + c] += scale * ds * k[j * d + c];
+                dk[j * d + c] += scale * ds * q[i * d + c];
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
+/// Forward and backward on `[b, h, s, d]` inputs with a random `dout`; the
+/// relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV over every slice.
+pub fn run_and_check(shape: [usize; 4], causal: bool) -> tilefuse::Result<[f64; 3]> {
+    let [b, h, s, d] = shape;
+    let q = random_tensor::<bf16>([b, h, s, d], 1.0)?;
+    let k = random_tensor::<bf16>([b, h, s, d], 1.0)?;
+    let v = random_tensor::<bf16>([b, h, s, d], 1.0)?;
+    let dout = random_tensor::<bf16>([b, h, s, d], 1.0)?;
+    let out = poisoned::<bf16>([b, h, s, d])?;
+    let lse = poisoned::<f32>([b, h, s])?;
+    let delta = poisoned::<f32>([b, h, s])?;
+    let (dq, dk, dv) = (
+        poisoned::<bf16>([b, h, s, d])?,
+        poisoned::<bf16>([b, h, s, d])?,
+        poisoned::<bf16>([b, h, s, d])?,
+    );
+    let scale = 1.0 / (d as f32).sqrt();
+    attention_lse(&q, &k, &v, &out, &lse, scale, causal)?;
+    attention_delta(&out, &dout, &delta)?;
+    attention_dkdv(&q, &k, &v, &dout, &lse, &delta, &dk, &dv, scale, causal)?;
+    attention_dq(&q, &k, &v, &dout, &lse, &delta, &dq, scale, causal)?;
+    let host = |t: &Tensor<bf16>| -> tilefuse::Result<Vec<f64>> {
+        Ok(t.to_vec()?.iter().map(|x| x.to_f64()).collect())
+    };
+    let (qh, kh, vh, oh) = (host(&q)?, host(&k)?, host(&v)?, host(&dout)?);
+    let got = [host(&dq)?, host(&dk)?, host(&dv)?];
+    let (mut num, mut den) = ([0.0f64; 3], [0.0f64; 3]);
+    let n = s * d;
+    for sl in 0..b * h {
+        let at = |x: &[f64]| x[sl * n..(sl + 1) * n].to_vec();
+        let (rq, rk, rv) = reference_grads(
+            (&at(&qh), &at(&kh), &at(&vh), &at(&oh)),
+            (s, s, d),
+            f64::from(scale),
+            causal,
+        );
+        for (g, want) in [rq, rk, rv].iter().enumerate() {
+            for (i, w) in want.iter().enumerate() {
+                num[g] += (got[g][sl * n + i] - w).powi(2);
+                den[g] += w * w;
+            }
+        }
+    }
+    Ok([0, 1, 2].map(|g| (num[g] / den[g].max(f64::MIN_POSITIVE)).sqrt()))
+}
+
+/// attention_backward's command line.
+#[derive(clap::Parser)]
+#[command(
+    about = "Flash attention's backward pass (dQ, dK, dV) over q, k, v of [B, H, S, D] bf16, checked against float64"
+)]
+struct Cli {
+    /// Batch, heads, sequence length and head dimension (all four, or none
+    /// for the defaults).
+    #[arg(num_args = 4, value_names = ["B", "H", "S", "D"])]
+    shape: Vec<usize>,
+    /// A causal mask.
+    #[arg(long)]
+    causal: bool,
+}
+
+fn main() -> ExitCode {
+    tilefuse::runtime::log::init();
+    let cli = match tilefuse_testkit::args::<Cli>("attention_backward") {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let shape = match cli.shape.as_slice() {
+        [] => [1, 2, 200, 64],
+        [b, h, s, d] if [*b, *h, *s, *d].contains(&0) => {
+            eprintln!(
+                "usage: attention_backward [B H S D] [--causal]: every size must be at least 1"
+            );
+            return ExitCode::from(2);
+        }
+        [b, h, s, d] => [*b, *h, *s, *d],
+        other => {
+            eprintln!(
+                "usage: attention_backward [B H S D] [--causal]: expected four sizes, got {}",
+                other.len()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let run = || -> tilefuse::Result<bool> {
+        let dev = Device::current()?;
+        let [b, h, s, d] = shape;
+        println!(
+            "device: {} ({}), attention backward over [{b}x{h}x{s}x{d}] bf16{}",
+            dev.name(),
+            dev.arch(),
+            if cli.causal { ", causal" } else { "" }
+        );
+        let errs = run_and_check(shape, cli.causal)?;
+        let ok = errs.iter().all(|e| *e <= 2e-2);
+        println!(
+            "check: ‖g − ref‖/‖ref‖ dQ {:.2e}, dK {:.2e}, dV {:.2e} ({})",
+            errs[0],
+            errs[1],
+            errs[2],
+            if ok { "ok" } else { "FAILED" }
+        );
+        Ok(ok)
+    };
+    exit_code(run())
+}
