@@ -71,6 +71,14 @@ pub fn attention_gqa(
 ) {
     let [b, h, s, d] = q.shape();
     let [_, hk, sk, _] = k.shape();
+    // A query head past the last group would read no keys: refuse it.
+    if hk == 0 || h % hk != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "attention_gqa".into(),
+            arg: "k".into(),
+            message: format!("{hk} key/value heads do not divide the {h} query heads"),
+        });
+    }
     let group = h / hk;
     for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
         let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);

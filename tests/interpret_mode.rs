@@ -227,6 +227,27 @@ fn attention_matches_f64() {
     }
 }
 
+/// Grouped-query attention refuses key/value heads that do not divide the
+/// query heads (a query head past the last group would read no keys), naming
+/// `k`, before any launch.
+#[test]
+fn grouped_attention_refuses_heads_that_do_not_divide() {
+    interpret();
+    for (h, hk) in [(4, 3), (2, 4)] {
+        let q = random_tensor::<bf16>([1, h, 20, 16], 1.0).unwrap();
+        let k = random_tensor::<bf16>([1, hk, 20, 16], 1.0).unwrap();
+        let v = random_tensor::<bf16>([1, hk, 20, 16], 1.0).unwrap();
+        let out = poisoned::<bf16>([1, h, 20, 16]).unwrap();
+        let e = attention::attention_gqa(&q, &k, &v, &out, 0.3, false)
+            .unwrap_err()
+            .to_string();
+        let want = format!(
+            "attention_gqa: argument `k`: {hk} key/value heads do not divide the {h} query heads"
+        );
+        assert_eq!(e, want);
+    }
+}
+
 /// Attention's backward (`examples/attention_backward.rs`): the forward with
 /// its saved log-sum-exp, `delta`, dK and dV per key tile, dQ per query tile,
 /// at 1 × 2 × 37 × 16 (partial tiles), causal and not: dQ, dK and dV against
