@@ -5,7 +5,7 @@
 //! ```text
 //! cargo build --release --workspace --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/all_gather_matmul [M N K] [--bench]
-//!     [--chunks-along rows|cols] [--splits-per-rank S] [--config JSON]
+//!     [--chunks-along rows|cols] [--splits-per-rank S] [--config JSON] [--ungrouped]
 //! ```
 //!
 //! The all-gather cuts each shard into bands of rows (`--chunks-along rows`, S
@@ -23,7 +23,13 @@
 //! all-gather then cuBLAS, and the fused op; then tilefuse's all-gather alone and
 //! beside a GEMM that does not wait for it (what overlap could reach):
 //! interleaved rounds (each variant a few runs per round, L2 flushed before
-//! each), the median of the rounds' medians.
+//! each), the median of the rounds' medians. Last, a timeline of one call on
+//! every rank: when its barrier passed, each chunk's flag was set and the GEMM
+//! ended (CUDA events on both streams).
+//!
+//! The fused GEMM visits its tiles a rank's rows at a time (its groups of tile
+//! rows never span two ranks), so its first waves run on the rows already
+//! here; `--ungrouped` keeps the config's own groups, for comparison.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -97,6 +103,10 @@ struct Waits {
     cols_per_chunk: usize,
     ranks: usize,
     along_k: bool,
+    /// Tiles are visited in bands of at most this many rows (a rank's), so
+    /// that the first waves run on the rows already here; 0: the config's
+    /// own order.
+    group_rows: usize,
 }
 
 impl Waits {
@@ -106,6 +116,15 @@ impl Waits {
             cols_per_chunk: ag.cols_per_chunk(),
             ranks,
             along_k: matches!(ag.chunks(), Chunks::Cols(_)),
+            group_rows: ag.shard().size(0),
+        }
+    }
+
+    /// The same waits in the config's own tile order (the GEMM alone).
+    fn ungrouped(self) -> Waits {
+        Waits {
+            group_rows: 0,
+            ..self
         }
     }
 
@@ -119,18 +138,24 @@ impl Waits {
         epoch: usize,
         first_row: usize,
     ) -> tilefuse::Result<()> {
-        ag_matmul(
-            a,
-            b,
-            c,
-            progress,
-            self.rows_per_chunk,
-            self.cols_per_chunk,
-            self.ranks,
-            epoch,
-            first_row,
-            self.along_k,
-        )
+        let launch = || {
+            ag_matmul(
+                a,
+                b,
+                c,
+                progress,
+                self.rows_per_chunk,
+                self.cols_per_chunk,
+                self.ranks,
+                epoch,
+                first_row,
+                self.along_k,
+            )
+        };
+        match self.group_rows {
+            0 => launch(),
+            rows => ag_matmul::kernel().with_group_rows(rows, launch),
+        }
     }
 }
 
@@ -156,6 +181,11 @@ struct Args {
     /// {"block_sizes":[128,256,64],"num_warps":8,"num_stages":4,"group_m":8,"wgmma":true,"persistent":true}.
     #[arg(long, value_parser = config_json)]
     config: Option<Config>,
+    /// The fused GEMM visits its tiles in the config's own order (groups of
+    /// rows that may span ranks) instead of a rank's rows at a time: for
+    /// comparison.
+    #[arg(long)]
+    ungrouped: bool,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -243,7 +273,10 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
         let a = AllGather::<bf16>::with_chunks(&pg, rows, k, chunks)?;
         a.shard().clone().copy_from_slice(&shard_host)?;
         println!("rank {rank}: all-gather chunks {:?}", a.chunks());
-        waits = Waits::of(&a, world);
+        waits = match args.ungrouped {
+            true => Waits::of(&a, world).ungrouped(),
+            false => Waits::of(&a, world),
+        };
         ag = Some(a);
         let a = ag.as_mut().expect("just set");
         let epoch = a.start()?;
@@ -272,6 +305,7 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
             cols_per_chunk: k,
             ranks: 1,
             along_k: false,
+            group_rows: 0,
         };
         waits.gemm(&gathered, &b, &c, &progress, 1, rank * rows)?;
     }
@@ -331,7 +365,9 @@ fn bench(
     let mut run = |i: usize| -> tilefuse::Result<()> {
         match i {
             0 => tilefuse::cublas::matmul_into(&mut c, gathered_ref, b),
-            1 => waits.gemm(gathered, b, &c, progress, done_epoch, first_row),
+            1 => waits
+                .ungrouped()
+                .gemm(gathered, b, &c, progress, done_epoch, first_row),
             2 => nccl.all_gather(shard, gathered_ref),
             3 => {
                 nccl.all_gather(shard, gathered_ref)?;
@@ -375,6 +411,9 @@ fn bench(
     let times: Vec<f64> = medians.iter_mut().map(median).collect();
     let (floor, gemm_alone, ag_alone, unfused) = (times[0], times[1], times[2], times[3]);
     let fused = times.get(4).copied();
+    if let Some(a) = ag.as_mut() {
+        timeline(pg, a, b, &c, waits, first_row)?;
+    }
     if pg.rank() == 0 {
         let tf = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
         println!(
@@ -417,6 +456,44 @@ fn bench(
             None => println!("  (fused: not across nodes)"),
         }
     }
+    Ok(())
+}
+
+/// One fused call traced on every rank: when the opening barrier passed, each
+/// chunk's flag was set and the GEMM ended, in ms after the call was queued
+/// (the last of three calls, each after a barrier of the ranks).
+fn timeline(
+    pg: &ProcessGroup,
+    ag: &mut AllGather<bf16>,
+    b: &Tensor<bf16>,
+    c: &Tensor<bf16>,
+    waits: Waits,
+    first_row: usize,
+) -> tilefuse::Result<()> {
+    let dev = pg.device().clone();
+    let mut points = Vec::new();
+    for _ in 0..3 {
+        dev.synchronize()?;
+        pg.barrier("timeline")?;
+        ag.trace_next(tilefuse::runtime::timing::Timeline::begin(&dev)?);
+        let e = ag.start()?;
+        waits.gemm(ag.gathered(), b, c, ag.progress(), e as usize, first_row)?;
+        let mut t = ag
+            .take_timeline()
+            .ok_or_else(|| tilefuse::Error::Distributed {
+                context: "all_gather_matmul timeline".into(),
+                message: "the all-gather kept no timeline".into(),
+            })?;
+        t.mark(dev.stream()?, "GEMM done")?;
+        ag.finish()?;
+        dev.synchronize()?;
+        points = t.read()?;
+    }
+    let line: Vec<String> = points
+        .iter()
+        .map(|(l, ms)| format!("{l} {ms:.3}"))
+        .collect();
+    println!("timeline rank {}: {}", pg.rank(), line.join(", "));
     Ok(())
 }
 

@@ -137,3 +137,82 @@ pub fn copy_bandwidth_gbs(dev: &Device, bytes: usize) -> Result<f64> {
     })?;
     Ok(2.0 * bytes as f64 / t.median_ms / 1e6)
 }
+
+/// A timeline of a device's streams: named points, each an event recorded on
+/// some stream, read as milliseconds after a base point on the launch stream.
+/// For seeing when a producer on a side stream finished each piece of its work
+/// next to the kernel that waits for it. Empty in interpret mode (no events).
+///
+/// ```no_run
+/// # fn main() -> tilefuse_runtime::Result<()> {
+/// use tilefuse_runtime::{timing::Timeline, Device};
+/// let dev = Device::get(0)?;
+/// let mut t = Timeline::begin(&dev)?;
+/// // ... queue work ...
+/// t.mark(dev.stream()?, "done")?;
+/// dev.synchronize()?;
+/// for (label, ms) in t.read()? {
+///     println!("{label}: {ms:.3} ms");
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Timeline {
+    base: Option<cudarc::driver::CudaEvent>,
+    points: Vec<(String, cudarc::driver::CudaEvent)>,
+}
+
+impl Timeline {
+    /// Starts a timeline at the launch stream's current point.
+    pub fn begin(dev: &Device) -> Result<Timeline> {
+        if dev.is_host() {
+            return Ok(Timeline {
+                base: None,
+                points: Vec::new(),
+            });
+        }
+        let base = dev
+            .context()?
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("creating an event"))?;
+        base.record(dev.stream()?)
+            .map_err(driver("recording an event"))?;
+        Ok(Timeline {
+            base: Some(base),
+            points: Vec::new(),
+        })
+    }
+
+    /// Records the point where `stream`'s work queued so far ends.
+    pub fn mark(
+        &mut self,
+        stream: &cudarc::driver::CudaStream,
+        label: impl Into<String>,
+    ) -> Result<()> {
+        if self.base.is_none() {
+            return Ok(());
+        }
+        let e = stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("creating an event"))?;
+        e.record(stream).map_err(driver("recording an event"))?;
+        self.points.push((label.into(), e));
+        Ok(())
+    }
+
+    /// Each point's label and milliseconds after the base, in the order marked
+    /// (call after the streams' work is done).
+    pub fn read(&self) -> Result<Vec<(String, f64)>> {
+        let Some(base) = &self.base else {
+            return Ok(Vec::new());
+        };
+        self.points
+            .iter()
+            .map(|(l, e)| {
+                base.elapsed_ms(e)
+                    .map(|ms| (l.clone(), f64::from(ms)))
+                    .map_err(driver("reading an event"))
+            })
+            .collect()
+    }
+}

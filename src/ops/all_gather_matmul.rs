@@ -4,7 +4,11 @@
 //! into its own part, tells the peers, and pulls theirs with the copy engine in
 //! chunks, setting one flag per chunk. The GEMM, launched at once, waits per
 //! tile for the chunks its rows need. Along rows the tile order starts at this
-//! rank's own rows (there first); along columns every tile needs every rank's
+//! rank's own rows (there first) and finishes one rank's rows before the next
+//! rank's (its groups of tile rows never span two ranks), so its first waves
+//! run on rows already here instead of waiting on every rank's at once (2×H200,
+//! 1024×6656×16384: 1.03× the GEMM alone, against 1.14–1.29× in groups of
+//! eight tile rows); along columns every tile needs every rank's
 //! columns of its rows, so the chunks are rows of all ranks at once, in order.
 //! A GEMM of few waves ([`super::chunks_along_k`]) starts most tiles at once,
 //! so A's rows are pulled in bands of columns instead (band 0 of every peer
@@ -218,15 +222,20 @@ impl Schedule {
         ex.start()?;
         let ready = w * chunks; // + p: rank p's shard is written
         let others = (1..w).map(|i| (r + i) % w);
-        for p in others.clone() {
-            ex.notify(p, ready + r)?;
-        }
+        // This rank's own chunks are in place: their flags, then the peers
+        // told its shard is written, in one batch of the backend stream.
+        let own: Vec<usize> = match (c.dim, c.along_k) {
+            (GatherDim::Rows, Some(_)) | (GatherDim::Cols, _) => {
+                (0..chunks).map(|j| j * w + r).collect()
+            }
+            (GatherDim::Rows, None) => (0..chunks).map(|i| r * chunks + i).collect(),
+        };
+        let told = others.clone().map(|p| (p, ready + r));
+        let flags: Vec<(usize, usize)> = own.iter().map(|&s| (r, s)).chain(told).collect();
+        ex.notify_all(&flags)?;
         let (flags_per_chunk, first_row) = match (c.dim, c.along_k) {
             (GatherDim::Rows, Some(cols)) => {
                 // Flag j·w + p: band j of rank p's rows, band 0 of every peer first.
-                for j in 0..chunks {
-                    ex.set_slot(j * w + r)?;
-                }
                 for p in others.clone() {
                     ex.await_slot(ready + p)?;
                 }
@@ -242,9 +251,6 @@ impl Schedule {
             }
             (GatherDim::Rows, None) => {
                 // Flag p·chunks + i: chunk i of rank p's rows.
-                for i in 0..chunks {
-                    ex.set_slot(r * chunks + i)?;
-                }
                 for p in others {
                     ex.await_slot(ready + p)?;
                     for i in 0..chunks {
@@ -257,9 +263,6 @@ impl Schedule {
             }
             (GatherDim::Cols, _) => {
                 // Flag i·w + p: rank p's columns of row chunk i.
-                for i in 0..chunks {
-                    ex.set_slot(i * w + r)?;
-                }
                 for p in others.clone() {
                     ex.await_slot(ready + p)?;
                 }
@@ -291,6 +294,8 @@ impl Schedule {
                 flags_per_chunk,
                 first_row,
                 along_k: c.along_k.map(|cols| (cols, w)),
+                // A rank's rows (along rows), or a chunk of every rank's.
+                group_rows: Some(if c.dim == GatherDim::Rows { sr } else { rpc }),
             }),
             &unused,
             &c.gemm_config,

@@ -33,6 +33,11 @@ pub(crate) struct Wait<'a> {
     /// Chunks along K: `(columns per band, blocks of rows_per_chunk rows)`, flag
     /// `band * blocks + block`, waited for per k-tile.
     pub along_k: Option<(usize, usize)>,
+    /// Rows that arrive as one (a rank's shard): the tile order finishes each
+    /// such band before the next (`KernelDef::with_group_rows`), so that the
+    /// GEMM's first waves run on the rows already here instead of spreading
+    /// over every rank's rows at once and waiting.
+    pub group_rows: Option<usize>,
 }
 
 /// Counters the GEMM's tiles add their area to, per chunk of rows (see
@@ -168,6 +173,7 @@ pub(crate) fn gemm(
         flags_per_chunk: 1,
         first_row: 0,
         along_k: None,
+        group_rows: None,
     });
     let (cols_per_chunk, ranks) = w.along_k.unwrap_or((g.a.size(1).max(1), 1));
     let (beta, c) = epi.c_or(unused);
@@ -203,9 +209,14 @@ pub(crate) fn gemm(
         )
     };
     let kernel = gemm_fused::kernel();
-    with_gemm_config(kernel, config, || match &g.signal {
-        // Bands of whole chunks complete one after the other.
-        Some(s) => kernel.with_group_rows(s.rows_per_signal, launch),
+    // Bands of whole chunks complete one after the other; bands that arrive
+    // together are computed together.
+    let group = [g.signal.as_ref().map(|s| s.rows_per_signal), w.group_rows]
+        .into_iter()
+        .flatten()
+        .min();
+    with_gemm_config(kernel, config, || match group {
+        Some(rows) => kernel.with_group_rows(rows, launch),
         None => launch(),
     })
 }

@@ -515,6 +515,7 @@ impl Schedule {
                     flags_per_chunk: 1,
                     first_row: 0,
                     along_k: None,
+                    group_rows: None,
                 }),
                 &unused,
                 &c.gemm_config,

@@ -160,7 +160,9 @@ impl Workspace {
         }
         let dev = pg.device().clone();
         // Interleaved rounds, each path's median of them: near a tie, one
-        // timing each leaned on whichever ran at the better clock.
+        // timing each leaned on whichever ran at the better clock. L2 is
+        // flushed before each run, as a call after other work finds it (and
+        // as the benchmarks time them): warm, the two paths' order could flip.
         const ROUNDS: usize = 3;
         let mut rounds = [Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS)];
         for _ in 0..ROUNDS {
@@ -170,7 +172,7 @@ impl Workspace {
             {
                 pg.barrier("ops-auto")?;
                 times.push(
-                    tilefuse_runtime::time_gpu(&dev, 1, 5, false, || run(self, alg))?.median_ms,
+                    tilefuse_runtime::time_gpu(&dev, 1, 5, true, || run(self, alg))?.median_ms,
                 );
             }
         }

@@ -5,11 +5,12 @@
 //! into its own rows of it, so the local shard needs no copy (a same-GPU copy may
 //! run as a kernel, and a kernel on the backend stream would starve behind a GEMM
 //! whose programs fill every SM waiting for it: seen on 2×H200). On a
-//! high-priority backend stream, after a GPU-side barrier (every rank's shard is
-//! written): the flags of this rank's own chunks first, then each peer's shard in
-//! rotation (rank + 1, rank + 2, …), pulled by the copy engine in
-//! `splits_per_rank` chunks; after each chunk, `cuStreamWriteValue32` sets its
-//! progress flag to this call's epoch. A consumer
+//! high-priority backend stream: the flags of this rank's own chunks first (one
+//! batch of stream writes, before the barrier, so the consumer's tiles of them
+//! need not wait for the slowest rank); then, after a GPU-side barrier (every
+//! rank's shard is written), each peer's shard in rotation (rank + 1, rank + 2,
+//! …), pulled by the copy engine in `splits_per_rank` chunks; after each chunk,
+//! `cuStreamWriteValue32` sets its progress flag to this call's epoch. A consumer
 //! kernel launched meanwhile on the launch stream waits per chunk
 //! (`wait(progress, row / rows_per_chunk, epoch)`), so it computes on the first
 //! chunks while the later ones are still in flight. Flags are never cleared: the
@@ -29,6 +30,7 @@ use crate::element::Element;
 use crate::error::{argument, driver, Error, Result};
 use crate::side_stream::SideStream;
 use crate::tensor::Tensor;
+use crate::timing::Timeline;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -85,6 +87,8 @@ pub struct AllGather<T: Element> {
     rank: usize,
     world: usize,
     epoch: u32,
+    /// Where the next call marks its barrier and each chunk's arrival.
+    timeline: Option<Timeline>,
 }
 
 impl<T: Element> AllGather<T> {
@@ -175,6 +179,7 @@ impl<T: Element> AllGather<T> {
             rank: pg.rank(),
             world,
             epoch: 0,
+            timeline: None,
         })
     }
 
@@ -248,6 +253,19 @@ impl<T: Element> AllGather<T> {
         }
     }
 
+    /// Marks the next call's opening barrier and each chunk's flag on
+    /// `timeline` (see [`AllGather::take_timeline`]): when the copies land, next
+    /// to the kernel that waits for them.
+    pub fn trace_next(&mut self, timeline: Timeline) {
+        self.timeline = Some(timeline);
+    }
+
+    /// The timeline given to [`AllGather::trace_next`], with the points of the
+    /// call that followed.
+    pub fn take_timeline(&mut self) -> Option<Timeline> {
+        self.timeline.take()
+    }
+
     /// Checks that `t` is this all-gather's shard (in symmetric memory).
     pub fn check_shard(&self, t: &Tensor<T>) -> Result<()> {
         if !self.sym.holds(t) {
@@ -280,17 +298,24 @@ impl<T: Element> AllGather<T> {
         s.join(dev.stream()?)
             .map_err(driver("ordering the all-gather after the shard's writes"))?;
         let raw = s.cu_stream();
-        // Every shard is written before anyone reads it.
-        self.sym.device_barrier(raw, 0, epoch)?;
-        let elem = std::mem::size_of::<T>();
-        let pitch = self.cols * elem;
+        let mut timeline = self.timeline.take();
         let flag =
             |p: usize, c: usize| self.progress.device_ptr() + (self.flag_index(p, c) * 4) as u64;
-        // This rank's rows are in place already.
-        for c in 0..chunk_count(self.chunks) {
-            // SAFETY: a flag of the plain-memory progress tensor.
-            unsafe { stream_ops::write_value(raw, flag(self.rank, c), epoch)? };
+        // This rank's rows are in place already: their flags first, in one
+        // batch, so the consumer's tiles of them start before the barrier
+        // with the peers passes (it waits for the slowest rank).
+        let own: Vec<u64> = (0..chunk_count(self.chunks))
+            .map(|c| flag(self.rank, c))
+            .collect();
+        // SAFETY: flags of the plain-memory progress tensor.
+        unsafe { stream_ops::write_values(raw, &own, epoch)? };
+        // Every shard is written before anyone reads it.
+        self.sym.device_barrier(raw, 0, epoch)?;
+        if let Some(t) = timeline.as_mut() {
+            t.mark(s, "opening barrier passed")?;
         }
+        let elem = std::mem::size_of::<T>();
+        let pitch = self.cols * elem;
         for (p, c) in self.pieces() {
             let (row0, rows, col0, cols) = self.chunk_rect(c);
             let off = (((p * self.rows + row0) * self.cols + col0) * elem) as u64;
@@ -303,9 +328,16 @@ impl<T: Element> AllGather<T> {
             unsafe { stream_ops::copy_2d(raw, dst, pitch, src, pitch, cols * elem, rows)? };
             // SAFETY: a flag of the plain-memory progress tensor.
             unsafe { stream_ops::write_value(raw, flag(p, c), epoch)? };
+            if let Some(t) = timeline.as_mut() {
+                t.mark(s, format!("rank {p} chunk {c} flagged"))?;
+            }
         }
         // Peers are done reading this rank's shard once they pass this.
         self.sym.device_barrier(raw, 1, epoch)?;
+        if let Some(mut t) = timeline {
+            t.mark(s, "closing barrier passed")?;
+            self.timeline = Some(t);
+        }
         Ok(epoch)
     }
 
@@ -365,11 +397,12 @@ impl<T: Element> AllGather<T> {
                 .map_err(shm_error(CONTEXT))
         };
         let copy = move || -> Result<()> {
-            // Every shard is written before anyone reads it.
-            pad.barrier(0, epoch, timeout)?;
+            // This rank's rows first, then every shard is written before
+            // anyone reads it.
             for c in 0..chunk_count(chunks) {
                 flag(rank, c)?;
             }
+            pad.barrier(0, epoch, timeout)?;
             let mut row = vec![0u8; cols * elem];
             for (p, c, row0, rows, col0, n) in pieces {
                 let bytes = &mut row[..n * elem];

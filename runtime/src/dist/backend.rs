@@ -108,6 +108,32 @@ impl Backend {
         }
     }
 
+    /// [`Backend::write_word`] for each `(owner, byte)` of `words`, in order, as
+    /// one batch (a step of the stream's front end, not one per word).
+    pub fn write_words(
+        &self,
+        sym: &SymmetricMemory,
+        words: &[(usize, usize)],
+        value: u32,
+    ) -> Result<()> {
+        match self {
+            Backend::Gpu(s) => {
+                let raw = bind(sym, s)?;
+                let addrs: Vec<u64> = words
+                    .iter()
+                    .map(|&(owner, byte)| sym.data_ptr(owner) + byte as u64)
+                    .collect();
+                // SAFETY: 4-byte words inside the owners' live symmetric
+                // allocations (the caller keeps each byte in its flag area),
+                // mapped here.
+                unsafe { stream_ops::write_values(raw, &addrs, value) }
+            }
+            Backend::Host { .. } => words
+                .iter()
+                .try_for_each(|&(owner, byte)| self.write_word(sym, owner, byte, value)),
+        }
+    }
+
     /// The backend waits until this rank's word at `byte` holds at least
     /// `value`; `what` names the word for a timeout (interpret mode: the GPU's
     /// waits are bounded by `ProcessGroup::synchronize` on the host).

@@ -263,6 +263,19 @@ impl Exchange {
             .write_word(&self.sym, peer, self.slot_byte(slot), Self::SET)
     }
 
+    /// [`Exchange::notify`] for each `(rank, slot)` of `flags` (this rank's
+    /// own included), in order, as one batch: a step of the backend stream
+    /// instead of one per flag.
+    pub fn notify_all(&self, flags: &[(usize, usize)]) -> Result<()> {
+        let mut words = Vec::with_capacity(flags.len());
+        for &(peer, slot) in flags {
+            self.check_peer("Exchange::notify_all", peer)?;
+            self.check_slot("Exchange::notify_all", slot)?;
+            words.push((peer, self.slot_byte(slot)));
+        }
+        self.backend.write_words(&self.sym, &words, Self::SET)
+    }
+
     /// Sets this rank's flag `slot` (for kernels waiting on it in this call).
     pub fn set_slot(&self, slot: usize) -> Result<()> {
         self.notify(self.rank, slot)

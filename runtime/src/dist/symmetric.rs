@@ -312,10 +312,12 @@ impl SymmetricMemory {
             .context()?
             .bind_to_thread()
             .map_err(driver("binding the GPU context"))?;
-        for p in (0..self.world).filter(|&p| p != self.rank) {
-            // SAFETY: a 4-byte slot inside rank p's live cuMemAlloc buffer, mapped here.
-            unsafe { stream_ops::write_value(stream, self.slot(p, self.rank, slot), epoch)? };
-        }
+        let peers: Vec<u64> = (0..self.world)
+            .filter(|&p| p != self.rank)
+            .map(|p| self.slot(p, self.rank, slot))
+            .collect();
+        // SAFETY: 4-byte slots inside the peers' live cuMemAlloc buffers, mapped here.
+        unsafe { stream_ops::write_values(stream, &peers, epoch)? };
         for p in (0..self.world).filter(|&p| p != self.rank) {
             // SAFETY: a 4-byte slot inside this rank's own live buffer.
             unsafe { stream_ops::wait_value_geq(stream, self.slot(self.rank, p, slot), epoch)? };
