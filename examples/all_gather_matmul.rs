@@ -9,11 +9,11 @@
 //! ```
 //!
 //! The all-gather cuts each shard into bands of rows (`--chunks-along rows`, S
-//! per rank: a GEMM of many waves runs this rank's own rows first while the
-//! peers' arrive) or of columns (`cols`, S bands: a GEMM of few waves, every tile
-//! of the first started at once, waits per k-tile and runs on the first columns
-//! while the later ones arrive); by default, columns below four waves of the
-//! GEMM's tiles (`tilefuse::ops::chunks_along_k`), with 8 bands.
+//! per rank: a GEMM of several waves runs this rank's own rows first while the
+//! peers' arrive) or of columns (`cols`, S bands: a GEMM of one wave, every tile
+//! started at once, waits per k-tile and runs on the first columns while the
+//! later ones arrive); by default, columns when the GEMM's tiles make one wave
+//! (`tilefuse::ops::chunks_along_k`), with 8 bands.
 //!
 //! Checks on every rank: the gathered A equals NCCL's all-gather bit for bit, and C
 //! matches NCCL all-gather + cuBLAS within bf16 tolerance. Across nodes (no

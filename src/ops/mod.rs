@@ -205,18 +205,19 @@ impl<'a> OpOptions<'a> {
 
 /// Whether a GEMM of `m × n` on `sms` SMs is better fed by an all-gather in
 /// bands of columns (K) than in bands of rows: when its 128×256 tiles make
-/// fewer than four waves. With bands of rows a tile waits for whole shards
-/// before its first MMA, so in the first waves most tiles of peers' rows wait;
-/// with bands of columns each waits per k-tile and all run on the first
-/// columns while the later ones arrive, but every tile needs the last band,
-/// so with many waves the order of rows wins (this rank's rows first, the
-/// peers' in the order they arrive). The per-k-tile test runs on a warp of its
-/// own and costs the GEMM under 1%. Measured with the seed (N 6656, K 16384) on
-/// 2 and 4 H200: columns faster at 512, 1024 and 2048 rows (3.2 waves; 4 ranks
-/// 0.854 ms against 0.879), rows at 4096 (6.3 waves; 1.374 against 1.631).
-/// The all-gather matmul and the seed example use it.
+/// one wave. Then every tile starts at once, and with bands of rows the tiles
+/// of peers' rows wait for whole shards before their first MMA; with bands of
+/// columns each waits per k-tile and all run on the first columns while the
+/// later ones arrive. From the second wave on, the tile order finishes this
+/// rank's rows first and the peers' in the order they arrive (a rank's rows at
+/// a time), which bands of rows feed best. The per-k-tile test runs on a warp
+/// of its own and costs the GEMM under 1%. Measured with the seed (N 6656,
+/// K 16384) on 2 and 4 H200: columns faster at 512 rows (one wave; 4 ranks
+/// 1.58× the GEMM alone against 1.90×), rows at 1024 and 2048 (4 ranks 1.28×
+/// against 1.43×, 1.18× against 1.33×; level on 2 ranks) and above. The
+/// all-gather matmul and the seed example use it.
 pub fn chunks_along_k(m: usize, n: usize, sms: usize) -> bool {
-    m.div_ceil(128) * n.div_ceil(256) < 4 * sms.max(1)
+    m.div_ceil(128) * n.div_ceil(256) <= sms.max(1)
 }
 
 /// Runs a call on the path `opts` asks for (timing both first for `Auto`),
@@ -254,11 +255,11 @@ fn with_gemm_config<R>(
 mod tests {
     /// The measured shapes on an H200's 132 SMs fall where they ran faster.
     #[test]
-    fn bands_of_columns_below_four_waves() {
+    fn bands_of_columns_for_one_wave() {
         for (m, cols) in [
             (512, true),
-            (1024, true),
-            (2048, true),
+            (1024, false),
+            (2048, false),
             (4096, false),
             (8192, false),
         ] {
