@@ -88,6 +88,21 @@ fn rank_main() -> Result<(), String> {
             drop((x, y, nccl, pg))
         });
     }
+    if std::env::args().any(|a| a == "--fault-nccl-init") {
+        // Rank 1 dies instead of joining NCCL: the survivors' join (the store
+        // barrier that hands out the id, then the non-blocking init, polled)
+        // must end on its own with an error, not wait for it forever.
+        if rank != 1 {
+            // SAFETY: sets a signal disposition; no handler code runs.
+            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        }
+        pg.barrier("before-nccl").map_err(e)?;
+        if rank == 1 {
+            std::process::exit(3);
+        }
+        let outcome = pg.nccl().map(drop);
+        return dropped_after(rank, outcome, "joining NCCL", move || drop(pg));
+    }
     if std::env::args().any(|a| a == "--fault-nccl-connect") {
         // Rank 1 joins NCCL and dies before the first collective, in which NCCL
         // connects the peers: the survivors' enqueue (a non-blocking
@@ -285,11 +300,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    // A rank dies after joining NCCL: in a collective (the survivors'
-    // synchronize times out after 5 s and aborts the communicator), or before
-    // the first one (the survivors' enqueue, connecting to it, ends on its own).
-    // Either way the group then drops cleanly.
+    // A rank dies instead of joining NCCL (the survivors' join ends on its
+    // own), or after joining: in a collective (the survivors' synchronize
+    // times out after 5 s and aborts the communicator), or before the first
+    // one (the survivors' enqueue, connecting to it, ends on its own). Either
+    // way the group then drops cleanly.
     for (flag, when) in [
+        ("--fault-nccl-init", "instead of joining NCCL"),
         ("--fault-nccl", "in an NCCL collective"),
         ("--fault-nccl-connect", "before NCCL's first connect"),
     ] {
