@@ -469,6 +469,47 @@ fn addmm_not_alone_in_its_loop_takes_the_general_lowering() {
     general_takes(&k);
 }
 
+/// The general lowering's `addmm` runs on the tensor cores (`ldmatrix` +
+/// `mma.sync`) where the blocks of M, N and K are multiples of 16, for bf16
+/// and f16 operands alike, and sums with FMAs elsewhere.
+#[test]
+fn general_addmm_takes_the_tensor_cores_where_the_blocks_allow() {
+    for (dtype, mma) in [
+        (DType::BF16, "tf_mma_bf16(tf_c0"),
+        (DType::F16, "tf_mma_f16(tf_c0"),
+    ] {
+        let mut k = matmul_with(dtype);
+        k.tensors.push(tensor("side", 2, Some(dtype)));
+        let Stmt::Loop { body, .. } = &mut k.body[1] else {
+            unreachable!()
+        };
+        body.push(store(
+            3,
+            &[TM, TK],
+            load(A, &[TM, TK], "a[(tm, tk)]"),
+            "side[(tm, tk)] = a[(tm, tk)]",
+        ));
+        let k = plan(&k);
+        let spec = matmul_spec(&k);
+        for (bs, tensor_cores) in [
+            ([64, 64, 32], true),
+            ([32, 16, 16], true),
+            ([64, 64, 8], false),
+            ([64, 8, 32], false),
+        ] {
+            let c = Config::new(&bs).num_warps(4);
+            let l = lower(&k, &spec, &c).unwrap_or_else(|e| panic!("{bs:?}: {e}"));
+            assert_eq!(l.path, "general", "{bs:?}");
+            assert_eq!(l.source.contains(mma), tensor_cores, "{dtype:?} {bs:?}");
+            assert_eq!(
+                l.source.contains("fmaf(((float*)tf_smem)"),
+                !tensor_cores,
+                "{dtype:?} {bs:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn matmul_with_other_accumulator_takes_the_general_lowering() {
     let mut k = matmul();
