@@ -262,3 +262,32 @@ fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator(
         assert!(log.contains(" 0 bytes spill stores"), "{log}");
     }
 }
+
+/// Attention's backward kernels take the general lowering. Its `addmm`s run
+/// on the tensor cores, and the loop's layout spreads the threads over the
+/// grid's tile first (the keys of dK/dV's accumulators), then the head
+/// dimension, the loop's queries last: dK and dV then hold 16 values a
+/// thread at 32×64 tiles with 4 warps (256 when the loop's dimension took
+/// the threads), and the kernel spills a tenth as much.
+#[test]
+fn attention_backward_spreads_its_threads_over_the_accumulators() {
+    use common::examples::attention_backward::attention_dkdv;
+    let def = attention_dkdv::kernel();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![0];
+    // dims: tb, th, tn, td, tm
+    let cfg = Config::new(&[1, 1, 32, 64, 32]).num_warps(4);
+    let l = def.lower(&spec, &cfg).unwrap();
+    assert_eq!(l.path, "general");
+    assert_eq!(l.source.matches("tf_mma_bf16(tf_c0").count(), 4);
+    let layout = l
+        .source
+        .lines()
+        .find(|s| s.contains("// layout 0:"))
+        .expect("the loop's layout");
+    assert!(
+        layout.contains("tn: block 32 = 1 x 4 lanes x 4 warps")
+            && layout.contains("tm: block 32 = 1 x 1 lanes x 1 warps"),
+        "{layout}"
+    );
+}

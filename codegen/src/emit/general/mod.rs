@@ -691,12 +691,25 @@ impl Gen<'_, '_> {
             // No access to follow: the innermost dimension, one element a run.
             None => (dims.iter().position(|&x| Some(&x) == active.last()), 1),
         };
-        // The others, innermost loop first.
-        let others: Vec<usize> = active
+        // The others, innermost loop first; but where the level multiplies
+        // tiles (`addmm`), the grid's first: its accumulators live across the
+        // loop over the grid's dimensions, and spread over the threads there
+        // (the loop's products are transients).
+        let multiplies = level.iter().any(|s| {
+            let mut found = false;
+            for e in s.exprs() {
+                e.walk(&mut |x| found |= matches!(x, Expr::Addmm { .. }));
+            }
+            found
+        });
+        let mut others: Vec<usize> = active
             .iter()
             .rev()
             .filter_map(|d| dims.iter().position(|x| x == d))
             .collect();
+        if multiplies {
+            others.reverse();
+        }
         let mut reduced = Vec::new();
         for s in level {
             for e in s.exprs() {
