@@ -453,10 +453,11 @@ fn two_matmul_loops_take_the_general_lowering() {
     general_takes(&k);
 }
 
-#[test]
-fn addmm_not_alone_in_its_loop_takes_the_general_lowering() {
-    let mut k = matmul();
-    k.tensors.push(tensor("side", 2, Some(DType::BF16)));
+/// The matmul of `dtype` with a second statement in its K loop
+/// (`side[(tm, tk)] = a[(tm, tk)]`), which the GEMM lowering does not take.
+fn matmul_with_side_store(dtype: DType) -> Kernel {
+    let mut k = matmul_with(dtype);
+    k.tensors.push(tensor("side", 2, Some(dtype)));
     let Stmt::Loop { body, .. } = &mut k.body[1] else {
         unreachable!()
     };
@@ -466,7 +467,12 @@ fn addmm_not_alone_in_its_loop_takes_the_general_lowering() {
         load(A, &[TM, TK], "a[(tm, tk)]"),
         "side[(tm, tk)] = a[(tm, tk)]",
     ));
-    general_takes(&k);
+    k
+}
+
+#[test]
+fn addmm_not_alone_in_its_loop_takes_the_general_lowering() {
+    general_takes(&matmul_with_side_store(DType::BF16));
 }
 
 /// The general lowering's `addmm` runs on the tensor cores (`ldmatrix` +
@@ -478,18 +484,7 @@ fn general_addmm_takes_the_tensor_cores_where_the_blocks_allow() {
         (DType::BF16, "tf_mma_bf16(tf_c0"),
         (DType::F16, "tf_mma_f16(tf_c0"),
     ] {
-        let mut k = matmul_with(dtype);
-        k.tensors.push(tensor("side", 2, Some(dtype)));
-        let Stmt::Loop { body, .. } = &mut k.body[1] else {
-            unreachable!()
-        };
-        body.push(store(
-            3,
-            &[TM, TK],
-            load(A, &[TM, TK], "a[(tm, tk)]"),
-            "side[(tm, tk)] = a[(tm, tk)]",
-        ));
-        let k = plan(&k);
+        let k = plan(&matmul_with_side_store(dtype));
         let spec = matmul_spec(&k);
         for (bs, tensor_cores) in [
             ([64, 64, 32], true),

@@ -82,9 +82,36 @@ impl Gen<'_, '_> {
             self.close(n, depth);
         }
         self.w(depth, "__syncthreads();");
+        self.product_value(acc, at, (l, depth), pre, &tc.dims, |g, init, out| {
+            let (pa, pb) = (
+                place(g, &ta.dims, Some("tf_k")),
+                place(g, &tb.dims, Some("tf_k")),
+            );
+            vec![
+                format!("float tf_s = {init};"),
+                format!(
+                    "for (int tf_k = 0; tf_k < {bk}; ++tf_k) tf_s = fmaf(((float*)tf_smem)[{pa}], ((float*)tf_smem)[{na} + {pb}], tf_s);"
+                ),
+                format!("{out} = tf_s;"),
+            ]
+        })
+    }
+
+    /// The product as a value over `dims` in layout `l`: for each of this
+    /// thread's elements, `lines(g, init, out)` (C statements that set `out`
+    /// from `init`, the accumulator `acc`'s element).
+    fn product_value(
+        &mut self,
+        acc: &Expr,
+        at: &str,
+        (l, depth): (usize, usize),
+        pre: &[(Expr, Val)],
+        dims: &[DimId],
+        lines: impl Fn(&Self, &str, &str) -> Vec<String>,
+    ) -> Result<Val, CodegenError> {
         let v = Val {
             name: self.temp("tf_d"),
-            dims: tc.dims.clone(),
+            dims: dims.to_vec(),
             cty: CTy::F32,
             layout: l,
             raw: None,
@@ -93,24 +120,11 @@ impl Gen<'_, '_> {
         self.w(depth, format!("{decl};"));
         let n = self.open(l, &v.dims, depth);
         let (c, ct) = self.ctx(l, pre).emit(acc, at)?;
-        let (pa, pb) = (
-            place(self, &ta.dims, Some("tf_k")),
-            place(self, &tb.dims, Some("tf_k")),
-        );
         let access = self.access(&v);
-        self.w(
-            depth + n,
-            format!("float tf_s = {};", convert(&c, ct, CTy::F32)),
-        );
-        self.w(
-            depth + n,
-            format!(
-                "for (int tf_k = 0; tf_k < {bk}; ++tf_k) tf_s = fmaf(((float*)tf_smem)[{pa}], ((float*)tf_smem)[{na} + {pb}], tf_s);"
-            ),
-        );
-        self.w(depth + n, format!("{access} = tf_s;"));
+        for line in lines(self, &convert(&c, ct, CTy::F32), &access) {
+            self.w(depth + n, line);
+        }
         self.close(n, depth);
-        let _ = nb;
         Ok(v)
     }
 
@@ -230,28 +244,12 @@ impl Gen<'_, '_> {
         ] {
             self.w(depth, line);
         }
-        let v = Val {
-            name: self.temp("tf_d"),
-            dims: tc.dims.clone(),
-            cty: CTy::F32,
-            layout: l,
-            raw: None,
-        };
-        let decl = self.decl(&v);
-        self.w(depth, format!("{decl};"));
-        let nl = self.open(l, &v.dims, depth);
-        let (c, ct) = self.ctx(l, pre).emit(acc, at)?;
-        let (r, cc) = (self.offset_c(l, m), self.offset_c(l, n));
-        let access = self.access(&v);
-        self.w(
-            depth + nl,
-            format!(
-                "{access} = {} + ((float*)(tf_smem + {d_at}))[({r}) * {sd} + ({cc})];",
-                convert(&c, ct, CTy::F32)
-            ),
-        );
-        self.close(nl, depth);
-        Ok(v)
+        self.product_value(acc, at, (l, depth), pre, &tc.dims, |g, init, out| {
+            let (r, cc) = (g.offset_c(l, m), g.offset_c(l, n));
+            vec![format!(
+                "{out} = {init} + ((float*)(tf_smem + {d_at}))[({r}) * {sd} + ({cc})];"
+            )]
+        })
     }
 }
 
