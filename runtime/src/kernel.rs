@@ -51,7 +51,7 @@ pub struct KernelDef {
     ir: OnceLock<std::result::Result<Planned, String>>,
     /// The IR with its compile-time `if`s decided, per constexpr values (empty
     /// when the kernel has none), each planned once.
-    specialized: OnceLock<Mutex<HashMap<Vec<i64>, Planned>>>,
+    specialized: OnceLock<Mutex<HashMap<Vec<i64>, Arc<Planned>>>>,
     /// Whether the IR has compile-time `if`s.
     branches: OnceLock<bool>,
     variants: OnceLock<Mutex<HashMap<VariantKey, Arc<Variant>>>>,
@@ -64,6 +64,23 @@ thread_local! {
     static OVERRIDES: RefCell<Vec<(&'static str, Config)>> = const { RefCell::new(Vec::new()) };
     /// Caps set by `KernelDef::with_group_rows`, innermost last.
     static GROUP_ROWS: RefCell<Vec<(&'static str, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A kernel's IR for one launch: the whole IR, or its specialization for the
+/// launch's constexpr values (shared with every launch of the same values).
+enum IrRef<'a> {
+    Whole(&'a Planned),
+    Specialized(Arc<Planned>),
+}
+
+impl std::ops::Deref for IrRef<'_> {
+    type Target = Planned;
+    fn deref(&self) -> &Planned {
+        match self {
+            IrRef::Whole(k) => k,
+            IrRef::Specialized(k) => k,
+        }
+    }
 }
 
 /// Pops the innermost entry of a thread-local stack when dropped.
@@ -121,20 +138,21 @@ impl KernelDef {
 
     /// The IR for these constexpr values: compile-time `if`s decided (see
     /// `Planned::specialize`), made and planned once per values.
-    fn ir_for(&self, consts: &[i64]) -> Result<Planned> {
+    fn ir_for(&self, consts: &[i64]) -> Result<IrRef<'_>> {
         let k = self.ir()?;
+        // Shared, never copied: a launch must not pay for the IR's size.
         if k.constexprs.is_empty() || !*self.branches.get_or_init(|| k.has_branches()) {
-            return Ok(k.clone());
+            return Ok(IrRef::Whole(k));
         }
         let map = self.specialized.get_or_init(Default::default);
         if let Some(s) = map.lock().unwrap_or_else(|p| p.into_inner()).get(consts) {
-            return Ok(s.clone());
+            return Ok(IrRef::Specialized(s.clone()));
         }
-        let s = k.specialize(consts)?.into_owned();
+        let s = Arc::new(k.specialize(consts)?.into_owned());
         map.lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(consts.to_vec(), s.clone());
-        Ok(s)
+        Ok(IrRef::Specialized(s))
     }
 
     /// The config pinned on the attribute, if any.
@@ -292,7 +310,7 @@ impl KernelDef {
     /// Lowers the kernel to CUDA C for a specialization and config (no GPU needed).
     pub fn lower(&self, spec: &Spec, config: &Config) -> Result<Lowered> {
         // The specialization, planned once for all lowerings of these values.
-        Ok(lower(&self.ir_for(&spec.constexprs)?, spec, config)?)
+        Ok(lower(&*self.ir_for(&spec.constexprs)?, spec, config)?)
     }
 
     /// Lowers and compiles the kernel with NVRTC for `arch` (no GPU needed).

@@ -313,7 +313,6 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     if effort == Effort::Off {
         return Ok(default);
     }
-    let budget = effort.budget()?;
     let explicit = candidates_of(&launch.kernel.name);
     let memo = Memo {
         kernel: launch.kernel.name.clone(),
@@ -331,6 +330,8 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     {
         return Ok(c.clone());
     }
+    // Read only when a launch may tune or wait for a tuning, not on every launch.
+    let budget = effort.budget()?;
     let key = key(launch, &memo.buckets, explicit.as_deref())?;
     let coordinator = COORDINATOR
         .lock()
