@@ -6,6 +6,7 @@
 //! cargo build --release --workspace --examples --bins
 //! target/release/tilefuse-run --nproc-per-node 2 target/release/examples/all_gather_matmul [M N K] [--bench]
 //!     [--chunks-along rows|cols] [--splits-per-rank S] [--config JSON] [--ungrouped]
+//!     [--copy-sms N]
 //! ```
 //!
 //! The all-gather cuts each shard into bands of rows (`--chunks-along rows`, S
@@ -30,6 +31,11 @@
 //! The fused GEMM visits its tiles a rank's rows at a time (its groups of tile
 //! rows never span two ranks), so its first waves run on the rows already
 //! here; `--ungrouped` keeps the config's own groups, for comparison.
+//!
+//! `--copy-sms N` copies the peers' chunks with N SMs (a small kernel on the
+//! backend stream) instead of the copy engine, whose incoming rate (about 135
+//! GB/s on an H200, from all peers together) bounds the overlap on 4 ranks; the
+//! persistent GEMM then leaves those SMs free.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -107,6 +113,8 @@ struct Waits {
     /// that the first waves run on the rows already here; 0: the config's
     /// own order.
     group_rows: usize,
+    /// SMs the GEMM leaves to an all-gather copied by SMs.
+    sms_left: usize,
 }
 
 impl Waits {
@@ -117,6 +125,15 @@ impl Waits {
             ranks,
             along_k: matches!(ag.chunks(), Chunks::Cols(_)),
             group_rows: ag.shard().size(0),
+            sms_left: ag.sms_in_use(),
+        }
+    }
+
+    /// The GEMM alone, for reference: its config's own order, every SM.
+    fn alone(self) -> Waits {
+        Waits {
+            sms_left: 0,
+            ..self.ungrouped()
         }
     }
 
@@ -152,10 +169,11 @@ impl Waits {
                 self.along_k,
             )
         };
-        match self.group_rows {
+        let ordered = || match self.group_rows {
             0 => launch(),
             rows => ag_matmul::kernel().with_group_rows(rows, launch),
-        }
+        };
+        tilefuse::runtime::kernel::leaving_sms(self.sms_left, ordered)
     }
 }
 
@@ -186,6 +204,10 @@ struct Args {
     /// comparison.
     #[arg(long)]
     ungrouped: bool,
+    /// Copy the peers' chunks with this many SMs (even) instead of the copy
+    /// engine; the GEMM leaves them free. 0: the copy engine.
+    #[arg(long = "copy-sms", default_value_t = 0)]
+    copy_sms: usize,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -270,9 +292,19 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
             (true, s) => Chunks::Cols(s.unwrap_or(8)),
             (false, s) => Chunks::Rows(s.unwrap_or(4)),
         };
-        let a = AllGather::<bf16>::with_chunks(&pg, rows, k, chunks)?;
+        let mut a = AllGather::<bf16>::with_chunks(&pg, rows, k, chunks)?;
+        if args.copy_sms > 0 {
+            a.copy_with_sms(args.copy_sms)?;
+        }
         a.shard().clone().copy_from_slice(&shard_host)?;
-        println!("rank {rank}: all-gather chunks {:?}", a.chunks());
+        println!(
+            "rank {rank}: all-gather chunks {:?}, copied by {}",
+            a.chunks(),
+            match a.sms_in_use() {
+                0 => "the copy engine".to_string(),
+                s => format!("{s} SMs"),
+            }
+        );
         waits = match args.ungrouped {
             true => Waits::of(&a, world).ungrouped(),
             false => Waits::of(&a, world),
@@ -306,6 +338,7 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
             ranks: 1,
             along_k: false,
             group_rows: 0,
+            sms_left: 0,
         };
         waits.gemm(&gathered, &b, &c, &progress, 1, rank * rows)?;
     }
@@ -366,7 +399,7 @@ fn bench(
         match i {
             0 => tilefuse::cublas::matmul_into(&mut c, gathered_ref, b),
             1 => waits
-                .ungrouped()
+                .alone()
                 .gemm(gathered, b, &c, progress, done_epoch, first_row),
             2 => nccl.all_gather(shard, gathered_ref),
             3 => {

@@ -583,3 +583,18 @@ fn a_wait_inside_the_k_loop_stays_on_the_gemm_paths() {
     let load = producer.find("tf_tma_2d(").expect("the A load");
     assert!(!producer[..load].contains("tf_wait_flag"));
 }
+
+/// The all-gather's SM copy kernel (hand-written CUDA in the runtime) compiles
+/// for both architectures without spilling.
+#[test]
+fn the_all_gather_copy_kernel_compiles() {
+    if !common::nvrtc_or_skip() {
+        return;
+    }
+    for arch in ARCHS {
+        let log = tilefuse::runtime::dist::copy_kernel_report(arch)
+            .unwrap_or_else(|e| panic!("the copy kernel for {arch}: {e}"));
+        assert!(log.contains("0 bytes spill stores"), "{arch}:\n{log}");
+        assert!(!log.contains("warning"), "{arch}:\n{log}");
+    }
+}

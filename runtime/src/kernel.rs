@@ -64,6 +64,38 @@ thread_local! {
     static OVERRIDES: RefCell<Vec<(&'static str, Config)>> = const { RefCell::new(Vec::new()) };
     /// Caps set by `KernelDef::with_group_rows`, innermost last.
     static GROUP_ROWS: RefCell<Vec<(&'static str, usize)>> = const { RefCell::new(Vec::new()) };
+    /// SMs that persistent grids leave free, set by [`leaving_sms`].
+    static SMS_LEFT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` with every persistent kernel it launches (on this thread) leaving
+/// `sms` SMs of its GPU free: its grid holds that many fewer blocks (clusters
+/// round it down). For a consumer that waits on a producer kernel running beside
+/// it, such as an all-gather copied by SMs
+/// ([`crate::dist::AllGather::copy_with_sms`]): a persistent grid that filled
+/// every SM would keep the producer from running. Kernels that are not
+/// persistent launch as usual.
+///
+/// ```ignore
+/// tilefuse_runtime::kernel::leaving_sms(ag.sms_in_use(), || ag_matmul(&a, &b, &c, ...))?;
+/// ```
+pub fn leaving_sms<R>(sms: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SMS_LEFT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(SMS_LEFT.with(|c| c.replace(sms)));
+    f()
+}
+
+/// Blocks of a persistent grid of `resident` blocks (the GPU's whole capacity
+/// for it) once [`leaving_sms`]'s SMs are taken out.
+fn resident_after_left(resident: u64, sm_count: usize) -> u64 {
+    let left = SMS_LEFT.with(std::cell::Cell::get) as u64;
+    let per_sm = (resident / (sm_count.max(1) as u64)).max(1);
+    resident.saturating_sub(left.saturating_mul(per_sm))
 }
 
 /// A kernel's IR for one launch: the whole IR, or its specialization for the
@@ -572,7 +604,11 @@ pub(crate) fn launch_variant(
     // `blocks` counts programs (output tiles; a cluster's tile on the clustered
     // path) until the launch below.
     let cluster = u64::from(v.lowered.cluster.max(1));
-    let resident_programs = (v.resident_blocks / cluster).max(1);
+    let resident_blocks = match v.lowered.persistent {
+        true => resident_after_left(v.resident_blocks, dev.sm_count()),
+        false => v.resident_blocks,
+    };
+    let resident_programs = (resident_blocks / cluster).max(1);
     // Tiles in one wave: a ping-pong block holds two at once.
     let wave = resident_programs * u64::from(v.lowered.tiles_in_flight.max(1));
     // GEMMs: split the last, partial wave of tiles along K.
@@ -610,6 +646,21 @@ pub(crate) fn launch_variant(
         blocks = blocks.min(resident_programs);
     }
     blocks = blocks.saturating_mul(cluster);
+    // A grid that cannot leave `leaving_sms`'s SMs free would keep the kernel
+    // it waits for off the GPU until its waits give up: refuse it now.
+    if !v.lowered.persistent && SMS_LEFT.with(std::cell::Cell::get) > 0 {
+        let room = resident_after_left(v.resident_blocks, dev.sm_count());
+        if blocks > room {
+            return Err(argument(
+                format!("kernel `{}`", k.name),
+                "(grid)",
+                format!(
+                    "{blocks} blocks, not a persistent grid, cannot leave {} SMs free for the producer it waits on (room for {room} blocks beside it): use a persistent config (`\"persistent\": true` on the Hopper path) or the copy engine",
+                    SMS_LEFT.with(std::cell::Cell::get)
+                ),
+            ));
+        }
+    }
     let gpu = dev.gpu("launching a compiled kernel")?;
     let (status_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&gpu.status, &gpu.stream);
     drop(guard);

@@ -260,3 +260,41 @@ fn range_held_then_timeout(dev: &std::sync::Arc<Device>) {
     dev.synchronize().unwrap();
     assert!(err_vs(&out, &reference) <= 1e-2);
 }
+
+/// `leaving_sms`: a grid that is not persistent and more than the GPU holds
+/// cannot leave SMs to a producer, so the launch is refused with a message; a
+/// persistent grid shrinks to the SMs left and still computes every tile.
+#[test]
+fn leaving_sms_shrinks_persistent_grids_and_refuses_full_ones() {
+    let Some(dev) = crate::common::gpu() else {
+        return;
+    };
+    let (m, n, k, chunk) = (4096, 2048, 128, 4096);
+    let (a, b, reference) = crate::common::gemm_operands::<bf16>(m, n, k);
+    let flags = Tensor::<u32>::from_slice(&[1], [1]).unwrap();
+    let out = poisoned::<bf16>([m, n]).unwrap();
+    let portable = Config::new(&[64, 128, 32]).num_warps(4).num_stages(3);
+    let e = gated_matmul::kernel()
+        .with_config(portable, || {
+            tilefuse::runtime::kernel::leaving_sms(8, || gated_matmul(&a, &b, &flags, chunk, &out))
+        })
+        .expect_err("1024 blocks of a grid that is not persistent cannot leave 8 SMs free");
+    assert!(e.to_string().contains("cannot leave 8 SMs free"), "{e}");
+    if dev.compute_capability().0 != 9 {
+        return;
+    }
+    let persistent = Config::new(&[128, 128, 64])
+        .num_warps(8)
+        .num_stages(4)
+        .wgmma(true)
+        .persistent(true);
+    let left = dev.sm_count() - 2;
+    gated_matmul::kernel().with_config(persistent, || {
+        tilefuse::runtime::kernel::leaving_sms(left, || {
+            gated_matmul(&a, &b, &flags, chunk, &out).unwrap()
+        })
+    });
+    dev.synchronize().unwrap();
+    let err = err_vs(&out, &reference);
+    assert!(err <= 1e-2, "rel err {err} with the grid on 2 SMs");
+}

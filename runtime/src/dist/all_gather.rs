@@ -24,6 +24,7 @@
 //! kernel runs in the interpreter on the calling thread.
 
 use super::group::ProcessGroup;
+use super::sm_copy::{Piece, SmCopier};
 use super::stream_ops;
 use super::symmetric::{shm_error, SymmetricMemory};
 use crate::element::Element;
@@ -76,6 +77,8 @@ pub struct AllGather<T: Element> {
     progress: Tensor<u32>,
     /// The copy engine's stream; `None` in interpret mode.
     backend: Option<SideStream>,
+    /// Set by [`AllGather::copy_with_sms`]: SMs copy instead of the copy engine.
+    sm_copier: Option<SmCopier>,
     /// In interpret mode, the thread of the call in flight.
     copier: Option<JoinHandle<Result<()>>>,
     /// How long the host copier waits at a barrier for a peer.
@@ -171,6 +174,7 @@ impl<T: Element> AllGather<T> {
             gathered,
             progress,
             backend,
+            sm_copier: None,
             copier: None,
             timeout: pg.timeout(),
             rows,
@@ -220,6 +224,70 @@ impl<T: Element> AllGather<T> {
             Chunks::Rows(_) => self.cols,
             Chunks::Cols(s) => self.cols.div_ceil(s),
         }
+    }
+
+    /// Copies the peers' chunks with `sms` SMs (an even count) instead of the
+    /// copy engine, from the next call on: a small kernel on the backend stream
+    /// pulls each chunk over NVLink and sets its flag, in the same order and with
+    /// the same flags. Faster where the copy engine's incoming rate bounds the
+    /// overlap (small M on 4 ranks), but the consumer must leave these SMs free:
+    /// launch it inside [`crate::kernel::leaving_sms`]`(ag.sms_in_use(), ..)`.
+    /// In interpret mode the host copier stays.
+    ///
+    /// ```no_run
+    /// # fn main() -> tilefuse_runtime::Result<()> {
+    /// use tilefuse_runtime::dist::{AllGather, ProcessGroup};
+    /// let pg = ProcessGroup::init()?;
+    /// let mut ag = AllGather::<half::bf16>::new(&pg, 256, 16384, 4)?;
+    /// ag.copy_with_sms(16)?;
+    /// let epoch = ag.start()?;
+    /// tilefuse_runtime::kernel::leaving_sms(ag.sms_in_use(), || {
+    ///     // ... launch the persistent consumer, waiting on ag.progress() >= epoch ...
+    /// });
+    /// ag.finish()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_with_sms(&mut self, sms: usize) -> Result<()> {
+        if self.backend.is_none() {
+            return Ok(());
+        }
+        let pieces: Vec<Piece> = self
+            .pieces()
+            .into_iter()
+            .map(|(p, c)| {
+                let (src, dst, rows, width, pitch) = self.piece_rows(p, c);
+                Piece {
+                    src,
+                    dst,
+                    flag: self.flag_ptr(p, c),
+                    rows,
+                    width,
+                    pitch,
+                }
+            })
+            .collect();
+        self.sm_copier = Some(SmCopier::new(self.gathered.device(), &pieces, sms)?);
+        Ok(())
+    }
+
+    /// SMs the copies occupy while they run: 0 with the copy engine.
+    pub fn sms_in_use(&self) -> usize {
+        self.sm_copier.as_ref().map_or(0, SmCopier::sms)
+    }
+
+    /// Where chunk `c` of rank `p` comes from and goes: `(src, dst, rows, width,
+    /// pitch)`, addresses and bytes.
+    fn piece_rows(&self, p: usize, c: usize) -> (u64, u64, usize, usize, usize) {
+        let (row0, rows, col0, cols) = self.chunk_rect(c);
+        let elem = std::mem::size_of::<T>();
+        let off = (((p * self.rows + row0) * self.cols + col0) * elem) as u64;
+        let (src, dst) = (self.sym.data_ptr(p) + off, self.gathered.device_ptr() + off);
+        (src, dst, rows, cols * elem, self.cols * elem)
+    }
+
+    /// The device address of chunk `c` of rank `p`'s flag.
+    fn flag_ptr(&self, p: usize, c: usize) -> u64 {
+        self.progress.device_ptr() + (self.flag_index(p, c) * 4) as u64
     }
 
     /// The flag of chunk `c` of rank `p`'s shard.
@@ -299,13 +367,11 @@ impl<T: Element> AllGather<T> {
             .map_err(driver("ordering the all-gather after the shard's writes"))?;
         let raw = s.cu_stream();
         let mut timeline = self.timeline.take();
-        let flag =
-            |p: usize, c: usize| self.progress.device_ptr() + (self.flag_index(p, c) * 4) as u64;
         // This rank's rows are in place already: their flags first, in one
         // batch, so the consumer's tiles of them start before the barrier
         // with the peers passes (it waits for the slowest rank).
         let own: Vec<u64> = (0..chunk_count(self.chunks))
-            .map(|c| flag(self.rank, c))
+            .map(|c| self.flag_ptr(self.rank, c))
             .collect();
         // SAFETY: flags of the plain-memory progress tensor.
         unsafe { stream_ops::write_values(raw, &own, epoch)? };
@@ -314,22 +380,30 @@ impl<T: Element> AllGather<T> {
         if let Some(t) = timeline.as_mut() {
             t.mark(s, "opening barrier passed")?;
         }
-        let elem = std::mem::size_of::<T>();
-        let pitch = self.cols * elem;
-        for (p, c) in self.pieces() {
-            let (row0, rows, col0, cols) = self.chunk_rect(c);
-            let off = (((p * self.rows + row0) * self.cols + col0) * elem) as u64;
-            let (src, dst) = (self.sym.data_ptr(p) + off, self.gathered.device_ptr() + off);
-            // SAFETY: the `rows` rows of `cols` elements, `pitch` bytes apart, from
-            // `src` lie in rank p's own rows of its symmetric buffer (mapped here,
-            // alive while every rank holds its AllGather, not written by p until it
-            // passes the closing barrier), those from `dst` in the same rows of this
-            // rank's buffer (`chunk_rect` stays inside the shard).
-            unsafe { stream_ops::copy_2d(raw, dst, pitch, src, pitch, cols * elem, rows)? };
-            // SAFETY: a flag of the plain-memory progress tensor.
-            unsafe { stream_ops::write_value(raw, flag(p, c), epoch)? };
+        if let Some(copier) = &self.sm_copier {
+            // SAFETY: the pieces are the chunks below, in peers' symmetric
+            // buffers (mapped, not written until the closing barrier) and this
+            // rank's; their flags are the progress tensor's; calls queue on this
+            // one stream, so no two copy kernels run at once.
+            unsafe { copier.launch(raw, epoch)? };
             if let Some(t) = timeline.as_mut() {
-                t.mark(s, format!("rank {p} chunk {c} flagged"))?;
+                t.mark(s, "every chunk flagged (SM copies)")?;
+            }
+        } else {
+            for (p, c) in self.pieces() {
+                let (src, dst, rows, width, pitch) = self.piece_rows(p, c);
+                // SAFETY: the `rows` rows of `width` bytes, `pitch` bytes apart,
+                // from `src` lie in rank p's own rows of its symmetric buffer
+                // (mapped here, alive while every rank holds its AllGather, not
+                // written by p until it passes the closing barrier), those from
+                // `dst` in the same rows of this rank's buffer (`chunk_rect`
+                // stays inside the shard).
+                unsafe { stream_ops::copy_2d(raw, dst, pitch, src, pitch, width, rows)? };
+                // SAFETY: a flag of the plain-memory progress tensor.
+                unsafe { stream_ops::write_value(raw, self.flag_ptr(p, c), epoch)? };
+                if let Some(t) = timeline.as_mut() {
+                    t.mark(s, format!("rank {p} chunk {c} flagged"))?;
+                }
             }
         }
         // Peers are done reading this rank's shard once they pass this.
