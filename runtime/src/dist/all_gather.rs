@@ -158,8 +158,12 @@ impl<T: Element> AllGather<T> {
             }
         }
         let world = pg.world_size();
-        let sym = SymmetricMemory::alloc(pg, world * rows * cols * std::mem::size_of::<T>())?;
-        let gathered = sym.tensor::<T>(&[world * rows, cols])?;
+        let all_rows = world
+            .checked_mul(rows)
+            .ok_or_else(|| argument(ctx, "rows", format!("{world} x {rows} rows overflow")))?;
+        let data_bytes = crate::tensor::checked_bytes::<T>(ctx, "rows/cols", &[all_rows, cols])?;
+        let sym = SymmetricMemory::alloc(pg, data_bytes)?;
+        let gathered = sym.tensor::<T>(&[all_rows, cols])?;
         let shard = gathered.narrow(0, pg.rank() * rows, rows)?;
         let dev = pg.device();
         let progress = Tensor::<u32>::flags(world * chunk_count(chunks))?;
