@@ -33,9 +33,11 @@
 //! here; `--ungrouped` keeps the config's own groups, for comparison.
 //!
 //! `--copy-sms N` copies the peers' chunks with N SMs (a small kernel on the
-//! backend stream) instead of the copy engine, whose incoming rate (about 135
-//! GB/s on an H200, from all peers together) bounds the overlap on 4 ranks; the
-//! persistent GEMM then leaves those SMs free.
+//! backend stream) instead of the copy engine, whose rate (about 135 GB/s on an
+//! H200, in or out, from all peers together) bounds the overlap on 4 ranks; the
+//! persistent GEMM then leaves those SMs free. By default 16 SMs copy beside a
+//! GEMM of one wave that leaves them idle anyway, the copy engine otherwise
+//! (`tilefuse::ops::copy_sms_for`); `--copy-sms 0` keeps the copy engine.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -205,9 +207,11 @@ struct Args {
     #[arg(long)]
     ungrouped: bool,
     /// Copy the peers' chunks with this many SMs (even) instead of the copy
-    /// engine; the GEMM leaves them free. 0: the copy engine.
-    #[arg(long = "copy-sms", default_value_t = 0)]
-    copy_sms: usize,
+    /// engine; the GEMM leaves them free. 0: the copy engine. Default: 16
+    /// beside a GEMM of one wave with room for them, else the copy engine
+    /// (`tilefuse::ops::copy_sms_for`).
+    #[arg(long = "copy-sms")]
+    copy_sms: Option<usize>,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -293,8 +297,11 @@ fn run_with(args: Args) -> tilefuse::Result<bool> {
             (false, s) => Chunks::Rows(s.unwrap_or(4)),
         };
         let mut a = AllGather::<bf16>::with_chunks(&pg, rows, k, chunks)?;
-        if args.copy_sms > 0 {
-            a.copy_with_sms(args.copy_sms)?;
+        let sms = args
+            .copy_sms
+            .unwrap_or_else(|| tilefuse::ops::copy_sms_for(m, n, dev.sm_count()));
+        if sms > 0 {
+            a.copy_with_sms(sms)?;
         }
         a.shard().clone().copy_from_slice(&shard_host)?;
         println!(
