@@ -52,8 +52,9 @@ impl SizeRule {
 }
 
 /// The size rules of `k` (specialized), one per (tensor, axis, tile), in
-/// source order; exact where the lowering it takes needs them so.
-pub fn size_rules(k: &Planned) -> Vec<SizeRule> {
+/// source order; exact where the lowering it takes needs them so. Read them
+/// through [`Planned::size_rules`], which derives them once.
+pub(crate) fn derive(k: &Planned) -> Vec<SizeRule> {
     let exact = k.chosen().exact_sizes();
     let mut rules: Vec<SizeRule> = Vec::new();
     let mut add = |tensor: TensorId, index: &[Expr], at: &str| {

@@ -219,7 +219,7 @@ pub fn run_with(
     }
     // The sizes the launch checks on the GPU path (the lowering masks those
     // accesses by the extents alone), refused here as there.
-    for r in tilefuse_codegen::rules::size_rules(k) {
+    for r in k.size_rules() {
         let (Some(want), Some(have)) = (extents[r.dim], tensors[r.tensor].shape().get(r.axis))
         else {
             continue;

@@ -126,8 +126,6 @@ impl<T: 'static> Drop for PopOnDrop<T> {
     }
 }
 
-use tilefuse_codegen::rules::size_rules;
-
 impl KernelDef {
     /// Used by the macro: the kernel's name, its IR as JSON and an optional pinned config as JSON.
     pub const fn new(
@@ -423,7 +421,7 @@ impl KernelDef {
                 }
             }
         }
-        for r in size_rules(k) {
+        for r in k.size_rules() {
             let dim = &k.dims[r.dim];
             let Some(ext) = dim.extent.and_then(|e| scalars[e].int()) else {
                 continue;

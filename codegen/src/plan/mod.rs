@@ -17,9 +17,10 @@ mod tests;
 
 use crate::error::CodegenError;
 use crate::ir::Kernel;
+use crate::rules::SizeRule;
 use lowering::Chosen;
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A kernel with the lowering it takes and that lowering's plan of it,
 /// decided once. Derefs to the [`Kernel`]; cheap to clone.
@@ -40,6 +41,8 @@ pub struct Planned {
     chosen: Arc<dyn Chosen>,
     /// The `#[constexpr]` values the kernel was specialized for, if it was.
     consts: Option<Arc<[i64]>>,
+    /// The size rules a launch checks, derived on first use (shared by clones).
+    rules: Arc<OnceLock<Vec<SizeRule>>>,
 }
 
 impl Planned {
@@ -60,6 +63,7 @@ impl Planned {
             kernel: Arc::new(kernel),
             chosen,
             consts: None,
+            rules: Arc::default(),
         }
     }
 
@@ -95,6 +99,11 @@ impl Planned {
                 ..Planned::new(k)
             }),
         })
+    }
+
+    /// The tensor sizes a launch checks ([`crate::rules`]), derived once.
+    pub fn size_rules(&self) -> &[SizeRule] {
+        self.rules.get_or_init(|| crate::rules::derive(self))
     }
 
     /// The chosen lowering's jobs, for this kernel.
