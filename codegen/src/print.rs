@@ -294,6 +294,12 @@ impl Printer<'_> {
     /// `e` as the receiver of a method: `-x.sum(t)` would sum `x`, then negate.
     fn receiver(&self, e: &Expr, bare: bool) -> String {
         match e {
+            // `(-2.5)` would read as the literal -2.5, not the negation of 2.5.
+            Expr::Unary { op: UnOp::Neg, arg }
+                if matches!(**arg, Expr::Int(_) | Expr::Float(_)) =>
+            {
+                format!("(-({}))", self.expr_in(arg, bare))
+            }
             Expr::Unary {
                 op: UnOp::Neg | UnOp::Not,
                 ..

@@ -876,3 +876,31 @@ fn random_kernels_round_trip() {
         round_trip(&k);
     }
 }
+
+/// A negated number as a method's receiver prints as `(-(2.5))`: `(-2.5)`
+/// would read back as the literal -2.5.
+#[test]
+fn a_negated_number_keeps_its_negation_as_a_receiver() {
+    let k = parse(
+        "kernel c(out: Tensor<f32, 1>; n) {
+           for t in tile(n) {
+             out[t] = (-(2.5)).cast() + (-2.5).cast() + (-(1)).cast::<f32>();
+           }
+         }",
+    );
+    let mut seen = Vec::new();
+    k.walk_exprs(&mut |e| {
+        if let Expr::Cast { arg, .. } = e {
+            seen.push(format!("{arg:?}"));
+        }
+    });
+    assert_eq!(
+        seen,
+        [
+            "Unary { op: Neg, arg: Float(2.5) }",
+            "Float(-2.5)",
+            "Unary { op: Neg, arg: Int(1) }"
+        ]
+    );
+    round_trip(&k);
+}
