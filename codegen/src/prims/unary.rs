@@ -209,6 +209,10 @@ __device__ __forceinline__ float tf_gelu(float x) { return x * tf_phi(x); }\n",
         cuda "tf_sigmoid_grad({x})", int "", bool "",
         helpers "__device__ __forceinline__ float tf_sigmoid_grad(float x) { const float s = tf_div(1.0f, 1.0f + tf_exp(-x)); return s * (1.0f - s); }\n",
         cpu |x| { let s = sigmoid(x); s * (1.0 - s) }, cpu_int refuse;
+    Softplus: "softplus", Float, "`ln(1 + e^x)`, a smooth `relu` (its derivative is `sigmoid`)",
+        cuda "tf_softplus({x})", int "", bool "",
+        helpers "__device__ __forceinline__ float tf_softplus(float x) { return fmaxf(x, 0.0f) + log1pf(tf_exp(-fabsf(x))); }\n",
+        cpu |x| x.max(0.0) + (-x.abs()).exp().ln_1p(), cpu_int refuse;
 }
 
 /// Names users also write for some functions (C's and PyTorch's spellings).
