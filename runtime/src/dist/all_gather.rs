@@ -236,7 +236,7 @@ impl<T: Element> AllGather<T> {
     /// the same flags. Faster where the copy engine's incoming rate bounds the
     /// overlap (small M on 4 ranks), but the consumer must leave these SMs free:
     /// launch it inside [`crate::kernel::leaving_sms`]`(ag.sms_in_use(), ..)`.
-    /// In interpret mode the host copier stays.
+    /// In interpret mode the host copier stays, and a world of one copies nothing.
     ///
     /// ```no_run
     /// # fn main() -> tilefuse_runtime::Result<()> {
@@ -252,7 +252,8 @@ impl<T: Element> AllGather<T> {
     /// # Ok(()) }
     /// ```
     pub fn copy_with_sms(&mut self, sms: usize) -> Result<()> {
-        if self.backend.is_none() {
+        // Interpret mode keeps its host copier; a world of one has nothing to copy.
+        if self.backend.is_none() || self.world == 1 {
             return Ok(());
         }
         let pieces: Vec<Piece> = self
