@@ -106,6 +106,102 @@ pub fn attention_gqa(
     }
 }
 
+/// Variable-length (packed) attention, FlashAttention's varlen layout: `q`,
+/// `k`, `v` and `out` are `[total, H, D]`, every sequence's tokens one after
+/// another, and sequence `b` holds tokens `cu_seqlens[b]..cu_seqlens[b + 1]`
+/// (queries and keys alike: self-attention). One launch for the batch: a
+/// program per (sequence, head block, block of `max_seqlen` query rows); a
+/// block past its sequence's end has no rows and stops at once.
+#[allow(clippy::too_many_arguments)]
+#[fused_kernel]
+pub fn attention_varlen(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    cu_seqlens: &Tensor<i64>,
+    out: &Tensor<bf16>,
+    max_seqlen: usize,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [_, h, d] = q.shape();
+    let [bounds] = cu_seqlens.shape();
+    let nb = bounds - 1;
+    for (b, th, tq, td) in tile([each(nb), h, max_seqlen, whole(d)]) {
+        let begin = cu_seqlens[b];
+        let end = cu_seqlens[b + 1];
+        // This program's query rows: its block of the sequence, none past its end.
+        for tm in tile(begin + tq.begin()..min(begin + tq.end(), end)) {
+            let mut row_max = full::<f32>([th, tm], f32::NEG_INFINITY);
+            let mut denom = zeros::<f32>([th, tm]);
+            let mut acc = zeros::<f32>([th, tm, td]);
+            // Causal: the keys up to the block's last row.
+            for tn in tile(begin..if causal { min(tm.end(), end) } else { end }) {
+                let x = addmm(zeros::<f32>([th, tm, tn]), q[(tm, th, td)], k[(tn, th, td)]) * scale;
+                let x = if causal {
+                    select(tm.index() >= tn.index(), x, f32::NEG_INFINITY)
+                } else {
+                    x
+                };
+                let new_max = max(row_max, x.max(tn));
+                let p = exp(x - new_max);
+                let alpha = exp(row_max - new_max);
+                denom = denom * alpha + p.sum(tn);
+                acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tn, th, td)]);
+                row_max = new_max;
+            }
+            out[(tm, th, td)] = (acc / denom).cast();
+        }
+    }
+}
+
+/// [`attention_varlen`] on packed sequences of `lens` tokens, `h` heads of
+/// dimension `d`, fresh random inputs and a poisoned output; the relative
+/// error `‖out − ref‖/‖ref‖` against each sequence's float64 attention over
+/// its own tokens only.
+pub fn run_varlen_and_check(
+    lens: &[usize],
+    h: usize,
+    d: usize,
+    causal: bool,
+) -> tilefuse::Result<f64> {
+    let mut cu = vec![0i64];
+    for &l in lens {
+        cu.push(cu[cu.len() - 1] + l as i64);
+    }
+    let total = cu[lens.len()] as usize;
+    let max_seqlen = lens.iter().copied().max().unwrap_or(0);
+    let q = random_tensor::<bf16>([total, h, d], 1.0)?;
+    let k = random_tensor::<bf16>([total, h, d], 1.0)?;
+    let v = random_tensor::<bf16>([total, h, d], 1.0)?;
+    let cu_seqlens = Tensor::from_slice(&cu, [cu.len()])?;
+    let out = poisoned::<bf16>([total, h, d])?;
+    let scale = 0.3f32;
+    attention_varlen(&q, &k, &v, &cu_seqlens, &out, max_seqlen, scale, causal)?;
+    let host = |t: &Tensor<bf16>| -> tilefuse::Result<Vec<f64>> {
+        Ok(t.to_vec()?.into_iter().map(f64::from).collect())
+    };
+    let (qh, kh, vh, oh) = (host(&q)?, host(&k)?, host(&v)?, host(&out)?);
+    // One head of one sequence as the reference's contiguous rows.
+    let slice = |x: &[f64], b: usize, hh: usize| -> Vec<f64> {
+        (cu[b] as usize..cu[b + 1] as usize)
+            .flat_map(|t| x[(t * h + hh) * d..(t * h + hh + 1) * d].to_vec())
+            .collect()
+    };
+    let mut want = vec![0.0; total * h * d];
+    for (b, &len) in lens.iter().enumerate() {
+        for hh in 0..h {
+            let (qs, ks, vs) = (slice(&qh, b, hh), slice(&kh, b, hh), slice(&vh, b, hh));
+            for r in 0..len {
+                let row = reference_row(&qs, &ks, &vs, r, (len, d), f64::from(scale), causal);
+                let t = cu[b] as usize + r;
+                want[(t * h + hh) * d..(t * h + hh + 1) * d].copy_from_slice(&row);
+            }
+        }
+    }
+    Ok(tilefuse_testkit::rel_error(&oh, &want, |x| x, |x| x))
+}
+
 /// The float64 attention of one `(batch, head)` slice's query `row`: `q`, `k`, `v`
 /// are that slice (`s × d`, `sk × d`, `sk × d`, with `(sk, d)` given), the
 /// result `d` values.

@@ -3,7 +3,9 @@
 //! cross-attention (fewer keys than queries), under the tuner's configs;
 //! outputs poisoned. Also the errors for operands the lowering cannot load.
 
-use crate::common::examples::attention::{attention, attention_gqa, reference_row};
+use crate::common::examples::attention::{
+    attention, attention_gqa, attention_varlen, reference_row, run_varlen_and_check,
+};
 use crate::common::examples::attention_backward::{attention_dkdv, attention_dq, run_and_check};
 use crate::common::gpu;
 use tilefuse::prelude::*;
@@ -279,6 +281,28 @@ fn attention_backward_matches_f64_with_tensor_core_addmm() {
         assert!(
             errs.iter().all(|&e| e <= 1e-2),
             "attention backward 1x2x77x64, causal={causal}: rel err dq, dk, dv {errs:?}"
+        );
+    }
+}
+
+/// Variable-length attention in one launch over packed sequences of 100, 0,
+/// 257 and 9 tokens (empty, and ending mid-block), 4 heads of dimension 64,
+/// on the general lowering with both `addmm`s on the tensor cores, causal and
+/// not: each sequence against float64 over its own tokens.
+#[test]
+fn varlen_attention_matches_f64_per_sequence() {
+    let Some(_dev) = gpu() else { return };
+    let cfg = Config::new(&[1, 1, 16, 64, 16, 16]).num_warps(4);
+    for causal in [false, true] {
+        let err = attention_varlen::kernel()
+            .with_config(cfg.clone(), || {
+                run_varlen_and_check(&[100, 0, 257, 9], 4, 64, causal)
+            })
+            .unwrap();
+        println!("varlen attention causal={causal}: rel err {err:.2e}");
+        assert!(
+            err <= 1e-2,
+            "varlen attention causal={causal}: rel err {err}"
         );
     }
 }
