@@ -35,8 +35,8 @@ pub use config::{
 };
 pub use dtype::DType;
 pub use emit::{
-    default_wgmma_attention, default_wgmma_config, hopper_tiles, lower, HopperTiles, Lowered,
-    Param, SplitTail, MAX_PROGRAMS,
+    default_wgmma_attention, default_wgmma_config, hopper_tiles, hopper_tiles_for, lower,
+    HopperTiles, Lowered, Param, SplitTail, MAX_PROGRAMS,
 };
 pub use error::CodegenError;
 pub use fit::{fit_default, fit_whole_dims, group_rows};

@@ -222,8 +222,9 @@ pub fn chunks_along_k(m: usize, n: usize, sms: usize) -> bool {
 
 /// SMs that should copy an all-gather feeding a GEMM of `m × n` on `sms` SMs
 /// ([`crate::runtime::dist::AllGather::copy_with_sms`]), or 0 for the copy
-/// engine: 16 where the GEMM's 128×256 tiles make one wave with 16 SMs to
-/// spare, so the copies take no SM the GEMM would use. SM copies pull faster
+/// engine: 16 where the Hopper default's tiles ([`crate::codegen::hopper_tiles_for`])
+/// make one wave with 16 SMs to spare, so the copies take no SM the GEMM would
+/// use. SM copies pull faster
 /// than the copy engine (24 MiB into an H200 from 3 peers in 0.10 ms against
 /// 0.19), but a GEMM of more waves loses more on the SMs it gives up than the
 /// copies win. Measured with the seed (N 6656, K 16384) on H200s, each pair in
@@ -232,7 +233,7 @@ pub fn chunks_along_k(m: usize, n: usize, sms: usize) -> bool {
 /// 0.92×; 1024 rows on 4 ranks 1.64× the GEMM alone against 1.54×.
 pub fn copy_sms_for(m: usize, n: usize, sms: usize) -> usize {
     const COPY_SMS: usize = 16;
-    let tiles = m.div_ceil(128).saturating_mul(n.div_ceil(256));
+    let tiles = crate::codegen::hopper_tiles_for(m, n, sms).count(m, n);
     match tiles.saturating_add(COPY_SMS) <= sms {
         true => COPY_SMS,
         false => 0,
@@ -291,7 +292,9 @@ mod tests {
         for (m, sms) in [(512, 16), (1024, 0), (2048, 0), (8192, 0)] {
             assert_eq!(super::copy_sms_for(m, 6656, 132), sms, "{m} rows");
         }
-        // One wave, but no room for the copies beside it.
+        // One wave, but no room for the copies beside it: 104 tiles on 110
+        // SMs, and 128 tiles of 128×128 (the default's there) on 132.
         assert_eq!(super::copy_sms_for(512, 6656, 110), 0);
+        assert_eq!(super::copy_sms_for(1024, 2048, 132), 0);
     }
 }

@@ -17,7 +17,7 @@ mod rows;
 
 pub use attention::{default_wgmma_attention, AttentionShape};
 pub use expr::CTy;
-pub use gemm::{default_wgmma_config, hopper_tiles, GemmShape, HopperTiles};
+pub use gemm::{default_wgmma_config, hopper_tiles, hopper_tiles_for, GemmShape, HopperTiles};
 /// The device helpers of the Hopper lowerings (after [`prelude::PRELUDE`]):
 /// `mbarrier`s, among them the bounded `tf_mbar_wait`, TMA and `wgmma` descriptors.
 pub use hopper::HELPERS as HOPPER_HELPERS;

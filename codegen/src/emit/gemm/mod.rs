@@ -14,4 +14,4 @@ mod tma_store;
 
 pub use lowering::default_wgmma_config;
 pub use shape::GemmShape;
-pub use tiles::{hopper_tiles, HopperTiles};
+pub use tiles::{hopper_tiles, hopper_tiles_for, HopperTiles};

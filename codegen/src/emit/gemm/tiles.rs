@@ -48,6 +48,22 @@ pub(super) fn tiles_of(g: &GemmShape, extents: &[Option<usize>], sms: usize) -> 
     let (Some(&Some(m)), Some(&Some(n))) = (extents.get(g.m), extents.get(g.n)) else {
         return HopperTiles::Pairs;
     };
+    hopper_tiles_for(m, n, sms)
+}
+
+impl HopperTiles {
+    /// Output tiles of an `m × n` product in these tiles.
+    pub fn count(self, m: usize, n: usize) -> usize {
+        let bn = match self {
+            HopperTiles::Narrow => 128,
+            HopperTiles::Wide | HopperTiles::Pairs => 256,
+        };
+        m.div_ceil(128).saturating_mul(n.div_ceil(bn))
+    }
+}
+
+/// [`hopper_tiles`] of an `m × n` product on `sms` SMs.
+pub fn hopper_tiles_for(m: usize, n: usize, sms: usize) -> HopperTiles {
     let tiles = |bm: usize, bn: usize| m.div_ceil(bm).saturating_mul(n.div_ceil(bn));
     if sms == 0 || m == 0 || n == 0 {
         HopperTiles::Pairs
