@@ -827,3 +827,26 @@ pub(crate) fn load_variant(
 fn parse_config(j: &str) -> std::result::Result<Config, String> {
     serde_json::from_str(j).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{leaving_sms, resident_after_left};
+
+    /// A persistent grid gives up the SMs `leaving_sms` names, as many blocks
+    /// as each SM would hold; nested scopes restore the outer value; outside
+    /// any, nothing is left.
+    #[test]
+    fn leaving_sms_takes_the_named_sms_out_of_a_persistent_grid() {
+        assert_eq!(resident_after_left(132, 132), 132);
+        leaving_sms(16, || {
+            assert_eq!(resident_after_left(132, 132), 116);
+            // Two blocks an SM: two blocks an SM left.
+            assert_eq!(resident_after_left(264, 132), 232);
+            // Clusters that leave some SMs unused: the count still comes off.
+            assert_eq!(resident_after_left(128, 132), 112);
+            leaving_sms(200, || assert_eq!(resident_after_left(132, 132), 0));
+            assert_eq!(resident_after_left(132, 132), 116);
+        });
+        assert_eq!(resident_after_left(132, 132), 132);
+    }
+}
