@@ -112,6 +112,9 @@ pub fn attention_gqa(
 /// (queries and keys alike: self-attention). One launch for the batch: a
 /// program per (sequence, head block, block of `max_seqlen` query rows); a
 /// block past its sequence's end has no rows and stops at once.
+/// `max_seqlen` must be at least every sequence's length (FlashAttention's
+/// contract): it sizes the grid, and rows past it would not be computed.
+/// Offsets outside `q` are masked (no access outside a tensor), not reported.
 #[allow(clippy::too_many_arguments)]
 #[fused_kernel]
 pub fn attention_varlen(
