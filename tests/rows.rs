@@ -172,7 +172,7 @@ fn occupancy_sets_the_launch_bounds_of_row_kernels() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("`occupancy` is an option of kernels that reduce"),
+        e.contains("`occupancy` is an option of the row and general lowerings"),
         "{e}"
     );
 }
@@ -238,6 +238,37 @@ fn the_untuned_row_default_fits_the_row_length() {
         ConfigSpace::new(ir, &spec, H200).with_extents(&[Some(16384), Some(8192), Some(8192)]);
     assert!(one_pass(space.default_config(), 8192, 8));
     assert_eq!(space.seeds(&spec, true)[0], *space.default_config());
+    // Three walks (LayerNorm with a two-pass variance): past 4096 columns the
+    // first covers the row with 4 warps, the later ones take 2048 a step.
+    let ln = tilefuse::codegen::Planned::new(
+        tilefuse::codegen::ir::Kernel::parse(
+            "kernel ln(x: Tensor<f32, 2>, out: Tensor<f32, 2>; m, n) {
+           for tm in tile(m) {
+             let mut s = zeros::<f32>([tm]);
+             for tn in tile(n) { s = s + x[(tm, tn)].sum(tn); }
+             let mu = s / 8192.0;
+             let mut q = zeros::<f32>([tm]);
+             for tn in tile(n) { q = q + ((x[(tm, tn)] - mu) * (x[(tm, tn)] - mu)).sum(tn); }
+             for tn in tile(n) { out[(tm, tn)] = (x[(tm, tn)] - mu) * rsqrt(q / 8192.0 + 0.00001); }
+           }
+         }",
+        )
+        .unwrap(),
+    );
+    assert_eq!(ln.lowering(), "rows");
+    let lnd = default_config(&ln);
+    let ln_at = |cols: usize| {
+        fit_default(
+            &ln,
+            lnd.clone(),
+            &[Some(16384), Some(cols), Some(cols), Some(cols)],
+        )
+    };
+    assert_eq!(ln_at(8192).block_sizes, [1, 8192, 2048, 2048]);
+    assert_eq!(ln_at(8192).num_warps, 4);
+    assert_eq!(ln_at(3000).block_sizes, [1, 4096, 4096, 4096]);
+    assert_eq!(ln_at(50000).block_sizes, [1, 8192, 8192, 8192]);
+    assert_eq!(ln_at(50000).num_warps, 8);
     // One online walk (cross-entropy) reads each element once: it keeps the default.
     let ce = common::examples::cross_entropy::cross_entropy::kernel()
         .ir()

@@ -188,16 +188,79 @@ fn random_numbers_use_philox() {
     // round keys are made once, before the runs, and the offsets in 32 bits.
     assert!(body.contains("tf_philox_keys_held(s1, tf_pk"), "{body}");
     assert!(body.contains("tf_o / 4u, tf_c);"), "{body}");
-    assert!(body.contains("= tf_uniform(tf_c[3]);"), "{body}");
+    // `rand(..) >= p`: the words against a bound made once from `p`, not
+    // the floats against `p`, where the mask is used (a predicate).
+    assert!(
+        body.contains("= tf_uniform_bound(s2, false, false);"),
+        "{body}"
+    );
+    assert!(body.contains("= tf_c[3];"), "{body}");
+    assert!(body.contains("tf_select<float>((!tf_ub"), "{body}");
+    assert!(!body.contains("tf_uniform(tf_c"), "{body}");
     assert!(body.contains("unsigned int tf_x"), "{body}");
     assert!(!body.contains("long long tf_x"), "{body}");
-    assert!(body.contains("tf_rand(s1, tf_x"), "{body}");
+    assert!(body.contains("tf_randint(s1, tf_x"), "{body}");
+    // A `let` of the mask is the same words, compared where it is used.
+    let k = parse(
+        "kernel dropout(x: Tensor<bf16, 1>, out: Tensor<bf16, 1>; n, seed, p) {
+           for ti in tile(n) {
+             let keep = rand(seed, ti.index()) > p;
+             out[ti] = select(keep, x[ti] / (1.0 - p), 0.0).cast();
+           }
+         }",
+    );
+    let l = general(&k, &spec, &Config::new(&[2048]));
+    let let_body = kernel_part(&l);
+    assert!(let_body.contains("(compared where used)"), "{let_body}");
+    assert!(let_body.contains("tf_select<float>((!tf_ub"), "{let_body}");
     // `x[ti]` is loaded before the draws, so its latency overlaps them.
     let load = body.find("// x[ti]").expect("the load of x");
     assert!(
         load < body.find("tf_philox_keys_held").unwrap_or(0),
         "{body}"
     );
+}
+
+#[test]
+fn random_values_compared_with_tiles_or_used_as_values_stay_floats() {
+    // The value itself, and a comparison with a tile rather than one value.
+    for (k, cmp) in [
+        (
+            "kernel noise(x: Tensor<f32, 1>, out: Tensor<f32, 1>; n, seed) {
+               for ti in tile(n) { out[ti] = x[ti] * rand(seed, ti.index()); }
+             }",
+            false,
+        ),
+        (
+            "kernel keep(x: Tensor<f32, 1>, out: Tensor<f32, 1>; n, seed) {
+               for ti in tile(n) { out[ti] = select(x[ti] < rand(seed, ti.index()), x[ti], 0.0); }
+             }",
+            true,
+        ),
+    ] {
+        let k = common::parse(k);
+        let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[1024]));
+        let body = kernel_part(&l);
+        assert!(body.contains("= tf_uniform(tf_c[3]);"), "{body}");
+        assert!(!body.contains("tf_uniform_bound"), "{body}");
+        if cmp {
+            assert!(body.contains(" < tf_rn"), "{body}");
+        }
+    }
+    // `p < rand(..)` is `rand(..) > p`.
+    let k = common::parse(
+        "kernel keep(x: Tensor<f32, 1>, out: Tensor<f32, 1>; n, seed, p) {
+           for ti in tile(n) { out[ti] = select(p < rand(seed, ti.index()), x[ti], 0.0); }
+         }",
+    );
+    let spec = spec_of(&k, &[ScalarKind::Int, ScalarKind::Int, ScalarKind::Float]);
+    let l = general(&k, &spec, &Config::new(&[1024]));
+    let body = kernel_part(&l);
+    assert!(
+        body.contains("tf_uniform_bound(s2, true, false);"),
+        "{body}"
+    );
+    assert!(body.contains("tf_select<float>((!tf_ub"), "{body}");
 }
 
 #[test]

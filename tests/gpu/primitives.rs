@@ -423,3 +423,102 @@ fn division_across_the_f32_range_is_within_two_ulp() {
         }
     }
 }
+
+/// `rand(..) op p` with one `p` for the whole tile compares the draw's words
+/// with a bound made from `p` (`tf_uniform_bound`) instead of the floats:
+/// the same masks as interpret mode's float compares, bit for bit, for each
+/// of `>`, `>=`, `<`, `<=` (either side), at `p` equal to drawn values and
+/// one ulp either side of them, at the ends of [0, 1), outside it, at
+/// infinities and NaN. The offsets' rows start at every residue of 4, so
+/// both the grouped draws and the per-element ones are compared.
+#[test]
+fn random_compares_with_a_shared_value_match_interpret_mode() {
+    let text = "kernel rcmp(out: Tensor<i32, 2>; m, n, seed, p) {\n  \
+                for (tm, tn) in tile([m, n]) {\n    \
+                let o = tm.index() * n + tn.index();\n    \
+                out[(tm, tn)] = select(rand(seed, o) > p, 1, 0) + select(rand(seed, o) >= p, 2, 0) \
+                + select(rand(seed, o) < p, 4, 0) + select(p >= rand(seed, o), 8, 0);\n  }\n}\n";
+    let def = define_text(text, "random compares");
+    let ir = def.ir().unwrap().clone();
+    let lowered = def
+        .lower(&def.declared_spec().unwrap(), &default_config(&ir))
+        .unwrap();
+    assert!(
+        lowered.source.matches("= tf_uniform_bound(").count() == 4,
+        "{}",
+        lowered.source
+    );
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    let seed = (rng.next_u64() >> 1) as i64;
+    let drawn = |o: u32| match tilefuse::codegen::prims::RandKind::Uniform.cpu(seed, o) {
+        Num::F(v) => v as f32,
+        Num::I(_) => unreachable!("a uniform is a float"),
+    };
+    let mut ps = vec![
+        0.0f32,
+        -0.0,
+        f32::from_bits(1),
+        2f32.powi(-23),
+        3.0 * 2f32.powi(-23),
+        0.5,
+        0.5 + 2f32.powi(-24),
+        1.0 - 2f32.powi(-23),
+        1.0 - 2f32.powi(-24),
+        1.0,
+        2.0,
+        -0.25,
+        1.0e-30,
+        f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    for o in [0u32, 5, 301, 4000] {
+        let u = drawn(o);
+        ps.extend([
+            u,
+            f32::from_bits(u.to_bits() + 1),
+            f32::from_bits(u.to_bits().max(1) - 1),
+        ]);
+    }
+    let cfg = fit_whole_dims(&ir, def.config_on(&dev).unwrap(), &[Some(M), Some(N)]);
+    for p in ps {
+        let poison = vec![-7.0; M * N];
+        let to = device_tensor(true, &[M, N], &poison);
+        let scalars = [
+            ScalarArg::Int(M as i64),
+            ScalarArg::Int(N as i64),
+            ScalarArg::Int(seed),
+            ScalarArg::Float(p),
+        ];
+        def.launch(&[arg(&to)], &scalars, &[])
+            .unwrap_or_else(|e| panic!("p = {p:e}: {e}"));
+        let gpu_out = to_host(&to);
+        let t = tensors(
+            &ir,
+            vec![(
+                "out",
+                HostTensor::from_f64(DType::I32, &[M, N], poison).unwrap(),
+            )],
+        );
+        let host_scalars = [
+            Scalar::Int(M as i64),
+            Scalar::Int(N as i64),
+            Scalar::Int(seed),
+            Scalar::Float(p),
+        ];
+        run(&ir, &cfg, &[], &t, &host_scalars)
+            .unwrap_or_else(|e| panic!("p = {p:e} in interpret mode: {e}"));
+        let cpu_out = out(&ir, &t, "out");
+        if let Some(i) = gpu_out.iter().zip(&cpu_out).position(|(g, h)| g != h) {
+            panic!(
+                "p = {p:e} ({:#x}), element {i} (uniform {:e}): GPU {} vs interpret {}",
+                p.to_bits(),
+                drawn(i as u32),
+                gpu_out[i],
+                cpu_out[i]
+            );
+        }
+    }
+}

@@ -36,10 +36,31 @@ pub(crate) fn no_occupancy(k: &Kernel, c: &Config) -> Result<(), CodegenError> {
         return Err(config_err(
             k,
             c,
-            "`occupancy` is an option of kernels that reduce tiles (`x.sum(t)`, `.max(t)`, `.min(t)`); leave it 0 here",
+            "`occupancy` is an option of the row and general lowerings; leave it 0 here",
         ));
     }
     Ok(())
+}
+
+/// The blocks an SM that `__launch_bounds__` asks for at [`Config::occupancy`]
+/// (threads an SM): `None` at 0, where the lowering derives its own; an
+/// error outside the block's threads to 2048.
+pub(crate) fn occupancy_blocks(
+    k: &Kernel,
+    c: &Config,
+    threads: usize,
+) -> Result<Option<usize>, CodegenError> {
+    match c.occupancy {
+        0 => Ok(None),
+        o if o >= threads && o <= 2048 => Ok(Some(o / threads)),
+        o => Err(config_err(
+            k,
+            c,
+            format!(
+                "occupancy {o} must be 0 (derived) or between the block's {threads} threads and 2048"
+            ),
+        )),
+    }
 }
 
 /// Refuses [`Config::split`] for a kernel without a loop its programs can

@@ -36,6 +36,17 @@ impl CmpOp {
         }
     }
 
+    /// The comparison with its operands swapped: `a < b` is `b > a`.
+    pub fn flipped(self) -> CmpOp {
+        match self {
+            CmpOp::Lt => CmpOp::Gt,
+            CmpOp::Le => CmpOp::Ge,
+            CmpOp::Gt => CmpOp::Lt,
+            CmpOp::Ge => CmpOp::Le,
+            eq_or_ne => eq_or_ne,
+        }
+    }
+
     /// What interpret mode computes (a NaN compares unequal to everything).
     pub fn eval<T: PartialOrd>(self, a: T, b: T) -> bool {
         match self {

@@ -158,6 +158,17 @@ __device__ __forceinline__ void tf_philox(long long seed, unsigned int offset, u
   unsigned int k[20]; tf_philox_keys(seed, k); tf_philox_k(k, offset, out);
 }
 __device__ __forceinline__ float tf_uniform(unsigned int x) { return __uint_as_float(0x3f800000u | (x >> 9)) - 1.0f; }
+// The bound on words for comparing a group's uniforms with one value p (see
+// `UniformCmp` in the general lowering): `tf_uniform(w) > p` iff w >= the bound
+// of (p, strict, !below); `u >= p` (not strict); `u < p` iff w < the bound of
+// (p, not strict, below), `u <= p` (strict). 2^32 admits no word; a NaN p
+// compares false.
+__device__ __forceinline__ unsigned long long tf_uniform_bound(float p, bool strict, bool below) {
+  if (p != p) return below ? 0ull : (1ull << 32);
+  const float s = p * 8388608.0f;  // exact: a power of two
+  const float l = fminf(fmaxf(strict ? floorf(s) + 1.0f : ceilf(s), 0.0f), 8388608.0f);
+  return (unsigned long long)l << 9;
+}
 __device__ __forceinline__ float tf_normal(unsigned int a, unsigned int b) {
   const float u1 = fmaxf(1.0e-7f, tf_uniform(a)), u2 = tf_uniform(b);
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);

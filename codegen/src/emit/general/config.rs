@@ -362,7 +362,8 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
 }
 
 /// What the tuner may change: each tunable dimension's block (powers of two
-/// from 1 to 8192) and the warps.
+/// from 1 to 8192), the warps, and the threads an SM that the registers must
+/// leave room for (`occupancy`; 0 lets ptxas take what it likes).
 pub fn axes(k: &Kernel) -> Vec<Axis> {
     let contiguous = contiguous_dims(k);
     let mut axes = Vec::new();
@@ -383,11 +384,17 @@ pub fn axes(k: &Kernel) -> Vec<Axis> {
         }
     }
     axes.push(Axis::Warps(vec![1, 2, 4, 8, 16]));
+    axes.push(Axis::Occupancy(vec![0, 768, 1024]));
     axes
 }
 
 /// Starting points around the default: the contiguous blocks halved and
-/// doubled, 2 and 8 warps.
+/// doubled, 2 and 8 warps; and the default with the registers bounded for
+/// 1024 threads an SM: dropout (16384×8192 bf16, H200) holds 84 registers a
+/// thread at its default, 29% occupancy and 82% of the copy bandwidth, and
+/// runs at 87% so (docs/perf-history.md, "Random masks as compared words;
+/// registers bounded for occupancy"); rope spills there and runs at half
+/// the speed, which the tuner measures.
 pub fn seeds(k: &Kernel, default: &Config) -> Vec<Config> {
     let mut out = Vec::new();
     let contiguous = contiguous_dims(k);
@@ -404,6 +411,10 @@ pub fn seeds(k: &Kernel, default: &Config) -> Vec<Config> {
                 out.push(c);
             }
         }
+    }
+    let bounded = default.clone().occupancy(1024);
+    if default.threads() <= 1024 && !out.contains(&bounded) {
+        out.push(bounded);
     }
     out
 }

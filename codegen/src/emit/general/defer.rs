@@ -103,6 +103,7 @@ impl Gen<'_, '_> {
                 cty,
                 layout: li,
                 raw: None,
+                view: None,
             };
             let decl = self.decl(&total);
             self.w(

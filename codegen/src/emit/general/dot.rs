@@ -115,6 +115,7 @@ impl Gen<'_, '_> {
             cty: CTy::F32,
             layout: l,
             raw: None,
+            view: None,
         };
         let decl = self.decl(&v);
         self.w(depth, format!("{decl};"));

@@ -4,7 +4,7 @@
 
 use super::split::{self, SplitLoop};
 use crate::config::{Config, Target};
-use crate::emit::options::{no_matmul_options, no_occupancy, no_split, MATMUL_ONLY};
+use crate::emit::options::{no_matmul_options, no_split, MATMUL_ONLY};
 use crate::emit::{Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::Kernel;
@@ -74,11 +74,9 @@ impl Lowering for General {
         super::seeds(space.kernel(), space.default_config())
     }
 
-    /// None of the matmul's options, no `occupancy`; `split` where a loop
-    /// can be shared.
+    /// None of the matmul's options; `split` where a loop can be shared.
     fn check_options(&self, k: &Kernel, p: &GeneralPlan, c: &Config) -> Result<(), CodegenError> {
         no_matmul_options(k, c, false, MATMUL_ONLY)?;
-        no_occupancy(k, c)?;
         if p.split.is_none() {
             no_split(
                 k,

@@ -333,6 +333,7 @@ impl Gen<'_, '_> {
             cty: dtype.cty(),
             layout: l,
             raw: None,
+            view: None,
         };
         // The index components first (a gather's indices are loads too).
         let mut head = String::new();

@@ -55,6 +55,11 @@ struct Val {
     /// to a register), widened where an element is used: a thread's loads
     /// are all in flight before the first value is needed.
     raw: Option<crate::dtype::DType>,
+    /// The array holds other values than the elements: its C type, and the
+    /// element's C with `{}` for the held value (a comparison of held
+    /// random words, made where the element is used so that its mask stays
+    /// a predicate instead of a register of its own).
+    view: Option<(CTy, String)>,
 }
 
 /// The lowering's state while it walks the kernel.
@@ -187,7 +192,11 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         ],
         None => &[],
     };
-    let params = e.begin(threads, 1, "", extra);
+    // One block an SM unless the config asks for more (`occupancy`): the
+    // registers a thread may take then shrink, so more of a memory-bound
+    // kernel's loads are in flight.
+    let min_blocks = crate::emit::options::occupancy_blocks(e.k, e.cfg, threads)?.unwrap_or(1);
+    let params = e.begin(threads, min_blocks, "", extra);
     let _ = writeln!(
         e.out,
         "  const int tid = threadIdx.x, tf_lane = tid & 31, tf_warp = tid >> 5;\n  \
@@ -403,6 +412,9 @@ impl Gen<'_, '_> {
     /// The C access of `v`'s current element.
     fn access(&self, v: &Val) -> String {
         let flat = self.flat(v.layout, &v.dims);
+        if let Some((_, view)) = &v.view {
+            return view.replace("{}", &format!("{}{flat}", v.name));
+        }
         match v.raw {
             None => format!("{}{flat}", v.name),
             Some(dt) => {
@@ -419,10 +431,11 @@ impl Gen<'_, '_> {
             let words = (self.size(v.layout, &v.dims) * dt.size()).div_ceil(4);
             return format!("unsigned int {}[{words}]", v.name);
         }
+        let cty = v.view.as_ref().map_or(v.cty, |(held, _)| *held);
         if v.dims.is_empty() {
-            format!("{} {}", v.cty.c(), v.name)
+            format!("{} {}", cty.c(), v.name)
         } else {
-            format!("{} {}[{}]", v.cty.c(), v.name, self.size(v.layout, &v.dims))
+            format!("{} {}[{}]", cty.c(), v.name, self.size(v.layout, &v.dims))
         }
     }
 
@@ -832,6 +845,17 @@ impl Gen<'_, '_> {
     ) -> Result<(), CodegenError> {
         match s {
             Stmt::Let { var, value, at } => {
+                // A mask `rand(..) > p` that is never reassigned stays the
+                // draws' words, compared where it is used (a predicate
+                // rather than a register of booleans).
+                if !self.k().vars[*var].mutable {
+                    let mut pre = Vec::new();
+                    if let Some(v) = self.rand_compare(value, l, depth, &mut pre)? {
+                        self.w(depth, format!("// {} (compared where used)", one_line(at)));
+                        self.vars.insert(*var, v);
+                        return Ok(());
+                    }
+                }
                 let t = self.e.checked.vars[*var].clone();
                 let val = Val {
                     name: format!("v{var}_{}", self.temps),
@@ -839,6 +863,7 @@ impl Gen<'_, '_> {
                     cty: t.dtype.cty(),
                     layout: l,
                     raw: None,
+                    view: None,
                 };
                 self.temps += 1;
                 self.w(depth, format!("// {}", one_line(at)));
@@ -1081,8 +1106,19 @@ impl Gen<'_, '_> {
                 for c in [seed, offset] {
                     self.hoist_into(c, at, l, depth, pre)?;
                 }
-                if let Some(v) = self.rand_groups(x, *kind, seed, offset, at, l, depth, pre)? {
+                if let Some(v) =
+                    self.rand_groups(x, *kind, seed, offset, None, at, l, depth, pre)?
+                {
                     pre.push((x.clone(), v));
+                }
+            }
+            Expr::Compare { at, .. } => {
+                if let Some(v) = self.rand_compare(x, l, depth, pre)? {
+                    pre.push((x.clone(), v));
+                } else {
+                    for c in x.children() {
+                        self.hoist_into(c, at, l, depth, pre)?;
+                    }
                 }
             }
             _ => {
@@ -1114,6 +1150,7 @@ impl Gen<'_, '_> {
             cty: t.dtype.cty(),
             layout: l,
             raw: None,
+            view: None,
         };
         let decl = self.decl(&v);
         self.w(depth, format!("{decl};"));
@@ -1275,6 +1312,7 @@ impl Gen<'_, '_> {
                 name: self.temp("tf_m"),
                 layout: li,
                 raw: None,
+                view: None,
                 ..old.clone()
             };
             let decl = self.decl(&new);

@@ -33,6 +33,7 @@ impl Gen<'_, '_> {
             cty,
             layout: l,
             raw: None,
+            view: None,
         };
         let lay = self.layouts[l].clone();
         let Some(p) = lay.pos(dim) else {

@@ -55,6 +55,12 @@ impl Lowering for Rows {
     /// to 86% at 4096 and stays at 63% at 8192. A single online walk
     /// (cross-entropy's log-sum-exp) reads each element once whatever the
     /// block, and runs best with several rows a block: it keeps the default.
+    /// A kernel that walks the row three times or more (LayerNorm's mean,
+    /// variance, output) past 4096 columns: the first walk covers the row
+    /// (8192 columns, 4 warps, 64 values a thread), the later ones 2048 a
+    /// step: LayerNorm at 8192 columns ran 0.152 ms so against 0.199 with
+    /// 8192 a step and 8 warps throughout (its quick-tuned config; H200,
+    /// docs/perf-history.md, "Fewer instructions an element").
     fn fit_default(
         &self,
         k: &Kernel,
@@ -76,10 +82,29 @@ impl Lowering for Rows {
         let (rows, block, warps) = match cols {
             1025..=2048 => (2, 2048, 4),
             2049..=4096 => (1, 4096, 4),
+            4097..=8192 if walks >= 3 => (1, 8192, 4),
             _ => (1, 8192, 8),
         };
+        // Later walks narrower where the first one covers 8192 columns with 4 warps.
+        let later = if warps == 4 && block == 8192 {
+            2048
+        } else {
+            block
+        };
+        let mut walked = 0;
         let bs: Vec<usize> = (0..k.dims.len())
-            .map(|d| if k.grid.contains(&d) { rows } else { block })
+            .map(|d| {
+                if k.grid.contains(&d) {
+                    rows
+                } else {
+                    walked += 1;
+                    if walked == 1 {
+                        block
+                    } else {
+                        later
+                    }
+                }
+            })
             .collect();
         Config {
             block_sizes: bs,

@@ -164,20 +164,11 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
     // loads hold allow (and a few dozen more for the rest), to keep loads in
     // flight; at most 1024 per SM, which leaves 64 registers each. The tuner
     // moves it (`Config::occupancy`) where ptxas would rather spill.
-    let min_blocks = match cfg.occupancy {
-        0 => {
+    let min_blocks = match super::options::occupancy_blocks(k, &cfg, nt)? {
+        Some(b) => b,
+        None => {
             let budget = load::held_words(e, &g, &k.body) + 40;
             (65536 / (budget * nt)).clamp(1, (1024 / nt).max(1))
-        }
-        o if o >= nt && o <= 2048 => o / nt,
-        o => {
-            return Err(config_err(
-                k,
-                &cfg,
-                format!(
-                "occupancy {o} must be 0 (derived) or between the block's {nt} threads and 2048"
-            ),
-            ))
         }
     };
     let params = e.begin(nt, min_blocks, load::HELPERS, &[]);
