@@ -8,7 +8,8 @@
 //! times the case's first kernel at each config given instead
 //! (`corpus --bench col_sum --config '{"block_sizes":[128,16],"num_warps":1,"num_stages":3,"group_m":8,"split":64}'`).
 //! `corpus --source` prints each kernel's CUDA C at its untuned default for an
-//! H100/H200 (no GPU needed; extents unknown, so blocks not fitted to a launch).
+//! H100/H200 (no GPU needed; extents unknown, so blocks not fitted to a launch),
+//! or the case's first kernel at the first `--config` given.
 //!
 //! ```text
 //! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench|--source] [--config JSON]... [FILTER]
@@ -24,12 +25,14 @@ struct Args {
     /// Time each case at its benchmark shape (else check it against float64).
     #[arg(long)]
     bench: bool,
-    /// Print each kernel's CUDA C at its untuned default (no GPU needed).
+    /// Print each kernel's CUDA C at its untuned default, or the first
+    /// kernel's at the first --config (no GPU needed).
     #[arg(long)]
     source: bool,
     /// With --bench: time the case's first kernel at this config (JSON, as
     /// `Config` serializes: block_sizes, num_warps, num_stages, group_m, and
     /// optional fields such as split), not the default or tuned one. Repeatable.
+    /// With --source: print the case's first kernel at the first one.
     #[arg(long, value_parser = config_json)]
     config: Vec<Config>,
     /// Only the cases whose name contains one of these comma-separated parts.
@@ -47,10 +50,10 @@ fn main() -> ExitCode {
     };
     let (bench, filter) = (args.bench, args.filter.clone());
     if args.source {
-        return print_sources(filter.as_deref());
+        return print_sources(filter.as_deref(), args.config.first());
     }
     if !args.config.is_empty() && !bench {
-        eprintln!("error: --config times configs: it needs --bench");
+        eprintln!("error: --config times or prints configs: it needs --bench or --source");
         return ExitCode::from(2);
     }
     let dev = match Device::current() {
@@ -149,8 +152,9 @@ fn main() -> ExitCode {
 }
 
 /// Prints the CUDA C of every kernel of the cases `filter` matches, at the
-/// untuned default for a Hopper GPU with 132 SMs.
-fn print_sources(filter: Option<&str>) -> ExitCode {
+/// untuned default for a Hopper GPU with 132 SMs; with `config`, only each
+/// case's first kernel, at that config.
+fn print_sources(filter: Option<&str>, config: Option<&Config>) -> ExitCode {
     use tilefuse::codegen::{default_config_at, Target};
     let target = Target {
         shared_limit: 227 * 1024,
@@ -162,12 +166,17 @@ fn print_sources(filter: Option<&str>) -> ExitCode {
         if filter.is_some_and(|f| !matches(f, case.name)) {
             continue;
         }
-        for def in (case.kernels)() {
+        let kernels = (case.kernels)();
+        let take = if config.is_some() { 1 } else { kernels.len() };
+        for def in kernels.into_iter().take(take) {
             if !seen.insert(def.name()) {
                 continue;
             }
             let lowered = def.declared_spec().and_then(|spec| {
-                let cfg = default_config_at(def.ir()?, &spec, target, &[]);
+                let cfg = match config {
+                    Some(c) => c.clone(),
+                    None => default_config_at(def.ir()?, &spec, target, &[]),
+                };
                 Ok((def.lower(&spec, &cfg)?, cfg))
             });
             match lowered {
