@@ -361,11 +361,8 @@ fn deferrable(e: &Emitter, rd: DimId, dim: DimId, body: &[Stmt]) -> Vec<(usize, 
             && e.checked.vars[*var].dtype == crate::dtype::DType::F32;
         let alone = body.iter().enumerate().all(|(j, t)| {
             j == i
-                || match t {
-                    Stmt::Let { value, .. } | Stmt::Store { value, .. } => !reads(value, *var),
-                    Stmt::Assign { var: w, value, .. } => *w != *var && !reads(value, *var),
-                    _ => true,
-                }
+                || (!matches!(t, Stmt::Assign { var: w, .. } if w == var)
+                    && t.exprs().iter().all(|x| !reads(x, *var)))
         });
         if matches!(&**lhs, Expr::Var(v) if v == var) && sum_along && row_value && alone {
             out.push((i, *var));
