@@ -1799,3 +1799,54 @@ fn a_row_kernels_repeated_computation_is_computed_once_per_element() {
     assert_eq!(line.matches("tf_exp(").count(), 2, "{line}");
     assert!(line.contains("const float tf_c"), "{line}");
 }
+
+/// A row loop whose sum goes only into its accumulator keeps each thread's
+/// share across the steps and crosses the lanes once, after the loop; one
+/// whose accumulator the loop also reads crosses them at every step.
+#[test]
+fn a_row_loops_sums_meet_across_lanes_once_after_the_loop() {
+    let k = Kernel::parse(
+        "kernel ln(x: Tensor<f32, 2>, out: Tensor<f32, 2>; m, n) {
+           for tm in tile(m) {
+             let mut s = zeros::<f32>([tm]);
+             for tn in tile(n) { s = s + x[(tm, tn)].sum(tn); }
+             let mu = s / 8192.0;
+             let mut q = zeros::<f32>([tm]);
+             for tn in tile(n) {
+               let d = x[(tm, tn)] - mu;
+               q = q + (d * d).sum(tn);
+             }
+             for tn in tile(n) { out[(tm, tn)] = (x[(tm, tn)] - mu) * rsqrt(q / 8192.0 + 0.00001); }
+           }
+         }",
+    )
+    .expect("the kernel parses");
+    let cfg = Config::new(&[1, 2048, 2048, 2048]).num_warps(4);
+    let l = lowered(&k, &declared_spec(&k), &cfg);
+    assert_eq!(l.path, "rows");
+    let body = kernel_part(&l);
+    assert_eq!(body.matches("(the lanes meet)").count(), 2, "{body}");
+    assert_eq!(body.matches("__shfl_xor_sync").count(), 2, "{body}");
+    // The shuffles and barriers come after the loops that add into the partials.
+    let last_add = body.rfind("tf_dp2[i] = tf_a;").expect("sq's partials");
+    let last_shuffle = body.rfind("__shfl_xor_sync").unwrap_or(0);
+    assert!(last_add < last_shuffle, "{body}");
+
+    // `s` read in the loop (a running sum stored per step): no deferral.
+    let k = Kernel::parse(
+        "kernel cumulative(x: Tensor<f32, 2>, out: Tensor<f32, 2>; m, n) {
+           for tm in tile(m) {
+             let mut s = zeros::<f32>([tm]);
+             for tn in tile(n) {
+               s = s + x[(tm, tn)].sum(tn);
+               out[(tm, tn)] = x[(tm, tn)] * s;
+             }
+           }
+         }",
+    )
+    .expect("the kernel parses");
+    let cfg = Config::new(&[1, 2048]).num_warps(4);
+    let l = lowered(&k, &declared_spec(&k), &cfg);
+    assert_eq!(l.path, "rows");
+    assert!(!kernel_part(&l).contains("tf_dp"), "{}", kernel_part(&l));
+}
