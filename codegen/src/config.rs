@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     pub block_sizes: Vec<usize>,
     pub num_warps: usize,
+    /// Tiles of a loop's loads in flight: the matmul paths' shared-memory
+    /// ring; in the general lowering 1 (each tile loaded at its step) or 2
+    /// and more (the next tile's loads issued before this one computes).
     pub num_stages: usize,
     /// Output tiles are visited in groups of this many tile rows, so blocks that run
     /// together share rows of A and columns of B in L2.

@@ -357,7 +357,9 @@ fn the_default_fits_the_extents() {
     let c = tilefuse_codegen::emit::general::default_config(&k, &[None, Some(64), None]);
     assert_eq!(c.block_sizes[0], 1);
     assert_eq!(c.block_sizes[1], 64);
-    general(&k, &spec_of(&k, &ints(2)), &c);
+    // Its loop is the program's own: the next tile loads a step ahead.
+    assert_eq!(c.num_stages, 2);
+    assert!(kernel_part(&general(&k, &spec_of(&k, &ints(2)), &c)).contains("the next tile"));
 }
 
 /// `out = x + y` on bf16, the elementwise benchmark's kernel, at several blocks.
@@ -542,6 +544,38 @@ fn a_column_sum_shares_its_loop_among_programs() {
     let l = general(&k, &spec_of(&k, &ints(2)), &c.clone().split(0));
     assert!(l.split_loop.is_none());
     assert!(!kernel_part(&l).contains("tf_ways"));
+}
+
+/// Two stages: the loop loads its first tile before it starts, and each
+/// step issues the next tile's loads, where the loop goes on, before it sums
+/// this one; one stage (the default of a loop the programs share) loads each
+/// tile at its step.
+#[test]
+fn a_loop_of_two_stages_loads_the_next_tile_before_it_computes() {
+    let k = column_and_total_sums();
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
+    assert_eq!((c.split, c.num_stages), (64, 1));
+    let c = c.num_stages(2);
+    let l = general(&k, &spec_of(&k, &ints(2)), &c);
+    let body = kernel_part(&l);
+    let first = body.find("the next tile of `x`").unwrap_or(usize::MAX);
+    let start = body.find("for (long long tb1").unwrap_or(0);
+    let next = body.find("if (tb1 + 16 < tf_end1)").unwrap_or(usize::MAX);
+    let sum = body.find("// acc = acc").unwrap_or(0);
+    assert!(first < start && start < next && next < sum, "{body}");
+    // The first tile only where the loop runs, the next one read as `tb1`.
+    assert!(body.contains("if (tf_beg1 < tf_end1)"), "{body}");
+    assert!(body.contains("const long long tb1 = tf_nb1;"), "{body}");
+    // Each step's loads: the carried tile's, and the next one's.
+    assert_eq!(
+        body[start..sum].matches("*(const uint4*)").count(),
+        1,
+        "{body}"
+    );
+    let l = general(&k, &spec_of(&k, &ints(2)), &c.num_stages(1));
+    let single = kernel_part(&l);
+    assert!(!single.contains("the next tile"), "{single}");
+    assert!(!single.contains("tf_nb1"), "{single}");
 }
 
 /// Loops whose programs could not share them: `split` is refused there,

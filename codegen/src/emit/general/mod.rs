@@ -28,6 +28,7 @@ mod dot;
 mod layout;
 pub(crate) mod lowering;
 mod memory;
+mod pipeline;
 mod private;
 mod rand;
 mod reduce;
@@ -425,17 +426,24 @@ impl Gen<'_, '_> {
         }
     }
 
+    /// The entries of a value's array (a load's raw words where it keeps them).
+    fn len(&self, v: &Val) -> usize {
+        match v.raw {
+            Some(dt) => (self.size(v.layout, &v.dims) * dt.size()).div_ceil(4),
+            None => self.size(v.layout, &v.dims),
+        }
+    }
+
     /// The C declaration of a value's array (or scalar).
     fn decl(&self, v: &Val) -> String {
-        if let Some(dt) = v.raw {
-            let words = (self.size(v.layout, &v.dims) * dt.size()).div_ceil(4);
-            return format!("unsigned int {}[{words}]", v.name);
+        if v.raw.is_some() {
+            return format!("unsigned int {}[{}]", v.name, self.len(v));
         }
         let cty = v.view.as_ref().map_or(v.cty, |(held, _)| *held);
         if v.dims.is_empty() {
             format!("{} {}", cty.c(), v.name)
         } else {
-            format!("{} {}[{}]", cty.c(), v.name, self.size(v.layout, &v.dims))
+            format!("{} {}[{}]", cty.c(), v.name, self.len(v))
         }
     }
 
@@ -769,6 +777,23 @@ impl Gen<'_, '_> {
     /// and constants only, outside branches, nested loops and matmuls; the
     /// statements then find them in [`Gen::loaded`].
     fn prefetch(&mut self, stmts: &[Stmt], l: usize, depth: usize) -> Result<(), CodegenError> {
+        let loads: Vec<Expr> = self.level_loads(stmts).into_iter().cloned().collect();
+        let mut pre = Vec::new();
+        for x in &loads {
+            if self.loaded.iter().any(|(y, _)| y == x) {
+                continue;
+            }
+            let at = match x {
+                Expr::Load { at, .. } => at.clone(),
+                _ => String::new(),
+            };
+            self.hoist_into(x, &at, l, depth, &mut pre)?;
+        }
+        Ok(())
+    }
+
+    /// The loads [`Gen::prefetch`] takes from a level's statements.
+    fn level_loads<'s>(&self, stmts: &'s [Stmt]) -> Vec<&'s Expr> {
         let k = self.e.k;
         let mut written = Vec::new();
         let mut waits = false;
@@ -778,7 +803,7 @@ impl Gen<'_, '_> {
             _ => {}
         });
         if waits {
-            return Ok(());
+            return Vec::new();
         }
         fn plain(index: &[Expr]) -> bool {
             let mut ok = true;
@@ -822,18 +847,7 @@ impl Gen<'_, '_> {
                 }
             }
         }
-        let mut pre = Vec::new();
-        for x in loads {
-            if self.loaded.iter().any(|(y, _)| y == x) {
-                continue;
-            }
-            let at = match x {
-                Expr::Load { at, .. } => at.clone(),
-                _ => String::new(),
-            };
-            self.hoist_into(x, &at, l, depth, &mut pre)?;
-        }
-        Ok(())
+        loads
     }
 
     fn stmt(
@@ -1245,11 +1259,17 @@ impl Gen<'_, '_> {
         } else {
             begin
         };
+        let ahead = if each || !self.pipelined() {
+            Vec::new()
+        } else {
+            self.load_first(body, dim, &begin, &bound, li, d1)?
+        };
         self.w(
             d1,
             format!("for (long long tb{dim} = {begin}; tb{dim} < {bound}; {step}) {{"),
         );
         let saved = (self.vars.clone(), std::mem::take(&mut self.loaded));
+        self.load_next(&ahead, dim, &bound, li, d1 + 1)?;
         self.stmts(body, &inner, li, d1 + 1)?;
         (self.vars, self.loaded) = saved;
         self.forget_written(body);
