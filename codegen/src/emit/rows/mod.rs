@@ -193,7 +193,6 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
         kept,
         step: Vec::new(),
         loop_body: Vec::new(),
-        deferred: Vec::new(),
     };
     w.stmts(e, &body, 1)?;
     e.out.push_str("}\n");
@@ -313,62 +312,6 @@ struct RowWriter {
     step: Vec<(LoadKey, String)>,
     /// The statements of the loop being emitted.
     loop_body: Vec<Stmt>,
-    /// The loop's accumulations whose lanes meet after it ([`Deferred`]).
-    deferred: Vec<Deferred>,
-}
-
-/// `acc = acc + x.sum(t)` in a `tile(t)` loop, where nothing else in the loop
-/// reads `acc` (a norm's sums): each thread adds its columns of every step into
-/// `partial`, and the lanes meet once, after the loop, instead of at every step
-/// (shuffles, and two barriers where a row spans several warps).
-struct Deferred {
-    /// The statement's index in the loop body, and its address there.
-    at: usize,
-    stmt: usize,
-    var: VarId,
-    /// The partial sums' C name (`float[rows a thread]`).
-    partial: String,
-    /// The assignment's value and its reduction, as emitted in the loop
-    /// (the loop's `let`s inlined), once known.
-    value: Option<(Expr, Expr)>,
-}
-
-/// The statements of `body` (a `tile(dim)` loop) that accumulate a sum along
-/// `dim` into a row value nothing else in the loop reads: `(index, var)`.
-fn deferrable(e: &Emitter, rd: DimId, dim: DimId, body: &[Stmt]) -> Vec<(usize, VarId)> {
-    let reads = |x: &Expr, v: VarId| {
-        let mut r = false;
-        x.walk(&mut |y| r |= matches!(y, Expr::Var(w) if *w == v));
-        r
-    };
-    let mut out = Vec::new();
-    for (i, s) in body.iter().enumerate() {
-        let Stmt::Assign { var, value, .. } = s else {
-            continue;
-        };
-        let Expr::Binary {
-            op: BinOp::Add,
-            lhs,
-            rhs,
-            ..
-        } = value
-        else {
-            continue;
-        };
-        let sum_along = matches!(&**rhs, Expr::Reduce { op: ReduceOp::Sum, dim: d, arg, .. }
-            if *d == dim && !reads(arg, *var) && dims_of(e, arg).contains(&rd));
-        let row_value = e.checked.vars[*var].dims == [rd]
-            && e.checked.vars[*var].dtype == crate::dtype::DType::F32;
-        let alone = body.iter().enumerate().all(|(j, t)| {
-            j == i
-                || (!matches!(t, Stmt::Assign { var: w, .. } if w == var)
-                    && t.exprs().iter().all(|x| !reads(x, *var)))
-        });
-        if matches!(&**lhs, Expr::Var(v) if v == var) && sum_along && row_value && alone {
-            out.push((i, *var));
-        }
-    }
-    out
 }
 
 impl RowWriter {
@@ -486,30 +429,6 @@ impl RowWriter {
                         .push_str(&fill.replace("TF_DST", &format!("{name}{access}")));
                     e.named_vars.insert(*var, format!("{name}{access}"));
                 }
-                Stmt::Assign { var, value, at }
-                    if self
-                        .deferred
-                        .iter()
-                        .any(|d| d.stmt == s as *const Stmt as usize) =>
-                {
-                    // A thread's columns into its partial sums; the lanes meet after the loop.
-                    let value = super::inline(value, &e.inline_vars);
-                    let Expr::Binary { rhs, .. } = &value else {
-                        unreachable!("a deferred assignment adds a reduction");
-                    };
-                    let Expr::Reduce { op, arg, dim, .. } = &**rhs else {
-                        unreachable!("a deferred assignment adds a reduction");
-                    };
-                    let pre = self.hoist(e, arg, at, &ind)?;
-                    let k = self
-                        .deferred
-                        .iter()
-                        .position(|d| d.var == *var)
-                        .unwrap_or(0);
-                    let partial = self.deferred[k].partial.clone();
-                    self.partial(e, &pre, *op, arg, *dim, &partial, at, &ind)?;
-                    self.deferred[k].value = Some((value.clone(), (**rhs).clone()));
-                }
                 Stmt::Assign { var, value, at } => {
                     let Some(name) = e.named_vars.get(var).cloned() else {
                         return Err(CodegenError::Unsupported {
@@ -563,27 +482,6 @@ impl RowWriter {
                     }
                     let ext = e.end(*dim);
                     self.declare_kept(e, *dim, inner, &ind);
-                    self.deferred = deferrable(e, self.g.rd, *dim, inner)
-                        .into_iter()
-                        .map(|(at, var)| Deferred {
-                            at,
-                            stmt: &inner[at] as *const Stmt as usize,
-                            var,
-                            partial: format!("tf_dp{var}"),
-                            value: None,
-                        })
-                        .collect();
-                    for d in &self.deferred {
-                        let _ = writeln!(
-                            e.out,
-                            "{ind}float {p}[{r}];  // `{}`'s sums, a thread's columns
-{ind}#pragma unroll
-{ind}for (int i = 0; i < {r}; ++i) {p}[i] = 0.0f;",
-                            e.k.vars[d.var].name,
-                            p = d.partial,
-                            r = self.g.rpt
-                        );
-                    }
                     let _ = writeln!(
                         e.out,
                         "{ind}for (long long tb{dim} = 0; tb{dim} < {ext}; tb{dim} += B{dim}) {{  // tile `{}`\n\
@@ -600,26 +498,6 @@ impl RowWriter {
                     self.cur = None;
                     self.step.clear();
                     let _ = writeln!(e.out, "{ind}}}");
-                    // The deferred accumulations: the lanes meet, then each
-                    // row value takes its sum as the loop's assignment wrote it.
-                    for d in std::mem::take(&mut self.deferred) {
-                        let Some((value, reduce)) = d.value else {
-                            continue;
-                        };
-                        let Stmt::Assign { at, .. } = &inner[d.at] else {
-                            continue;
-                        };
-                        let _ = writeln!(e.out, "{ind}// {} (the lanes meet)", one_line(at));
-                        let total = self.cross(e, ReduceOp::Sum, &d.partial, &ind);
-                        let Some(name) = e.named_vars.get(&d.var).cloned() else {
-                            continue;
-                        };
-                        let start = e.out.len();
-                        let dtype = e.checked.vars[d.var].dtype;
-                        self.elem(e, &[(reduce, total)], &value, dtype, at, Place::Row, &ind)?;
-                        let fill = e.out.split_off(start);
-                        e.out.push_str(&fill.replace("TF_DST", &name));
-                    }
                 }
                 other => {
                     if !e.block_stmt(other, &ind)? {

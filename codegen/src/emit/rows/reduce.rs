@@ -1,8 +1,6 @@
 //! Reductions along the loop's column: each thread over its own in-bounds
 //! columns, then across the row's lanes (warp shuffles, and shared memory when a
-//! row spans several warps). A loop that only accumulates a reduction into a
-//! row value (`acc = acc + x.sum(tn)`) keeps each thread's share across its
-//! steps and crosses the lanes once, after the loop ([`RowWriter::partial`]).
+//! row spans several warps).
 
 use super::{dims_of, RowWriter};
 use crate::emit::expr::CTy;
@@ -28,112 +26,35 @@ impl RowWriter {
         let name = format!("tf_red{}", self.temps);
         self.temps += 1;
         let has_row = dims_of(e, arg).contains(&self.g.rd);
-        let rpt = if has_row { self.g.rpt } else { 1 };
+        let unsupported = || CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at: at.to_string(),
+            message: "the row lowering reduces floats only".into(),
+        };
         let identity = op.identity_c(CTy::F32);
-        let own = self.own_columns(e, pre, op, arg, dim, at, ind)?;
-        let _ = writeln!(
-            e.out,
-            "{ind}float {name}[{rpt}];  // {}\n{ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
-             {ind}  float tf_a = {identity};\n{own}",
-            one_line(at),
-        );
-        self.across_lanes(e, op, &name, rpt, ind);
-        Ok(if has_row {
-            format!("{name}[i]")
-        } else {
-            format!("{name}[0]")
-        })
-    }
-
-    /// Adds this step's share of `arg.op(dim)` (each thread's own in-bounds
-    /// columns) into the thread's running `partial` (`float[rows a thread]`),
-    /// without crossing lanes: [`RowWriter::cross`] does that after the loop.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn partial(
-        &mut self,
-        e: &mut Emitter,
-        pre: &[(Expr, String)],
-        op: ReduceOp,
-        arg: &Expr,
-        dim: DimId,
-        partial: &str,
-        at: &str,
-        ind: &str,
-    ) -> Result<(), CodegenError> {
-        let own = self.own_columns(e, pre, op, arg, dim, at, ind)?;
-        let _ = writeln!(
-            e.out,
-            "{ind}#pragma unroll\n{ind}for (int i = 0; i < {}; ++i) {{  // {} (the lanes meet after the loop)\n\
-             {ind}  float tf_a = {partial}[i];\n{own}{ind}  {partial}[i] = tf_a;\n{ind}}}",
-            self.g.rpt,
-            one_line(at),
-        );
-        Ok(())
-    }
-
-    /// The threads' `partial`s (`float[rows a thread]`) of an `op` reduction
-    /// combined across each row's lanes: the C of a row's total.
-    pub(super) fn cross(
-        &mut self,
-        e: &mut Emitter,
-        op: ReduceOp,
-        partial: &str,
-        ind: &str,
-    ) -> String {
-        let name = format!("tf_red{}", self.temps);
-        self.temps += 1;
-        let rpt = self.g.rpt;
-        let _ = writeln!(
-            e.out,
-            "{ind}float {name}[{rpt}];\n{ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
-             {ind}  float tf_a = {partial}[i];"
-        );
-        self.across_lanes(e, op, &name, rpt, ind);
-        format!("{name}[i]")
-    }
-
-    /// The body of a thread's loop over its own columns of this step (its
-    /// in-bounds ones at a ragged end), combining `arg` into `tf_a`.
-    #[allow(clippy::too_many_arguments)]
-    fn own_columns(
-        &self,
-        e: &mut Emitter,
-        pre: &[(Expr, String)],
-        op: ReduceOp,
-        arg: &Expr,
-        dim: DimId,
-        at: &str,
-        ind: &str,
-    ) -> Result<String, CodegenError> {
+        let f = |a: &str, b: &str| op.combine_c(a, b);
         let mut ctx = e.ctx(&self.coords());
         ctx.precomputed = pre.to_vec();
         let (shared, v, ty) = ctx.emit_shared(arg, at)?;
         if ty != CTy::F32 {
-            return Err(CodegenError::Unsupported {
-                kernel: e.k.name.clone(),
-                at: at.to_string(),
-                message: "the row lowering reduces floats only".into(),
-            });
+            return Err(unsupported());
         }
-        let upd = op.combine_c("tf_a", &format!("({v})"));
-        Ok(format!(
-            "{ind}  if (tf_rem{dim} == B{dim}) {{  // a whole step: every column in bounds\n\
+        let rpt = if has_row { self.g.rpt } else { 1 };
+        let _ = writeln!(
+            e.out,
+            "{ind}float {name}[{rpt}];  // {}\n{ind}#pragma unroll\n{ind}for (int i = 0; i < {rpt}; ++i) {{\n\
+             {ind}  float tf_a = {identity};\n\
+             {ind}  if (tf_rem{dim} == B{dim}) {{  // a whole step: every column in bounds\n\
              {ind}    #pragma unroll\n{ind}    for (int j = 0; j < {cols}; ++j) {{ {shared}tf_a = {upd}; }}\n\
              {ind}  }} else {{\n\
              {ind}    #pragma unroll\n{ind}    for (int j = 0; j < {cols}; ++j)\n\
              {ind}      if ({col} < tf_rem{dim}) {{ {shared}tf_a = {upd}; }}\n\
-             {ind}  }}\n",
+             {ind}  }}",
+            one_line(at),
             cols = self.cols(e),
             col = self.g.col_in_step(),
-        ))
-    }
-
-    /// Ends the `for i` loop that holds a thread's value in `tf_a`: combines it
-    /// across the row's lanes (shuffles) into `name[i]`, then across the row's
-    /// warps through shared memory where a row spans several.
-    fn across_lanes(&self, e: &mut Emitter, op: ReduceOp, name: &str, rpt: usize, ind: &str) {
-        let identity = op.identity_c(CTy::F32);
-        let f = |a: &str, b: &str| op.combine_c(a, b);
+            upd = f("tf_a", &format!("({v})"))
+        );
         let lanes = self.g.c.min(32);
         let _ = writeln!(
             e.out,
@@ -156,5 +77,10 @@ impl RowWriter {
                 f("tf_a", &format!("tf_red[(tf_grp * {rpt} + i) * {per_row} + w]"))
             );
         }
+        Ok(if has_row {
+            format!("{name}[i]")
+        } else {
+            format!("{name}[0]")
+        })
     }
 }
