@@ -578,6 +578,36 @@ fn a_loop_of_two_stages_loads_the_next_tile_before_it_computes() {
     assert!(!single.contains("tf_nb1"), "{single}");
 }
 
+/// A loop whose `until` bound the body moves learns its next step only after
+/// this one: it loads no tile ahead. A fixed bound keeps the loads ahead.
+#[test]
+fn a_loop_whose_body_moves_its_bound_loads_no_tile_ahead() {
+    let text = |bound: &str, step: &str| {
+        format!(
+            "kernel capped(x: Tensor<f32, 2>, out: Tensor<f32, 1>; m, n) {{
+               for tm in tile(m) {{
+                 let mut acc = zeros::<f32>([tm]);
+                 let mut lim = n;
+                 for tn in tile(n).until({bound}) {{
+                   acc = acc + x[(tm, tn)].sum(tn);
+                   {step}
+                 }}
+                 out[tm] = acc;
+               }}
+             }}"
+        )
+    };
+    let cfg = Config::new(&[4, 256]).num_stages(2);
+    let moving = parse(&text("lim", "lim = lim - 1;"));
+    let l = general(&moving, &spec_of(&moving, &ints(2)), &cfg);
+    let body = kernel_part(&l);
+    assert!(!body.contains("the next tile"), "{body}");
+    let fixed = parse(&text("lim", ""));
+    let l = general(&fixed, &spec_of(&fixed, &ints(2)), &cfg);
+    let body = kernel_part(&l);
+    assert!(body.contains("the next tile"), "{body}");
+}
+
 /// Loops whose programs could not share them: `split` is refused there,
 /// naming what a shared loop needs.
 #[test]

@@ -291,6 +291,19 @@ fn program_tiles(e: &mut Emitter, split: bool) -> Result<(), CodegenError> {
     Ok(())
 }
 
+/// Whether `e` reads a variable some statement of `body` assigns.
+fn reads_assigned(e: &Expr, body: &[Stmt]) -> bool {
+    let mut assigned = Vec::new();
+    walk_stmts(body, &mut |s| {
+        if let Stmt::Assign { var, .. } = s {
+            assigned.push(*var);
+        }
+    });
+    let mut found = false;
+    e.walk(&mut |x| found |= matches!(x, Expr::Var(v) if assigned.contains(v)));
+    found
+}
+
 fn indent(depth: usize) -> String {
     "  ".repeat(depth)
 }
@@ -1259,7 +1272,10 @@ impl Gen<'_, '_> {
         } else {
             begin
         };
-        let ahead = if each || !self.pipelined() {
+        // A bound the body moves (`until(lim)` with `lim` assigned in the
+        // loop) is known only after each step: no tile is loaded ahead.
+        let moving = until.is_some_and(|u| reads_assigned(u, body));
+        let ahead = if each || moving || !self.pipelined() {
             Vec::new()
         } else {
             self.load_first(body, dim, &begin, &bound, li, d1)?
