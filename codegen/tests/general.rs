@@ -572,10 +572,16 @@ fn a_loop_of_two_stages_loads_the_next_tile_before_it_computes() {
         1,
         "{body}"
     );
-    let l = general(&k, &spec_of(&k, &ints(2)), &c.num_stages(1));
+    let l = general(&k, &spec_of(&k, &ints(2)), &c.clone().num_stages(1));
     let single = kernel_part(&l);
     assert!(!single.contains("the next tile"), "{single}");
     assert!(!single.contains("tf_nb1"), "{single}");
+    // No stages at all is an error that names the option.
+    let err = lower(&plan(&k), &spec_of(&k, &ints(2)), &c.num_stages(0))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("num_stages must be at least 1"), "{err}");
 }
 
 /// A loop whose `until` bound the body moves learns its next step only after

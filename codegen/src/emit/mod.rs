@@ -204,6 +204,13 @@ pub fn lower(kernel: &Planned, spec: &Spec, config: &Config) -> Result<Lowered, 
             "num_warps must be 1, 2, 4, 8 or 16",
         ));
     }
+    if config.num_stages == 0 {
+        return Err(config_err(
+            kernel,
+            config,
+            "num_stages must be at least 1 (1: each tile loaded at its step; the matmul paths take 2 to 8)",
+        ));
+    }
     if let Some(b) = config.block_sizes.iter().find(|&&b| b == 0 || b > 16384) {
         return Err(config_err(
             kernel,
