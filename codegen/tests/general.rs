@@ -115,6 +115,62 @@ fn an_offset_and_a_gather_are_masked_by_the_tensor() {
     assert!(body.contains("% 8 == 0"), "{body}");
 }
 
+/// `x[(tm, idx[tn])]` reads many elements of each of the program's rows: the
+/// kernel copies the rows into shared memory (16-byte `cp.async` pieces) when
+/// the launch gives it room, and gathers from global memory otherwise. A
+/// gather of one element a row (`x[(tm, labels[tm])]`) is not staged.
+#[test]
+fn a_gather_of_many_elements_a_row_stages_the_rows_in_shared_memory() {
+    let k = parse(
+        "kernel gather_cols(x: Tensor<bf16, 2>, idx: Tensor<i32, 1>, out: Tensor<bf16, 2>; m, n) {
+           for (tm, tn) in tile([m, n]) {
+             out[(tm, tn)] = x[(tm, idx[tn])];
+           }
+         }",
+    );
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[4, 1024]));
+    use tilefuse_codegen::emit::general::GatherStage;
+    use tilefuse_codegen::emit::Param;
+    let stage = GatherStage {
+        tensor: 0,
+        axis: 1,
+        rows: 4,
+        per_row: 1024,
+        elem_bytes: 2,
+    };
+    assert_eq!(l.gathers, vec![stage.clone()]);
+    assert!(l.params.contains(&Param::StageCap));
+    let body = kernel_part(&l);
+    // The staged branch, then the direct one.
+    let staged = body
+        .find("<= tf_stage_cap) {  // rows staged")
+        .unwrap_or(usize::MAX);
+    let direct = body.find("t0[(tb0 + tf_o0_0) * t0_s0 + ").unwrap_or(0);
+    assert!(staged < direct, "{body}");
+    for want in [
+        "tf_cp_async16(tf_smem_u32(tf_dst + tf_j), tf_src + tf_j, 16u)",
+        "tf_cp_async_wait<0>();",
+        "tf_sg[(long long)(",
+    ] {
+        assert!(body.contains(want), "`{want}` missing:\n{body}");
+    }
+    // Worth it from one element in 16 of a row, in 16-byte multiples.
+    assert!(stage.worth(8192) && stage.worth(16384) && !stage.worth(16385));
+    assert_eq!(stage.bytes(8192), 4 * 8192 * 2);
+    assert_eq!(stage.bytes(1001), (4 * 1001 * 2usize).next_multiple_of(16));
+    // One element a row: read where it is.
+    let k = parse(
+        "kernel pick(x: Tensor<bf16, 2>, labels: Tensor<i32, 1>, out: Tensor<f32, 1>; m) {
+           for tm in tile(m) {
+             out[tm] = x[(tm, labels[tm])].cast::<f32>();
+           }
+         }",
+    );
+    let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[128]));
+    assert!(l.gathers.is_empty());
+    assert!(!kernel_part(&l).contains("tf_stage_cap"));
+}
+
 #[test]
 fn a_jagged_loop_walks_bounds_the_program_loads() {
     let k = jagged_sum();

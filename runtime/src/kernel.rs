@@ -680,10 +680,12 @@ pub(crate) fn launch_variant(
             )?);
         }
     }
+    let (stage_cap, shared_bytes) = gather_room(dev, &v.lowered, tensors);
     let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
     for p in &v.lowered.params {
         values.push(match *p {
             Param::TensorMap { .. } => 0,
+            Param::StageCap => stage_cap,
             Param::TensorPtr(t) => tensors[t].ptr,
             Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
             Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
@@ -727,13 +729,35 @@ pub(crate) fn launch_variant(
             v.function.cu_function(),
             (blocks as u32, 1, 1),
             (v.lowered.threads, 1, 1),
-            v.lowered.shared_bytes,
+            shared_bytes,
             gpu.stream.cu_stream(),
             &mut ptrs,
         )
     }
     .map_err(driver(format!("launching kernel `{}`", k.name)))?;
     Ok(())
+}
+
+/// The shared memory a launch adds for the kernel's staged gathers (the
+/// kernel's `tf_stage_cap`: the largest of those worth staging at these
+/// shapes, 0 where none is or it does not fit the block) and the launch's
+/// shared memory in all.
+fn gather_room(dev: &Device, lowered: &Lowered, tensors: &[TensorArg]) -> (u64, u32) {
+    let base = lowered.shared_bytes as usize;
+    let need = lowered
+        .gathers
+        .iter()
+        .filter_map(|g| {
+            let len = *tensors.get(g.tensor)?.shape.get(g.axis)?;
+            g.worth(len).then(|| g.bytes(len))
+        })
+        .max()
+        .unwrap_or(0);
+    let total = base.next_multiple_of(16) + need;
+    if need == 0 || total > dev.max_shared_per_block() {
+        return (0, lowered.shared_bytes);
+    }
+    (need as u64, total as u32)
 }
 
 /// Lowers and compiles one variant for `dev` (or takes its cubin from the disk
@@ -780,11 +804,16 @@ pub(crate) fn load_variant(
         .map_err(driver(format!("finding `{}` in its module", lowered.entry)))?;
     // Dynamic shared memory plus the kernel's few static words may pass the
     // 48 KB a launch gets by default even when the dynamic part alone does not.
-    if lowered.shared_bytes > 0 {
+    // Staged gathers take what a launch's shapes need, up to the block's most.
+    let most = match lowered.gathers.is_empty() {
+        true => lowered.shared_bytes as usize,
+        false => dev.max_shared_per_block(),
+    };
+    if most > 0 {
         function
             .set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                lowered.shared_bytes as i32,
+                most as i32,
             )
             .map_err(driver(format!(
                 "raising the shared memory limit of `{name}`"

@@ -76,6 +76,9 @@ pub enum Param {
     SplitPartials,
     /// Split tail: one arrival counter per split tile, zero at launch (`unsigned*`).
     SplitCounters,
+    /// Bytes of shared memory the launch added for staged gathers
+    /// ([`Lowered::gathers`]), 0 for none (`long long`).
+    StageCap,
     /// A TMA descriptor (`CUtensorMap`, 128 bytes, passed by value) of a tensor of
     /// 2 to 5 dimensions with its last dimension contiguous: boxes of `box_outer`
     /// rows by `box_inner` elements (one index of each outer dimension), 128-byte
@@ -175,6 +178,10 @@ pub struct Lowered {
     /// Operands the launch copies into 16-byte aligned scratch first (row pitch a
     /// multiple of 16 bytes): the code reads those copies ([`Config::stage`]).
     pub staged: Vec<TensorId>,
+    /// Gathers the kernel stages through shared memory when the launch adds
+    /// room for them after [`Lowered::shared_bytes`] (16-byte aligned) and
+    /// passes its size as [`Param::StageCap`].
+    pub gathers: Vec<general::GatherStage>,
 }
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`, by the
@@ -747,6 +754,7 @@ impl<'a> Emitter<'a> {
             cluster: 1,
             tiles_in_flight: 1,
             staged: Vec::new(),
+            gathers: Vec::new(),
         }
     }
 }

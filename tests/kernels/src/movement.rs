@@ -173,13 +173,23 @@ fn columns(
 
 fn index_select_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
     let mut rng = Rng::new(seed);
-    let (m, n, k) = (77, 1000, 301);
-    let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
-    let (idx, ih) = columns(dev, &mut rng, k, n)?;
-    let out = poisoned::<bf16>(dev, &[m, k])?;
-    index_select(&x, &idx, &out)?;
-    let want = (0..m * k).map(|e| xf[(e / k) * n + ih[e % k]]).collect();
-    Ok(vec![Output::new("out", host(&out)?, want, 0.0)])
+    let mut outs = Vec::new();
+    // On a GPU: rows staged in shared memory, 16-byte aligned; staged with
+    // rows of an odd length (copied element by element); a long row of
+    // which the program reads too little to stage it.
+    for (m, n, k, name) in [
+        (77, 1000, 301, "out"),
+        (33, 999, 130, "out (odd rows)"),
+        (5, 20000, 64, "out (sparse)"),
+    ] {
+        let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+        let (idx, ih) = columns(dev, &mut rng, k, n)?;
+        let out = poisoned::<bf16>(dev, &[m, k])?;
+        index_select(&x, &idx, &out)?;
+        let want = (0..m * k).map(|e| xf[(e / k) * n + ih[e % k]]).collect();
+        outs.push(Output::new(name, host(&out)?, want, 0.0));
+    }
+    Ok(outs)
 }
 
 fn index_select_bench(dev: &Arc<Device>) -> Result<Bench> {

@@ -227,7 +227,7 @@ impl Gen<'_, '_> {
 
     /// The C index along one axis for the current element (`j` added to a
     /// vector run's start, when given).
-    fn comp_c(&self, comp: &Comp, l: usize) -> String {
+    pub(super) fn comp_c(&self, comp: &Comp, l: usize) -> String {
         match comp {
             Comp::Affine { d, off } => {
                 let c = self.coord_c(l, *d);
@@ -242,7 +242,13 @@ impl Gen<'_, '_> {
     }
 
     /// The bounds test of the current element's index (unsafe components only).
-    fn bounds_c(&self, t: TensorId, comps: &[Comp], l: usize, skip: Option<usize>) -> Vec<String> {
+    pub(super) fn bounds_c(
+        &self,
+        t: TensorId,
+        comps: &[Comp],
+        l: usize,
+        skip: Option<usize>,
+    ) -> Vec<String> {
         comps
             .iter()
             .enumerate()
@@ -376,17 +382,9 @@ impl Gen<'_, '_> {
         match run {
             Some((d, p, chunk)) => self.load_runs(&v, t, &comps, d, p, chunk, d1),
             None => {
-                let n = self.open(l, &v.dims, d1);
-                let mut mask = vec![self.live_c(l, &v.dims)];
-                mask.extend(self.bounds_c(t, &comps, l, None));
-                let raw = format!("t{t}[{}]", self.offset_of(t, &comps, l));
-                let (val, ty) = widen(dtype, &raw);
-                let access = self.access(&v);
-                self.w(
-                    d1 + n,
-                    format!("{access} = ({}) ? {val} : {};", mask.join(" && "), zero(ty)),
-                );
-                self.close(n, d1);
+                if !self.staged_gather(&v, t, &comps, l, d1)? {
+                    self.gather_direct(&v, t, &comps, l, d1);
+                }
             }
         }
         self.w(depth, "}");
@@ -399,6 +397,29 @@ impl Gen<'_, '_> {
             }
             None => Ok(v),
         }
+    }
+
+    /// Loads `v` (`tensor[comps]`) element by element, masked.
+    pub(super) fn gather_direct(
+        &mut self,
+        v: &Val,
+        t: TensorId,
+        comps: &[Comp],
+        l: usize,
+        depth: usize,
+    ) {
+        let dtype = self.e.spec.tensors[t].dtype;
+        let n = self.open(l, &v.dims, depth);
+        let mut mask = vec![self.live_c(l, &v.dims)];
+        mask.extend(self.bounds_c(t, comps, l, None));
+        let raw = format!("t{t}[{}]", self.offset_of(t, comps, l));
+        let (val, ty) = widen(dtype, &raw);
+        let access = self.access(v);
+        self.w(
+            depth + n,
+            format!("{access} = ({}) ? {val} : {};", mask.join(" && "), zero(ty)),
+        );
+        self.close(n, depth);
     }
 
     /// A layout like `l` with 16-byte runs along the dimension of `t`'s

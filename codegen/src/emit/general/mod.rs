@@ -25,6 +25,7 @@ mod atomic;
 mod config;
 mod defer;
 mod dot;
+mod gather;
 mod layout;
 pub(crate) mod lowering;
 mod memory;
@@ -35,6 +36,7 @@ mod reduce;
 pub(crate) mod split;
 
 pub use config::{axes, default_config, seeds};
+pub use gather::GatherStage;
 pub use layout::Layout;
 
 use super::expr::{convert, CTy, ElemCtx};
@@ -91,6 +93,8 @@ struct Gen<'e, 'a> {
     /// Accumulations whose reduction waits for the end of their loop
     /// ([`defer`]), by their statement's address.
     deferred: HashMap<usize, defer::Deferred>,
+    /// Gathers staged through shared memory when the launch gives room ([`gather`]).
+    gathers: Vec<GatherStage>,
 }
 
 /// Checks the config for this lowering: blocks that are powers of two (the
@@ -150,6 +154,7 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         private,
         part_dim: None,
         deferred: HashMap::new(),
+        gathers: Vec::new(),
     };
     let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
     let root = g.scope_layout(&k.body, &active);
@@ -184,28 +189,41 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         b => base + b,
     };
     let layouts = g.layouts.clone();
+    let gathers = std::mem::take(&mut g.gathers);
     let e = g.e;
-    let extra: &[(Param, &str)] = match split {
-        Some(_) => &[
+    let mut extra: Vec<(Param, &str)> = match split {
+        Some(_) => vec![
             (Param::SplitWays, "int tf_ways"),
             (Param::SplitPartials, "float* tf_partials"),
             (Param::SplitCounters, "unsigned* tf_counters"),
         ],
-        None => &[],
+        None => Vec::new(),
     };
+    if !gathers.is_empty() {
+        extra.push((Param::StageCap, "long long tf_stage_cap"));
+    }
     // One block an SM unless the config asks for more (`occupancy`): the
     // registers a thread may take then shrink, so more of a memory-bound
     // kernel's loads are in flight.
     let min_blocks = crate::emit::options::occupancy_blocks(e.k, e.cfg, threads)?.unwrap_or(1);
-    let params = e.begin(threads, min_blocks, "", extra);
+    let params = e.begin(threads, min_blocks, "", &extra);
     let _ = writeln!(
         e.out,
         "  const int tid = threadIdx.x, tf_lane = tid & 31, tf_warp = tid >> 5;\n  \
          (void)tf_lane; (void)tf_warp;"
     );
-    if smem > 0 {
+    if smem > 0 || !gathers.is_empty() {
         e.out
             .push_str("  extern __shared__ __align__(16) unsigned char tf_smem[];\n");
+    }
+    if !gathers.is_empty() {
+        // Staged rows go after everything else the block keeps there; the
+        // launch sizes them (`Lowered::gathers`).
+        let _ = writeln!(
+            e.out,
+            "  [[maybe_unused]] const unsigned int tf_stage_base = {};",
+            smem.next_multiple_of(16)
+        );
     }
     for (l, lay) in layouts.iter().enumerate() {
         let names = |d: DimId| k.dims[d].name.clone();
@@ -229,6 +247,7 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
     e.out.push_str(&body);
     e.out.push_str("}\n");
     let mut lowered = e.finish(params, threads, smem, "general");
+    lowered.gathers = gathers;
     lowered.split_loop = split.and_then(|s| {
         Some(SplitLoopLaunch {
             extent: k.dims[s.dim].extent?,
