@@ -267,11 +267,11 @@ fn program_tiles(e: &mut Emitter, split: bool) -> Result<(), CodegenError> {
     // instructions; the blocks are powers of two).
     let _ = writeln!(e.out, "  unsigned int tf_pid = blockIdx.x;");
     if split {
-        // The shares of one grid tile are neighbours in launch order.
-        let _ = writeln!(
-            e.out,
-            "  const unsigned int tf_part = tf_pid % (unsigned int)tf_ways;\n  tf_pid /= (unsigned int)tf_ways;\n  const unsigned int tf_prog = tf_pid;"
-        );
+        // The grid's tiles move fastest, the shares of each slowest: the
+        // programs running at once read whole rows of a tensor walked down
+        // its rows (a column sum's tiles side by side), not one column
+        // tile's rows far apart.
+        let _ = writeln!(e.out, "  unsigned int tf_progs = 1;");
     }
     for &d in &e.k.grid {
         let _ = writeln!(e.out, "  long long tb{d};");
@@ -302,9 +302,16 @@ fn program_tiles(e: &mut Emitter, split: bool) -> Result<(), CodegenError> {
         } else {
             format!("((long long)(tf_pid % tf_t){shift}) % tf_t")
         };
+        let count = if split { " tf_progs *= tf_t;" } else { "" };
         let _ = writeln!(
             e.out,
-            "  {{ const unsigned int tf_t = (unsigned int)(({ext} + {b} - 1) / {b});\n    tb{d} = (long long)({tile}) * {b};\n    tf_pid /= tf_t; }}"
+            "  {{ const unsigned int tf_t = (unsigned int)(({ext} + {b} - 1) / {b});\n    tb{d} = (long long)({tile}) * {b};\n    tf_pid /= tf_t;{count} }}"
+        );
+    }
+    if split {
+        let _ = writeln!(
+            e.out,
+            "  const unsigned int tf_part = tf_pid;\n  const unsigned int tf_prog = blockIdx.x - tf_part * tf_progs;"
         );
     }
     Ok(())
