@@ -128,6 +128,10 @@ fn a_gather_of_many_elements_a_row_stages_the_rows_in_shared_memory() {
            }
          }",
     );
+    // Untuned, a program takes whole gathered rows' worth: each row is
+    // copied once.
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(16384), Some(4096)]);
+    assert_eq!(c.block_sizes, vec![1, 4096]);
     let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[4, 1024]));
     use tilefuse_codegen::emit::general::GatherStage;
     use tilefuse_codegen::emit::Param;

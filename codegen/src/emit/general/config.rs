@@ -115,6 +115,48 @@ fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
     out
 }
 
+/// Dimensions along which a load gathers many elements of each row it reads:
+/// those of a gathered last index (`idx[tn]` in `x[(tm, idx[tn])]`) that the
+/// other indices do not use. The kernel stages such rows in shared memory
+/// (see `gather.rs`): the wider its tile along them, the fewer programs copy
+/// the same row.
+fn gathered_dims(k: &Kernel) -> Vec<DimId> {
+    let tiles = |x: &Expr, out: &mut Vec<DimId>| {
+        x.walk(&mut |y| {
+            if let Expr::TileIndex(t) = y {
+                if !k.is_each(*t) && !out.contains(t) {
+                    out.push(*t);
+                }
+            }
+        })
+    };
+    let mut out = Vec::new();
+    k.walk_exprs(&mut |e| {
+        let Expr::Load { index, .. } = e else {
+            return;
+        };
+        let Some((last, rows)) = index.split_last() else {
+            return;
+        };
+        let mut gathers = false;
+        last.walk(&mut |y| gathers |= matches!(y, Expr::Load { .. }));
+        if !gathers {
+            return;
+        }
+        let (mut along, mut across) = (Vec::new(), Vec::new());
+        tiles(last, &mut along);
+        for r in rows {
+            tiles(r, &mut across);
+        }
+        for d in along {
+            if !across.contains(&d) && !out.contains(&d) {
+                out.push(d);
+            }
+        }
+    });
+    out
+}
+
 /// How many tensors have loads that index both `dim` (a shared loop's) and a
 /// contiguous dimension: the tiles a program sharing the loop walks.
 fn tiles_walked(k: &Kernel, dim: DimId, contiguous: &[DimId]) -> usize {
@@ -257,9 +299,13 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
     // quarter of the budget, so the rows of a 2-D tile still get some), then
     // the grid's others, then halved until the launch has programs enough to
     // fill the GPU.
+    let gathered = gathered_dims(k);
     for &d in grid.iter().chain(contiguous.iter()) {
         if bs[d] == 0 && contiguous.contains(&d) {
             let share = match sharing(d) {
+                // A gather's rows are copied once a program: its tile takes
+                // the whole budget along them.
+                _ if gathered.contains(&d) => BUDGET,
                 1 => BUDGET / 4,
                 s => 1 << (BUDGET.trailing_zeros() / s),
             };
