@@ -597,6 +597,13 @@ fn a_column_sum_shares_its_loop_among_programs() {
     // The rows of `x[(tm, tn)]` stay as the 16-byte loads brought them (bf16
     // two to a register), though the value's first dimension is `tn`.
     assert!(body.contains("unsigned int tf_l"), "{body}");
+    // The last program reads the shares in order, each share's elements at
+    // once (the loop over elements inside the loop over shares).
+    let shares = body
+        .find("for (int tf_q = 1; tf_q < tf_ways; ++tf_q) {")
+        .unwrap_or(usize::MAX);
+    let elements = body[shares.min(body.len())..].find("for (int r0 = 0;");
+    assert!(elements.is_some_and(|e| e < 120), "{body}");
     // The shares meet before the store and the atomic after the loop.
     let meet = body.find("tf_last").unwrap_or(usize::MAX);
     assert!(meet < body.find("// cols[tn] = acc").unwrap_or(0), "{body}");

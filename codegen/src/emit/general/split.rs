@@ -200,29 +200,36 @@ impl Gen<'_, '_> {
                 "const unsigned char* tf_shares = (const unsigned char*)tf_partials + (size_t)tf_prog * tf_ways * {share}ull;"
             ),
         );
-        for ((v, op), off) in accs.iter().zip(&offsets) {
+        // Past L1, which may hold what another SM wrote before.
+        let read = |c: &str, q: &str, off: usize, at: &str| {
+            format!("__ldcg((const {c}*)(tf_shares + (size_t)({q}) * {share}ull + {off}) + {at})")
+        };
+        // The shares in order, each share's elements at once: a thread's
+        // loads of one share are in flight together (the last program's
+        // meet is the kernel's tail: 63 shares one element at a time took
+        // 63 round trips to L2 an element).
+        for ((v, _), off) in accs.iter().zip(&offsets) {
             let (n, at) = self.split_element(v, d1);
-            let d = d1 + n;
             let access = self.access(v);
-            let c = v.cty.c();
-            // Past L1, which may hold what another SM wrote before.
-            let read = |q: &str| {
-                format!(
-                    "__ldcg((const {c}*)(tf_shares + (size_t)({q}) * {share}ull + {off}) + {at})"
-                )
-            };
-            self.w(d, format!("{c} tf_acc = {};", read("0")));
-            self.w(d, "#pragma unroll 8");
-            self.w(d, "for (int tf_q = 1; tf_q < tf_ways; ++tf_q) {");
-            let next = read("tf_q");
             self.w(
-                d + 1,
-                format!("tf_acc = {};", combine_c(*op, v.cty, "tf_acc", &next)),
+                d1 + n,
+                format!("{access} = {};", read(v.cty.c(), "0", *off, &at)),
             );
-            self.w(d, "}");
-            self.w(d, format!("{access} = tf_acc;"));
             self.close(n, d1);
         }
+        self.w(d1, "#pragma unroll 4");
+        self.w(d1, "for (int tf_q = 1; tf_q < tf_ways; ++tf_q) {");
+        for ((v, op), off) in accs.iter().zip(&offsets) {
+            let (n, at) = self.split_element(v, d1 + 1);
+            let access = self.access(v);
+            let next = read(v.cty.c(), "tf_q", *off, &at);
+            self.w(
+                d1 + 1 + n,
+                format!("{access} = {};", combine_c(*op, v.cty, &access, &next)),
+            );
+            self.close(n, d1 + 1);
+        }
+        self.w(d1, "}");
         self.w(depth, "}");
         Ok(share)
     }
