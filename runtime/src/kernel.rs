@@ -754,10 +754,20 @@ fn gather_room(dev: &Device, lowered: &Lowered, tensors: &[TensorArg]) -> (u64, 
         .max()
         .unwrap_or(0);
     let total = base.next_multiple_of(16) + need;
-    if need == 0 || total > dev.max_shared_per_block() {
+    if need == 0 || total > gather_room_most(dev) {
         return (0, lowered.shared_bytes);
     }
     (need as u64, total as u32)
+}
+
+/// Bytes the kernel's own `__shared__` words (a reduction's flag, a few
+/// counters) may take beside the dynamic shared memory.
+const STATIC_SHARED: usize = 1024;
+
+/// The most dynamic shared memory a kernel with staged gathers may be given:
+/// the block's opt-in limit, less room for its static words.
+fn gather_room_most(dev: &Device) -> usize {
+    dev.max_shared_per_block().saturating_sub(STATIC_SHARED)
 }
 
 /// Lowers and compiles one variant for `dev` (or takes its cubin from the disk
@@ -807,7 +817,7 @@ pub(crate) fn load_variant(
     // Staged gathers take what a launch's shapes need, up to the block's most.
     let most = match lowered.gathers.is_empty() {
         true => lowered.shared_bytes as usize,
-        false => dev.max_shared_per_block(),
+        false => gather_room_most(dev).max(lowered.shared_bytes as usize),
     };
     if most > 0 {
         function
