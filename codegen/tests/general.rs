@@ -422,31 +422,6 @@ fn the_default_fits_the_extents() {
     assert!(kernel_part(&general(&k, &spec_of(&k, &ints(2)), &c)).contains("the next tile"));
 }
 
-/// The grid's dimensions other than the contiguous one take the budget
-/// innermost first: rope's program holds whole runs of heads (32 rows of
-/// 256 bytes side by side), not one head of many positions and batches.
-#[test]
-fn the_default_takes_rows_side_by_side_in_memory() {
-    let k = parse(
-        "kernel rope(x: Tensor<bf16, 4>, cos: Tensor<f32, 2>, sin: Tensor<f32, 2>, out: Tensor<bf16, 4>; b, s, h, half) {
-           for (tb, ts, th, td) in tile([b, s, h, half]) {
-             let x1 = x[(tb, ts, th, td)];
-             let x2 = x[(tb, ts, th, td + half)];
-             let c = cos[(ts, td)];
-             let si = sin[(ts, td)];
-             out[(tb, ts, th, td)] = (x1 * c - x2 * si).cast();
-             out[(tb, ts, th, td + half)] = (x2 * c + x1 * si).cast();
-           }
-         }",
-    );
-    let c = tilefuse_codegen::emit::general::default_config(
-        &k,
-        &[Some(4), Some(4096), Some(32), Some(64)],
-    );
-    assert_eq!(c.block_sizes, vec![1, 2, 32, 64]);
-    general(&k, &spec_of(&k, &ints(4)), &c);
-}
-
 /// `out = x + y` on bf16, the elementwise benchmark's kernel, at several blocks.
 #[test]
 fn add_lowers_at_the_tuning_seeds() {

@@ -312,11 +312,7 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             bs[d] = cap(d, share.min(room(&bs, d, BUDGET))).max(1);
         }
     }
-    // The grid's others innermost first: the dimension next to a contiguous
-    // one indexes the axis next to it (`th` in `x[(tb, ts, th, td)]`), so a
-    // program's rows lie side by side in memory (rope's heads: 32 rows of
-    // 256 bytes in one 8 KB run, not 64 runs 8 KB apart).
-    for &d in grid.iter().rev() {
+    for &d in &grid {
         if bs[d] == 0 {
             bs[d] = cap(d, BUDGET.min(room(&bs, d, BUDGET))).max(1);
         }
