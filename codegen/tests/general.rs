@@ -193,20 +193,31 @@ fn atomics_are_masked_and_done_once_per_element() {
     let k = histogram();
     let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[1024]));
     let body = kernel_part(&l);
-    // Counts of at most 2048 bins go to the program's copy in shared memory,
-    // added into the tensor at the program's end; more, to the tensor.
+    // Counts go to the program's copy in shared memory when the launch gave
+    // it room (`tf_priv`), else to the tensor; the copy is added into the
+    // tensor at the program's end, after its walk over the grid.
+    assert!(body.contains("const bool tf_pv = tf_priv != 0;"), "{body}");
     assert!(
-        body.contains("const bool tf_pv1 = t1_n0 <= 2048;"),
+        body.contains("if (tf_pv) tf_atomic_add(tf_bins1 + ("),
         "{body}"
     );
-    assert!(body.contains("(tf_pv1 ? tf_bins1 + ("), "{body}");
+    assert!(body.contains("; else tf_atomic_add(t1 + ("), "{body}");
     assert!(
-        body.contains("if (tf_c != 0) tf_atomic_add(t1 + tf_i * t1_s0, tf_c);"),
+        body.contains("tf_w < tf_total; tf_w += gridDim.x"),
         "{body}"
     );
-    assert!(body.contains(": t1 + ("), "{body}");
+    let flush = &body[body.find("}  // the walk").expect("the walk closes")..];
+    assert!(
+        flush.contains("if (tf_c != (int)0) tf_atomic_add(t1 + (((tf_i / tf_pl1_0) % tf_pn1_0) * t1_s0), tf_c);"),
+        "{body}"
+    );
     assert!(body.contains("< (unsigned long long)t1_n0"), "{body}");
-    assert_eq!(l.shared_bytes, 2048 * 4);
+    // The launch sizes the copy: the kernel declares none of its own.
+    assert_eq!(l.shared_bytes, 0);
+    let p = l.private.as_ref().expect("a private copy");
+    assert!(p.walk && p.kept == 0 && p.tile_elems == 1024, "{p:?}");
+    assert_eq!(p.copies[0].entries(&[300]), 300);
+    assert_eq!(p.copies[0].bytes(&[301]), 1216);
     // A kernel that also reads the counts keeps its atomics global.
     let mut reads = k.clone();
     reads.body.push(store(
@@ -217,9 +228,67 @@ fn atomics_are_masked_and_done_once_per_element() {
     ));
     let l = general(&reads, &spec_of(&reads, &ints(1)), &Config::new(&[1024]));
     assert!(!kernel_part(&l).contains("tf_bins1"), "{}", kernel_part(&l));
+    assert!(l.private.is_none());
     // A block smaller than the layout's reach: copies skip the atomic.
     let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[64]));
     assert!(kernel_part(&l).contains("tf_u0_0"), "{}", kernel_part(&l));
+}
+
+#[test]
+fn a_segment_counts_copy_keeps_its_column_tile_and_the_programs_walk_the_rows() {
+    let segments = |ty: &str| {
+        parse(&format!(
+            "kernel segments(values: Tensor<{ty}, 2>, ids: Tensor<i32, 1>, out: Tensor<{ty}, 2>; n, d) {{
+               for (tn, td) in tile([n, d]) {{
+                 atomic_add(out[(ids[tn], td)], values[(tn, td)]);
+               }}
+             }}"
+        ))
+    };
+    let k = segments("i32");
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[64, 16]));
+    let body = kernel_part(&l);
+    // The copy: every segment (the whole axis 0) by the program's 16 columns.
+    assert!(
+        body.contains("const long long tf_pn2_1 = (long long)B1, tf_pl2_1 = 1;"),
+        "{body}"
+    );
+    assert!(
+        body.contains("const long long tf_pn2_0 = t2_n0, tf_pl2_0 = tf_pn2_1 * tf_pl2_1;"),
+        "{body}"
+    );
+    // An element goes to the copy at its column within the tile.
+    assert!(
+        body.contains("if (tf_pv) tf_atomic_add(tf_bins2 + ("),
+        "{body}"
+    );
+    assert!(body.contains(" - tb1) * tf_pl2_1)"), "{body}");
+    // The flush adds the copy's columns at the program's tile, within the tensor.
+    assert!(
+        body.contains("if (tb1 + (tf_i / tf_pl2_1) % tf_pn2_1 < t2_n1 && tf_c != (int)0)"),
+        "{body}"
+    );
+    let p = l.private.as_ref().expect("a private copy");
+    // The column tiles are the grid's innermost: the programs walk the rows.
+    assert!(p.walk && p.kept == 1 && p.tile_elems == 64 * 16, "{p:?}");
+    assert_eq!(p.copies[0].entries(&[2000, 128]), 2000 * 16);
+    // f32 sums keep their atomics in global memory (a compare-and-swap loop
+    // in shared memory), four at a time.
+    let k = segments("f32");
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[64, 16]));
+    assert!(l.private.is_none());
+    assert!(kernel_part(&l).contains("tf_red_add_v4(tf_p + 0,"));
+    // Indexed by its tiles alone, a tensor gets no copy (nothing repeats).
+    let own = parse(
+        "kernel own(values: Tensor<i32, 2>, out: Tensor<i32, 2>; n, d) {
+           for (tn, td) in tile([n, d]) {
+             atomic_add(out[(tn, td)], values[(tn, td)]);
+           }
+         }",
+    );
+    let l = general(&own, &spec_of(&own, &ints(2)), &Config::new(&[64, 16]));
+    assert!(l.private.is_none());
+    assert!(!kernel_part(&l).contains("tf_total"), "{}", kernel_part(&l));
 }
 
 #[test]

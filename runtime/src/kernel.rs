@@ -643,6 +643,13 @@ pub(crate) fn launch_variant(
     if v.lowered.persistent {
         blocks = blocks.min(resident_programs);
     }
+    // Private copies of atomically added tensors: where they fit and pay, the
+    // programs (one wave of them where the kernel walks the grid) add into
+    // shared memory.
+    let private = private_room(dev, v, tensors, scalars, blocks)?;
+    if let Some(p) = &private {
+        blocks = p.blocks;
+    }
     blocks = blocks.saturating_mul(cluster);
     // A grid that cannot leave `leaving_sms`'s SMs free would keep the kernel
     // it waits for off the GPU until its waits give up: refuse it now.
@@ -680,12 +687,18 @@ pub(crate) fn launch_variant(
             )?);
         }
     }
-    let (stage_cap, shared_bytes) = gather_room(dev, &v.lowered, tensors);
+    let (stage_cap, shared_bytes) = match &private {
+        // The copies take the room staged gathers would (their rows then
+        // come from global memory).
+        Some(p) => (0, p.shared_bytes),
+        None => gather_room(dev, &v.lowered, tensors),
+    };
     let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
     for p in &v.lowered.params {
         values.push(match *p {
             Param::TensorMap { .. } => 0,
             Param::StageCap => stage_cap,
+            Param::PrivateOn => u64::from(private.is_some()),
             Param::TensorPtr(t) => tensors[t].ptr,
             Param::TensorDim(t, i) => tensors[t].shape[i] as u64,
             Param::TensorStride(t, i) => tensors[t].strides[i] as i64 as u64,
@@ -760,11 +773,77 @@ fn gather_room(dev: &Device, lowered: &Lowered, tensors: &[TensorArg]) -> (u64, 
     (need as u64, total as u32)
 }
 
+/// A launch's private copies ([`Lowered::private`]): its shared memory in
+/// all and its grid.
+struct PrivateRoom {
+    shared_bytes: u32,
+    blocks: u64,
+}
+
+/// Whether this launch gives the kernel's private copies shared memory: they
+/// fit beside its own, and each program's elements (the grid tiles it walks)
+/// are at least as many as the copies' entries it zeroes and flushes. Where
+/// the kernel walks the grid, one wave of programs, a multiple of the kept
+/// tiles' count so that each program keeps its tiles.
+fn private_room(
+    dev: &Device,
+    v: &Variant,
+    tensors: &[TensorArg],
+    scalars: &[ScalarArg],
+    blocks: u64,
+) -> Result<Option<PrivateRoom>> {
+    let Some(p) = &v.lowered.private else {
+        return Ok(None);
+    };
+    let (mut entries, mut need) = (0usize, 0usize);
+    for c in &p.copies {
+        let Some(t) = tensors.get(c.tensor) else {
+            return Ok(None);
+        };
+        entries = entries.saturating_add(c.entries(&t.shape));
+        need = need.saturating_add(c.bytes(&t.shape));
+    }
+    let total = (v.lowered.shared_bytes as usize).next_multiple_of(16) + need;
+    if entries == 0 || total > gather_room_most(dev) {
+        return Ok(None);
+    }
+    let mut launch = blocks;
+    if p.walk {
+        let per_sm = v
+            .function
+            .occupancy_max_active_blocks_per_multiprocessor(v.lowered.threads, total, None)
+            .map_err(driver(
+                "reading the occupancy of a kernel with private copies",
+            ))?;
+        let wave = (dev.sm_count() as u64).saturating_mul(u64::from(per_sm.max(1)));
+        let grid = &v.lowered.grid;
+        let kept: u64 = grid[grid.len().saturating_sub(p.kept)..]
+            .iter()
+            .map(|&(s, b)| {
+                let ext = scalars[s].int().map_or(0, |x| x.max(0) as u64);
+                ext.div_ceil(b as u64)
+            })
+            .product();
+        let kept = kept.max(1);
+        launch = blocks.min((wave / kept).max(1).saturating_mul(kept));
+    }
+    let walked = blocks.div_ceil(launch.max(1));
+    let work = walked.saturating_mul(p.tile_elems as u64);
+    if work < entries as u64 {
+        return Ok(None);
+    }
+    Ok(Some(PrivateRoom {
+        shared_bytes: total as u32,
+        blocks: launch,
+    }))
+}
+
 /// Bytes the kernel's own `__shared__` words (a reduction's flag, a few
 /// counters) may take beside the dynamic shared memory.
 const STATIC_SHARED: usize = 1024;
 
-/// The most dynamic shared memory a kernel with staged gathers may be given:
+/// The most dynamic shared memory a kernel with staged gathers or private
+/// copies may be given:
 /// the block's opt-in limit, less room for its static words.
 fn gather_room_most(dev: &Device) -> usize {
     dev.max_shared_per_block().saturating_sub(STATIC_SHARED)
@@ -814,8 +893,9 @@ pub(crate) fn load_variant(
         .map_err(driver(format!("finding `{}` in its module", lowered.entry)))?;
     // Dynamic shared memory plus the kernel's few static words may pass the
     // 48 KB a launch gets by default even when the dynamic part alone does not.
-    // Staged gathers take what a launch's shapes need, up to the block's most.
-    let most = match lowered.gathers.is_empty() {
+    // Staged gathers and private copies take what a launch's shapes need, up
+    // to the block's most.
+    let most = match lowered.gathers.is_empty() && lowered.private.is_none() {
         true => lowered.shared_bytes as usize,
         false => gather_room_most(dev).max(lowered.shared_bytes as usize),
     };

@@ -79,6 +79,9 @@ pub enum Param {
     /// Bytes of shared memory the launch added for staged gathers
     /// ([`Lowered::gathers`]), 0 for none (`long long`).
     StageCap,
+    /// 1 where the launch gave the kernel's private copies of atomically
+    /// added tensors shared memory ([`Lowered::private`]), else 0 (`int`).
+    PrivateOn,
     /// A TMA descriptor (`CUtensorMap`, 128 bytes, passed by value) of a tensor of
     /// 2 to 5 dimensions with its last dimension contiguous: boxes of `box_outer`
     /// rows by `box_inner` elements (one index of each outer dimension), 128-byte
@@ -182,6 +185,11 @@ pub struct Lowered {
     /// room for them after [`Lowered::shared_bytes`] (16-byte aligned) and
     /// passes its size as [`Param::StageCap`].
     pub gathers: Vec<general::GatherStage>,
+    /// Tensors whose atomics the kernel adds into private copies in shared
+    /// memory when the launch gives them room after [`Lowered::shared_bytes`]
+    /// (16-byte aligned, before any staged gathers' room) and passes
+    /// [`Param::PrivateOn`]; programs may then walk the grid.
+    pub private: Option<general::PrivateLaunch>,
 }
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`, by the
@@ -755,6 +763,7 @@ impl<'a> Emitter<'a> {
             tiles_in_flight: 1,
             staged: Vec::new(),
             gathers: Vec::new(),
+            private: None,
         }
     }
 }

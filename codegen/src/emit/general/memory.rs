@@ -660,9 +660,9 @@ impl Gen<'_, '_> {
                     None => format!("t{t}[{offset}] = {};", narrow(dtype, "tf_v", ty)),
                     Some(op) => {
                         let cv = convert("tf_v", ty, dtype.cty());
-                        let idx = comps.first().map(|c| self.comp_c(c, l)).unwrap_or_default();
-                        let target = self.atomic_target(t, &idx, &offset);
-                        format!("{};", op.cuda(dtype, &target, &cv))
+                        let cs: Vec<String> = comps.iter().map(|c| self.comp_c(c, l)).collect();
+                        let local = self.private_offset(t, &cs);
+                        self.atomic_stmt(t, op, local.as_deref(), &offset, &cv)
                     }
                 };
                 self.w(

@@ -38,6 +38,7 @@ pub(crate) mod split;
 pub use config::{axes, default_config, seeds};
 pub use gather::GatherStage;
 pub use layout::Layout;
+pub use private::{PrivateAxis, PrivateCopy, PrivateLaunch};
 
 use super::expr::{convert, CTy, ElemCtx};
 use super::{config_err, one_line, Emitter, Lowered, Param, SplitLoopLaunch};
@@ -86,8 +87,9 @@ struct Gen<'e, 'a> {
     /// Register indices given by an expression instead of the loop variable
     /// `r{d}` (an element of a vector run).
     rsub: HashMap<DimId, String>,
-    /// Tensors whose atomics go to a copy in shared memory ([`private`]).
-    private: Vec<TensorId>,
+    /// Tensors whose atomics go to a copy in shared memory, with its axes
+    /// ([`private`]).
+    private: Vec<(TensorId, Vec<private::Axis>)>,
     /// The dimension of the split loop about to be lowered ([`split`]).
     part_dim: Option<DimId>,
     /// Accumulations whose reduction waits for the end of their loop
@@ -179,15 +181,19 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         }
         None => g.stmts(&k.body, &active, root, 1)?,
     }
-    let mut body = std::mem::take(&mut g.body);
-    body.push_str(&g.private_flush());
-    // The private copies after what the conversions and reductions share.
+    let body = std::mem::take(&mut g.body);
+    let flush = g.private_flush();
+    // The private copies after what the conversions and reductions share;
+    // the launch sizes them (`Lowered::private`).
     let base = g.smem.next_multiple_of(16);
     let head = g.private_head(base);
-    let smem = match g.private_bytes() {
-        0 => g.smem,
-        b => base + b,
+    let smem = g.smem;
+    // Programs walk the grid where their copies' kept tiles are its innermost.
+    let walk = match split {
+        None => private::kept_inner(k, &g.private).filter(|_| !g.private.is_empty()),
+        Some(_) => None,
     };
+    let private_launch = g.private_launch(walk);
     let layouts = g.layouts.clone();
     let gathers = std::mem::take(&mut g.gathers);
     let e = g.e;
@@ -202,6 +208,9 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
     if !gathers.is_empty() {
         extra.push((Param::StageCap, "long long tf_stage_cap"));
     }
+    if private_launch.is_some() {
+        extra.push((Param::PrivateOn, "int tf_priv"));
+    }
     // One block an SM unless the config asks for more (`occupancy`): the
     // registers a thread may take then shrink, so more of a memory-bound
     // kernel's loads are in flight.
@@ -212,7 +221,7 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         "  const int tid = threadIdx.x, tf_lane = tid & 31, tf_warp = tid >> 5;\n  \
          (void)tf_lane; (void)tf_warp;"
     );
-    if smem > 0 || !gathers.is_empty() {
+    if smem > 0 || !gathers.is_empty() || private_launch.is_some() {
         e.out
             .push_str("  extern __shared__ __align__(16) unsigned char tf_smem[];\n");
     }
@@ -243,11 +252,16 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         }
     }
     e.out.push_str(&head);
-    program_tiles(e, split.is_some())?;
+    program_tiles(e, split.is_some(), walk.is_some())?;
     e.out.push_str(&body);
+    if walk.is_some() {
+        e.out.push_str("  }  // the walk\n");
+    }
+    e.out.push_str(&flush);
     e.out.push_str("}\n");
     let mut lowered = e.finish(params, threads, smem, "general");
     lowered.gathers = gathers;
+    lowered.private = private_launch;
     lowered.split_loop = split.and_then(|s| {
         Some(SplitLoopLaunch {
             extent: k.dims[s.dim].extent?,
@@ -260,12 +274,34 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
 }
 
 /// Decodes the program id into the grid tiles' first indices `tb{d}` (the last
-/// grid dimension moving fastest), honouring `starting_at`.
-fn program_tiles(e: &mut Emitter, split: bool) -> Result<(), CodegenError> {
+/// grid dimension moving fastest), honouring `starting_at`. With `walk`, the
+/// program walks the grid's tiles a launch apart (`private`) and the decoding
+/// opens that loop.
+fn program_tiles(e: &mut Emitter, split: bool, walk: bool) -> Result<(), CodegenError> {
     // The launch's grid has fewer than 2^31 programs, so every tile count
     // and program number fits 32 bits (a 64-bit division costs ~100
     // instructions; the blocks are powers of two).
-    let _ = writeln!(e.out, "  unsigned int tf_pid = blockIdx.x;");
+    if walk {
+        let mut total = String::from("1u");
+        for &d in &e.k.grid {
+            let b = match e.k.is_each(d) {
+                true => "1".to_string(),
+                false => format!("B{d}"),
+            };
+            let _ = write!(total, " * (unsigned int)(({} + {b} - 1) / {b})", e.end(d));
+        }
+        for &d in &e.k.grid {
+            let _ = writeln!(e.out, "  long long tb{d} = 0;");
+        }
+        let _ = writeln!(
+            e.out,
+            "  const unsigned int tf_total = {total};\n  \
+             for (unsigned int tf_w = blockIdx.x; tf_w < tf_total; tf_w += gridDim.x) {{\n  \
+             unsigned int tf_pid = tf_w;"
+        );
+    } else {
+        let _ = writeln!(e.out, "  unsigned int tf_pid = blockIdx.x;");
+    }
     if split {
         // The grid's tiles move fastest, the shares of each slowest: the
         // programs running at once read whole rows of a tensor walked down
@@ -273,8 +309,10 @@ fn program_tiles(e: &mut Emitter, split: bool) -> Result<(), CodegenError> {
         // tile's rows far apart.
         let _ = writeln!(e.out, "  unsigned int tf_progs = 1;");
     }
-    for &d in &e.k.grid {
-        let _ = writeln!(e.out, "  long long tb{d};");
+    if !walk {
+        for &d in &e.k.grid {
+            let _ = writeln!(e.out, "  long long tb{d};");
+        }
     }
     for (pos, &d) in e.k.grid.iter().enumerate().rev() {
         let ext = e.end(d);
