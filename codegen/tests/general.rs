@@ -821,3 +821,23 @@ fn a_segment_sum_adds_16_bytes_a_reduction() {
     assert!(!body.contains("in the scope's layout"), "{body}");
     assert!(l.source.contains("red.global.add.v4.f32"));
 }
+
+#[test]
+fn the_grids_other_tiles_share_the_budget_evenly() {
+    let k = parse(
+        "kernel rope(x: Tensor<bf16, 4>, c: Tensor<f32, 2>, out: Tensor<bf16, 4>; b, s, h, half) {
+           for (tb, ts, th, td) in tile([b, s, h, half]) {
+             out[(tb, ts, th, td)] = (x[(tb, ts, th, td)] * c[(ts, td)]).cast();
+           }
+         }",
+    );
+    // 64 columns leave 64 of the 4096 elements: four batches, positions
+    // and heads, not all to the batches and positions (`[4, 16, 1, 64]`).
+    let ext = [Some(4), Some(4096), Some(32), Some(64)];
+    let c = tilefuse_codegen::emit::general::default_config(&k, &ext);
+    assert_eq!(c.block_sizes, vec![4, 4, 4, 64]);
+    // What a short dimension cannot take goes to the next.
+    let ext = [Some(1), Some(4096), Some(32), Some(64)];
+    let c = tilefuse_codegen::emit::general::default_config(&k, &ext);
+    assert_eq!(c.block_sizes, vec![1, 8, 8, 64]);
+}

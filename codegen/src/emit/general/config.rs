@@ -312,10 +312,18 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             bs[d] = cap(d, share.min(room(&bs, d, BUDGET))).max(1);
         }
     }
-    for &d in &grid {
-        if bs[d] == 0 {
-            bs[d] = cap(d, BUDGET.min(room(&bs, d, BUDGET))).max(1);
-        }
+    // The grid's other tiles share what is left evenly (a tile of about equal
+    // sides), what one cannot take going to the next: rope at 4×4096×32×128
+    // gets `[4, 4, 4, 64]`, four batches that reuse each `cos`/`sin` value
+    // and four heads side by side, where giving each in turn all it could
+    // take made `[4, 16, 1, 64]` (75% of copy, against 87%; all heads in
+    // one tile, `[1, 2, 32, 64]`, ran at 70%: docs/perf-history.md, "Rope's
+    // tile of equal sides").
+    let rest: Vec<DimId> = grid.iter().copied().filter(|&d| bs[d] == 0).collect();
+    for (i, &d) in rest.iter().enumerate() {
+        let left = BUDGET.min(room(&bs, d, BUDGET));
+        let share = 1usize << (left.max(1).ilog2() as usize).div_ceil(rest.len() - i);
+        bs[d] = cap(d, share).max(1);
     }
     // The runtime shares the loop among programs where it is long enough.
     let shares = split.is_some_and(|s| {
