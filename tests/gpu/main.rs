@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod atomics;
 mod attention;
 mod autotune;
 mod bad_input;
