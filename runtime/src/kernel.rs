@@ -5,6 +5,7 @@ use crate::args::{ScalarArg, TensorArg};
 use crate::device::Device;
 use crate::error::{argument, driver, Error, Result};
 use crate::jit;
+use crate::private_copies::{self, PrivateLaunchShape, PrivatePlan};
 use crate::split_loop;
 use crate::split_tail::{self, SplitPlan};
 use crate::status;
@@ -690,7 +691,7 @@ pub(crate) fn launch_variant(
     let (stage_cap, shared_bytes) = match &private {
         // The copies take the room staged gathers would (their rows then
         // come from global memory).
-        Some(p) => (0, p.shared_bytes),
+        Some(p) => (0, p.shared_bytes as u32),
         None => gather_room(dev, &v.lowered, tensors),
     };
     let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
@@ -773,69 +774,53 @@ fn gather_room(dev: &Device, lowered: &Lowered, tensors: &[TensorArg]) -> (u64, 
     (need as u64, total as u32)
 }
 
-/// A launch's private copies ([`Lowered::private`]): its shared memory in
-/// all and its grid.
-struct PrivateRoom {
-    shared_bytes: u32,
-    blocks: u64,
-}
-
-/// Whether this launch gives the kernel's private copies shared memory: they
-/// fit beside its own, and each program's elements (the grid tiles it walks)
-/// are at least as many as the copies' entries it zeroes and flushes. Where
-/// the kernel walks the grid, one wave of programs, a multiple of the kept
-/// tiles' count so that each program keeps its tiles.
+/// Whether this launch gives the kernel's private copies shared memory, and
+/// its programs then ([`crate::private_copies::plan`]).
 fn private_room(
     dev: &Device,
     v: &Variant,
     tensors: &[TensorArg],
     scalars: &[ScalarArg],
     blocks: u64,
-) -> Result<Option<PrivateRoom>> {
+) -> Result<Option<PrivatePlan>> {
     let Some(p) = &v.lowered.private else {
         return Ok(None);
     };
-    let (mut entries, mut need) = (0usize, 0usize);
+    let (mut entries, mut bytes) = (0usize, 0usize);
     for c in &p.copies {
         let Some(t) = tensors.get(c.tensor) else {
             return Ok(None);
         };
         entries = entries.saturating_add(c.entries(&t.shape));
-        need = need.saturating_add(c.bytes(&t.shape));
+        bytes = bytes.saturating_add(c.bytes(&t.shape));
     }
-    let total = (v.lowered.shared_bytes as usize).next_multiple_of(16) + need;
-    if entries == 0 || total > gather_room_most(dev) {
-        return Ok(None);
-    }
-    let mut launch = blocks;
-    if p.walk {
+    let grid = &v.lowered.grid;
+    let kept_tiles = grid[grid.len().saturating_sub(p.kept)..]
+        .iter()
+        .map(|&(s, b)| {
+            let ext = scalars[s].int().map_or(0, |x| x.max(0) as u64);
+            ext.div_ceil(b as u64)
+        })
+        .product();
+    let shape = PrivateLaunchShape {
+        entries,
+        bytes,
+        base_bytes: v.lowered.shared_bytes as usize,
+        most_bytes: gather_room_most(dev),
+        programs: blocks,
+        kept_tiles,
+        tile_elems: p.tile_elems,
+        walk: p.walk,
+    };
+    private_copies::plan(&shape, |total| {
         let per_sm = v
             .function
             .occupancy_max_active_blocks_per_multiprocessor(v.lowered.threads, total, None)
             .map_err(driver(
                 "reading the occupancy of a kernel with private copies",
             ))?;
-        let wave = (dev.sm_count() as u64).saturating_mul(u64::from(per_sm.max(1)));
-        let grid = &v.lowered.grid;
-        let kept: u64 = grid[grid.len().saturating_sub(p.kept)..]
-            .iter()
-            .map(|&(s, b)| {
-                let ext = scalars[s].int().map_or(0, |x| x.max(0) as u64);
-                ext.div_ceil(b as u64)
-            })
-            .product();
-        let kept = kept.max(1);
-        launch = blocks.min((wave / kept).max(1).saturating_mul(kept));
-    }
-    let walked = blocks.div_ceil(launch.max(1));
-    let work = walked.saturating_mul(p.tile_elems as u64);
-    if work < entries as u64 {
-        return Ok(None);
-    }
-    Ok(Some(PrivateRoom {
-        shared_bytes: total as u32,
-        blocks: launch,
-    }))
+        Ok((dev.sm_count() as u64).saturating_mul(u64::from(per_sm.max(1))))
+    })
 }
 
 /// Bytes the kernel's own `__shared__` words (a reduction's flag, a few

@@ -22,6 +22,7 @@ pub mod launcher;
 pub mod libs;
 pub mod log;
 pub mod mode;
+pub mod private_copies;
 pub mod settings;
 pub mod side_stream;
 pub mod split_loop;
