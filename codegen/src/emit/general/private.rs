@@ -14,7 +14,8 @@
 //!
 //! The part a program reaches ([`PrivateCopy`]): the whole of each axis,
 //! except where every atomic indexes the axis by a grid tile as itself
-//! (`td` in the segment sum), whose block then suffices. Its size is known
+//! (`td` in a segment count's `out[(ids[tn], td)]`), whose block then
+//! suffices. Its size is known
 //! at launch only: the launch gives the copies shared memory when they fit
 //! and a program's work outweighs zeroing and flushing them, and says so in
 //! `tf_priv`; the atomics go to global memory otherwise.
