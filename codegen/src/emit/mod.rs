@@ -187,8 +187,9 @@ pub struct Lowered {
     pub gathers: Vec<general::GatherStage>,
     /// Tensors whose atomics the kernel adds into private copies in shared
     /// memory when the launch gives them room after [`Lowered::shared_bytes`]
-    /// (16-byte aligned, before any staged gathers' room) and passes
-    /// [`Param::PrivateOn`]; programs may then walk the grid.
+    /// (16-byte aligned) and passes [`Param::PrivateOn`]; programs may then
+    /// walk the grid. Such a launch gives staged gathers no room (they read
+    /// global memory).
     pub private: Option<general::PrivateLaunch>,
 }
 
