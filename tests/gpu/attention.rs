@@ -269,18 +269,22 @@ fn grouped_query_attention_matches_f64_on_the_wgmma_path() {
 #[test]
 fn attention_backward_matches_f64_with_tensor_core_addmm() {
     let Some(_dev) = gpu() else { return };
-    let cfg = Config::new(&[1, 1, 32, 64, 32]).num_warps(4);
-    for causal in [false, true] {
+    // 4 and 8 warps: the key loop's threads spread differently (over the
+    // queries alone, or over queries and keys).
+    for (warps, causal) in [(4, false), (4, true), (8, false), (8, true)] {
+        let cfg = Config::new(&[1, 1, 32, 64, 32]).num_warps(warps);
         let errs = attention_dkdv::kernel()
             .with_config(cfg.clone(), || {
                 attention_dq::kernel()
                     .with_config(cfg.clone(), || run_and_check([1, 2, 77, 64], causal))
             })
             .unwrap();
-        println!("attention backward 1x2x77x64 causal={causal}: rel err dq, dk, dv {errs:?}");
+        println!(
+            "attention backward 1x2x77x64 {warps} warps causal={causal}: rel err dq, dk, dv {errs:?}"
+        );
         assert!(
             errs.iter().all(|&e| e <= 1e-2),
-            "attention backward 1x2x77x64, causal={causal}: rel err dq, dk, dv {errs:?}"
+            "attention backward 1x2x77x64, {warps} warps, causal={causal}: rel err dq, dk, dv {errs:?}"
         );
     }
 }
@@ -288,21 +292,22 @@ fn attention_backward_matches_f64_with_tensor_core_addmm() {
 /// Variable-length attention in one launch over packed sequences of 100, 0,
 /// 257 and 9 tokens (empty, and ending mid-block), 4 heads of dimension 64,
 /// on the general lowering with both `addmm`s on the tensor cores, causal and
-/// not: each sequence against float64 over its own tokens.
+/// not, at blocks of 16 and 32 rows: each sequence against float64 over its
+/// own tokens.
 #[test]
 fn varlen_attention_matches_f64_per_sequence() {
     let Some(_dev) = gpu() else { return };
-    let cfg = Config::new(&[1, 1, 16, 64, 16, 16]).num_warps(4);
-    for causal in [false, true] {
+    for (rows, causal) in [(16, false), (16, true), (32, false), (32, true)] {
+        let cfg = Config::new(&[1, 1, rows, 64, rows, rows]).num_warps(4);
         let err = attention_varlen::kernel()
             .with_config(cfg.clone(), || {
                 run_varlen_and_check(&[100, 0, 257, 9], 4, 64, causal)
             })
             .unwrap();
-        println!("varlen attention causal={causal}: rel err {err:.2e}");
+        println!("varlen attention, {rows}-row blocks, causal={causal}: rel err {err:.2e}");
         assert!(
             err <= 1e-2,
-            "varlen attention causal={causal}: rel err {err}"
+            "varlen attention, {rows}-row blocks, causal={causal}: rel err {err}"
         );
     }
 }

@@ -101,6 +101,92 @@ impl Layout {
         }
     }
 
+    /// Every layout like [`Layout::blocked`]'s for these arguments (the same
+    /// runs and lanes along `contiguous`, the same lane order) but with the
+    /// other lanes and all the warps spread over the dimensions in every way
+    /// their blocks take: the candidates a level that multiplies tiles picks
+    /// from by the registers its values need ([`Layout::held`]). The first is
+    /// [`Layout::blocked`]'s own.
+    pub fn spreads(
+        dims: &[DimId],
+        block: &[usize],
+        contiguous: Option<usize>,
+        vec: usize,
+        warps: usize,
+        others: &[usize],
+        reduced: &[usize],
+    ) -> Vec<Layout> {
+        let base = Layout::blocked(dims, block, contiguous, vec, warps, others, reduced);
+        let n = dims.len();
+        let log2 = |x: usize| x.max(1).trailing_zeros() as usize;
+        // Lanes along the contiguous dimension stay as the base has them
+        // (16-byte runs, lanes across them: the accesses stay coalesced).
+        let fixed = contiguous.map_or(1, |c| base.tpw[c].min((block[c] / base.spt[c]).max(1)));
+        let lanes = 32 / fixed;
+        let mut out = vec![base.clone()];
+        let lane_caps: Vec<usize> = (0..n)
+            .map(|p| {
+                if Some(p) == contiguous {
+                    0
+                } else {
+                    log2(block[p] / base.spt[p])
+                }
+            })
+            .collect();
+        for lane_split in splits(log2(lanes), &lane_caps) {
+            let mut tpw = vec![1; n];
+            for p in 0..n {
+                tpw[p] = 1 << lane_split[p];
+            }
+            if let Some(c) = contiguous {
+                tpw[c] = fixed;
+            }
+            let warp_caps: Vec<usize> = (0..n)
+                .map(|p| log2(block[p] / (base.spt[p] * tpw[p])))
+                .collect();
+            let lanes_used: usize = tpw.iter().product();
+            for warp_split in splits(log2(warps.max(1)), &warp_caps) {
+                let mut wpc: Vec<usize> = warp_split.iter().map(|&e| 1 << e).collect();
+                let mut t = tpw.clone();
+                // Lanes and warps the blocks cannot use: copies, as in `blocked`.
+                if let Some(&first) = base.order.first() {
+                    t[first] *= 32 / lanes_used;
+                    let used: usize = wpc.iter().product();
+                    wpc[first] *= warps.max(1) / used;
+                }
+                let l = Layout {
+                    dims: dims.to_vec(),
+                    block: block.to_vec(),
+                    spt: base.spt.clone(),
+                    tpw: t,
+                    wpc,
+                    order: base.order.clone(),
+                };
+                if !out.contains(&l) {
+                    out.push(l);
+                }
+            }
+        }
+        out
+    }
+
+    /// Registers (in 4-byte words) a thread needs for values over each of
+    /// `values` (their dimensions and element bytes) in this layout: what a
+    /// level's candidate layouts are compared by.
+    pub fn held(&self, values: &[(Vec<DimId>, usize)]) -> usize {
+        values
+            .iter()
+            .map(|(dims, bytes)| {
+                let elems: usize = dims
+                    .iter()
+                    .filter_map(|&d| self.pos(d))
+                    .map(|p| self.per_thread(p))
+                    .product();
+                (elems * bytes).div_ceil(4)
+            })
+            .sum()
+    }
+
     /// The position of `d` in the layout's dimensions.
     pub fn pos(&self, d: DimId) -> Option<usize> {
         self.dims.iter().position(|&x| x == d)
@@ -249,6 +335,31 @@ impl Layout {
     }
 }
 
+/// Every way to split `total` (an exponent of two) over positions, at most
+/// `caps[p]` at position `p`; where the caps sum to less, the leftover is
+/// not placed (the caller makes it copies).
+fn splits(total: usize, caps: &[usize]) -> Vec<Vec<usize>> {
+    let room: usize = caps.iter().sum();
+    let total = total.min(room);
+    let mut out = Vec::new();
+    let mut cur = vec![0; caps.len()];
+    fn go(p: usize, left: usize, caps: &[usize], cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if p == caps.len() {
+            if left == 0 {
+                out.push(cur.clone());
+            }
+            return;
+        }
+        for e in 0..=caps[p].min(left) {
+            cur[p] = e;
+            go(p + 1, left - e, caps, cur, out);
+        }
+        cur[p] = 0;
+    }
+    go(0, total, caps, &mut cur, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,6 +403,83 @@ mod tests {
             .map(|t| l.coords(0, t % 32, t / 32).iter().flatten().count())
             .sum();
         assert_eq!(held, 16);
+    }
+
+    /// Every element of the block is held exactly once (copies aside).
+    fn covers_once(l: &Layout, threads: usize) -> bool {
+        let total: usize = l.block.iter().product();
+        let mut seen = vec![0u32; total];
+        for t in 0..threads {
+            let (lane, warp) = (t % 32, t / 32);
+            let per: Vec<Vec<Option<usize>>> =
+                (0..l.dims.len()).map(|p| l.coords(p, lane, warp)).collect();
+            let mut idx = vec![0usize; per.len()];
+            'elems: loop {
+                let mut flat = Some(0usize);
+                for p in 0..per.len() {
+                    flat = match (flat, per[p][idx[p]]) {
+                        (Some(f), Some(c)) => Some(f * l.block[p] + c),
+                        _ => None,
+                    };
+                }
+                if let Some(f) = flat {
+                    seen[f] += 1;
+                }
+                for p in (0..per.len()).rev() {
+                    idx[p] += 1;
+                    if idx[p] < per[p].len() {
+                        continue 'elems;
+                    }
+                    idx[p] = 0;
+                }
+                break;
+            }
+        }
+        seen.iter().all(|&n| n == 1)
+    }
+
+    #[test]
+    fn every_spread_holds_each_element_once_and_keeps_the_runs() {
+        // Attention's backward key loop: [tm: 32, td: 64, tn: 32], td contiguous.
+        for warps in [1, 4, 8] {
+            let c = Layout::spreads(&[0, 1, 2], &[32, 64, 32], Some(1), 8, warps, &[0, 2], &[]);
+            assert_eq!(
+                c[0],
+                Layout::blocked(&[0, 1, 2], &[32, 64, 32], Some(1), 8, warps, &[0, 2], &[])
+            );
+            assert!(c.len() >= 3, "{} spreads at {warps} warps", c.len());
+            for l in &c {
+                assert!(covers_once(l, warps * 32), "{l:?}");
+                assert_eq!((l.spt[1], l.tpw[1]), (8, 8), "the runs stay: {l:?}");
+                assert_eq!(l.tpw.iter().product::<usize>(), 32);
+                assert_eq!(l.wpc.iter().product::<usize>(), warps);
+            }
+        }
+        // Blocks too small for the threads: the rest are copies.
+        for l in Layout::spreads(&[0, 1], &[2, 16], Some(1), 8, 4, &[0], &[]) {
+            assert!(covers_once(&l, 128), "{l:?}");
+        }
+    }
+
+    #[test]
+    fn the_registers_held_pick_a_spread_that_splits_both_tiles() {
+        // Scores [tm, tn] and an accumulator [tm, td] with operands [tn, td]:
+        // threads only on tm (the grid-first spread) hold every key in every
+        // thread; a split between tm and tn holds fewer.
+        let c = Layout::spreads(&[0, 1, 2], &[32, 64, 32], Some(1), 8, 4, &[0, 2], &[]);
+        let values = vec![
+            (vec![0, 2], 4),
+            (vec![0, 2], 4),
+            (vec![0, 1], 4),
+            (vec![2, 1], 2),
+            (vec![2, 1], 2),
+        ];
+        // Grid-first: 2 rows and 32 keys a thread, 8 of the head dimension:
+        // 2 · 64 + 16 + 2 · 128 words.
+        let base = c[0].held(&values);
+        assert_eq!(base, 400);
+        let best = c.iter().map(|l| l.held(&values)).min().unwrap();
+        assert!(best * 3 <= base * 2, "{best} against {base}");
     }
 
     #[test]

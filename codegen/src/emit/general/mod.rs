@@ -820,15 +820,51 @@ impl Gen<'_, '_> {
                 });
             }
         }
-        Layout::blocked(
-            &dims,
-            &block,
-            contiguous,
-            vec,
-            self.e.cfg.num_warps,
-            &others,
-            &reduced,
-        )
+        let warps = self.e.cfg.num_warps;
+        if !multiplies {
+            return Layout::blocked(&dims, &block, contiguous, vec, warps, &others, &reduced);
+        }
+        // Where the level multiplies tiles, its values differ in their tiles
+        // (scores over queries and keys, accumulators over queries and the head
+        // dimension, operands over keys and the head dimension): one spread of
+        // the threads leaves some whole in every thread, and no fixed order
+        // suits every kernel. Take the spread whose values need the fewest
+        // registers, the grid-first one unless another needs a tenth fewer.
+        let values = self.level_values(level);
+        let candidates = Layout::spreads(&dims, &block, contiguous, vec, warps, &others, &reduced);
+        let base = candidates[0].held(&values);
+        let best = candidates
+            .iter()
+            .min_by_key(|l| l.held(&values))
+            .filter(|l| l.held(&values) * 10 <= base * 9)
+            .unwrap_or(&candidates[0]);
+        best.clone()
+    }
+
+    /// The tiles and element sizes of the values a level holds in registers:
+    /// its `let`s and assignments, and the loads, reductions and products
+    /// inside them (an elementwise expression's inner nodes are computed
+    /// element by element and are not held).
+    fn level_values(&self, level: &[&Stmt]) -> Vec<(Vec<DimId>, usize)> {
+        let mut out = Vec::new();
+        for s in level {
+            if let Stmt::Let { value, .. } | Stmt::Assign { value, .. } = s {
+                let t = self.ty(value);
+                out.push((t.dims, t.dtype.size()));
+            }
+            for e in s.exprs() {
+                e.walk(&mut |x| {
+                    if matches!(
+                        x,
+                        Expr::Load { .. } | Expr::Reduce { .. } | Expr::Addmm { .. }
+                    ) {
+                        let t = self.ty(x);
+                        out.push((t.dims, t.dtype.size()));
+                    }
+                });
+            }
+        }
+        out
     }
 
     fn stmts(
