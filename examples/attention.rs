@@ -5,7 +5,7 @@
 //! times it next to cuBLAS's GEMM rate.
 //!
 //! ```text
-//! cargo run --release --example attention -- [B H S D] [--causal] [--kv-heads HK] [--bench]   (default 2 3 1000 80)
+//! cargo run --release --example attention -- [B H S D] [--causal] [--kv-heads HK | --varlen] [--bench]   (default 2 3 1000 80)
 //! ```
 //!
 //! `--kv-heads HK` runs grouped-query attention ([`attention_gqa`]): `k` and `v`
@@ -168,6 +168,19 @@ pub fn run_varlen_and_check(
     d: usize,
     causal: bool,
 ) -> tilefuse::Result<f64> {
+    Ok(run_varlen(lens, h, d, causal, false)?.0)
+}
+
+/// [`run_varlen_and_check`], or with `bench` a check of the first and last
+/// sequences' first head (every 97th row and the last three) and then the
+/// launch timed: the error and the median time in ms.
+pub fn run_varlen(
+    lens: &[usize],
+    h: usize,
+    d: usize,
+    causal: bool,
+    bench: bool,
+) -> tilefuse::Result<(f64, Option<f64>)> {
     let mut cu = vec![0i64];
     for &l in lens {
         cu.push(cu[cu.len() - 1] + l as i64);
@@ -179,8 +192,9 @@ pub fn run_varlen_and_check(
     let v = random_tensor::<bf16>([total, h, d], 1.0)?;
     let cu_seqlens = Tensor::from_slice(&cu, [cu.len()])?;
     let out = poisoned::<bf16>([total, h, d])?;
-    let scale = 0.3f32;
-    attention_varlen(&q, &k, &v, &cu_seqlens, &out, max_seqlen, scale, causal)?;
+    let scale = if bench { 1.0 / (d as f32).sqrt() } else { 0.3 };
+    let launch = || attention_varlen(&q, &k, &v, &cu_seqlens, &out, max_seqlen, scale, causal);
+    launch()?;
     let host = |t: &Tensor<bf16>| -> tilefuse::Result<Vec<f64>> {
         Ok(t.to_vec()?.into_iter().map(f64::from).collect())
     };
@@ -191,18 +205,42 @@ pub fn run_varlen_and_check(
             .flat_map(|t| x[(t * h + hh) * d..(t * h + hh + 1) * d].to_vec())
             .collect()
     };
-    let mut want = vec![0.0; total * h * d];
-    for (b, &len) in lens.iter().enumerate() {
-        for hh in 0..h {
+    let (sequences, heads): (Vec<usize>, Vec<usize>) = if bench {
+        (vec![0, lens.len().saturating_sub(1)], vec![0])
+    } else {
+        ((0..lens.len()).collect(), (0..h).collect())
+    };
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for &b in sequences.iter().filter(|&&b| b < lens.len()) {
+        let len = lens[b];
+        let rows: Vec<usize> = if bench {
+            (0..len)
+                .step_by(97)
+                .chain(len.saturating_sub(3)..len)
+                .collect()
+        } else {
+            (0..len).collect()
+        };
+        for &hh in &heads {
             let (qs, ks, vs) = (slice(&qh, b, hh), slice(&kh, b, hh), slice(&vh, b, hh));
-            for r in 0..len {
-                let row = reference_row(&qs, &ks, &vs, r, (len, d), f64::from(scale), causal);
+            for &r in &rows {
+                let want = reference_row(&qs, &ks, &vs, r, (len, d), f64::from(scale), causal);
                 let t = cu[b] as usize + r;
-                want[(t * h + hh) * d..(t * h + hh + 1) * d].copy_from_slice(&row);
+                for (c, w) in want.iter().enumerate() {
+                    num += (oh[(t * h + hh) * d + c] - w).powi(2);
+                    den += w * w;
+                }
             }
         }
     }
-    Ok(tilefuse_testkit::rel_error(&oh, &want, |x| x, |x| x))
+    let err = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+    let dev = Device::current()?;
+    let ms = if bench && !dev.is_host() {
+        Some(tilefuse::time_gpu(&dev, 3, 20, true, launch)?.median_ms)
+    } else {
+        None
+    };
+    Ok((err, ms))
 }
 
 /// The float64 attention of one `(batch, head)` slice's query `row`: `q`, `k`, `v`
@@ -260,6 +298,11 @@ struct Cli {
     /// Time it next to cuBLAS's GEMMs of the same FLOPs.
     #[arg(long)]
     bench: bool,
+    /// Variable-length sequences packed in one launch (`attention_varlen`): B
+    /// sequences of 0.4·S to S tokens, evenly spread (30% of a padded
+    /// batch's S·B rows are padding), against the padded run's S.
+    #[arg(long, conflicts_with = "kv_heads")]
+    varlen: bool,
 }
 
 struct Args {
@@ -268,6 +311,7 @@ struct Args {
     /// Key and value heads; `None`: one per query head.
     kv_heads: Option<usize>,
     bench: bool,
+    varlen: bool,
 }
 
 fn parse(cli: Cli) -> Result<Args, String> {
@@ -296,10 +340,63 @@ fn parse(cli: Cli) -> Result<Args, String> {
         causal: cli.causal,
         kv_heads: cli.kv_heads,
         bench: cli.bench,
+        varlen: cli.varlen,
     })
 }
 
+/// Sequence lengths for `--varlen`: `b` of them from 0.4·`s` to `s`, evenly
+/// spread (a mean of 0.7·`s`: 30% of a padded batch is padding).
+fn varlen_lengths(b: usize, s: usize) -> Vec<usize> {
+    (0..b)
+        .map(|i| {
+            let f = if b > 1 {
+                i as f64 / (b - 1) as f64
+            } else {
+                1.0
+            };
+            ((s as f64 * (0.4 + 0.6 * f)).round() as usize).clamp(1, s)
+        })
+        .collect()
+}
+
+fn run_packed(a: &Args) -> tilefuse::Result<bool> {
+    let dev = Device::current()?;
+    let [b, h, s, d] = a.shape;
+    let lens = varlen_lengths(b, s);
+    let total: usize = lens.iter().sum();
+    println!(
+        "device: {} ({}), variable-length attention over {b} packed sequences of {}..{} tokens ({total} of {} padded rows, {:.0}% padding), {h} heads of {d} bf16{}",
+        dev.name(),
+        dev.arch(),
+        lens.iter().min().unwrap_or(&0),
+        lens.iter().max().unwrap_or(&0),
+        b * s,
+        100.0 * (1.0 - total as f64 / (b * s) as f64),
+        if a.causal { ", causal" } else { "" }
+    );
+    let (err, ms) = run_varlen(&lens, h, d, a.causal, a.bench)?;
+    let ok = err <= 1e-2;
+    println!(
+        "check: ‖out − ref‖/‖ref‖ = {err:.2e} ({})",
+        if ok { "ok" } else { "FAILED" }
+    );
+    if let Some(ms) = ms {
+        // The FLOPs done: 4·H·len²·D a sequence, half of it under a causal mask.
+        let work: f64 = lens.iter().map(|&l| 4.0 * (h * l * l * d) as f64).sum();
+        let flops = work / if a.causal { 2.0 } else { 1.0 };
+        println!(
+            "varlen attention{}: {ms:.3} ms, {:.0} TFLOP/s (compare with the padded {b}x{h}x{s}x{d} run's time)",
+            if a.causal { " (causal)" } else { "" },
+            flops / ms / 1e9
+        );
+    }
+    Ok(ok)
+}
+
 fn run(a: &Args) -> tilefuse::Result<bool> {
+    if a.varlen {
+        return run_packed(a);
+    }
     let dev = Device::current()?;
     let [b, h, s, d] = a.shape;
     let hk = a.kv_heads.unwrap_or(h);
@@ -394,7 +491,9 @@ fn main() -> ExitCode {
     match parse(cli) {
         Ok(a) => exit_code(run(&a)),
         Err(e) => {
-            eprintln!("usage: attention [B H S D] [--causal] [--kv-heads HK] [--bench]: {e}");
+            eprintln!(
+                "usage: attention [B H S D] [--causal] [--kv-heads HK | --varlen] [--bench]: {e}"
+            );
             ExitCode::from(2)
         }
     }

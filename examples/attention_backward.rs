@@ -7,14 +7,14 @@
 //! float64.
 //!
 //! ```text
-//! cargo run --release --example attention_backward -- [B H S D] [--causal]   (default 1 2 200 64)
+//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--bench]   (default 1 2 200 64)
 //! ```
 //!
 //! The forward takes the attention program. The backward's kernels (three
-//! `addmm`s a loop) take the general lowering for now, whose `addmm` multiplies
-//! with FMAs through shared memory: correct (interpret mode checks it in CI),
-//! but on a GPU slow to compile and to run, its tiles spilling. Putting them on
-//! tensor cores is the next step (issue 36).
+//! `addmm`s a loop) take the general lowering, whose `addmm`s run on the
+//! tensor cores (`mma.sync`) through shared memory: correct (interpret mode
+//! checks it in CI, the GPU suite on a GPU), but far from FlashAttention's
+//! backward speed, which needs a fast path of its own (issue 36).
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -213,50 +213,104 @@ pub fn reference_grads(
     (dq, dk, dv)
 }
 
+/// One problem's tensors: fresh random `q`, `k`, `v` and `dout` of `[b, h, s,
+/// d]`, the rest poisoned until the kernels write them.
+pub struct Problem {
+    pub shape: [usize; 4],
+    pub causal: bool,
+    scale: f32,
+    q: Tensor<bf16>,
+    k: Tensor<bf16>,
+    v: Tensor<bf16>,
+    dout: Tensor<bf16>,
+    out: Tensor<bf16>,
+    lse: Tensor<f32>,
+    delta: Tensor<f32>,
+    dq: Tensor<bf16>,
+    dk: Tensor<bf16>,
+    dv: Tensor<bf16>,
+}
+
+impl Problem {
+    pub fn new(shape: [usize; 4], causal: bool) -> tilefuse::Result<Problem> {
+        let [b, h, s, d] = shape;
+        Ok(Problem {
+            shape,
+            causal,
+            scale: 1.0 / (d as f32).sqrt(),
+            q: random_tensor::<bf16>([b, h, s, d], 1.0)?,
+            k: random_tensor::<bf16>([b, h, s, d], 1.0)?,
+            v: random_tensor::<bf16>([b, h, s, d], 1.0)?,
+            dout: random_tensor::<bf16>([b, h, s, d], 1.0)?,
+            out: poisoned::<bf16>([b, h, s, d])?,
+            lse: poisoned::<f32>([b, h, s])?,
+            delta: poisoned::<f32>([b, h, s])?,
+            dq: poisoned::<bf16>([b, h, s, d])?,
+            dk: poisoned::<bf16>([b, h, s, d])?,
+            dv: poisoned::<bf16>([b, h, s, d])?,
+        })
+    }
+
+    /// The forward, saving `out` and the log-sum-exp.
+    pub fn forward(&self) -> tilefuse::Result<()> {
+        let p = self;
+        attention_lse(&p.q, &p.k, &p.v, &p.out, &p.lse, p.scale, p.causal)
+    }
+
+    /// The backward: `delta`, then dK and dV, then dQ.
+    pub fn backward(&self) -> tilefuse::Result<()> {
+        let p = self;
+        attention_delta(&p.out, &p.dout, &p.delta)?;
+        attention_dkdv(
+            &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dk, &p.dv, p.scale, p.causal,
+        )?;
+        attention_dq(
+            &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dq, p.scale, p.causal,
+        )
+    }
+
+    /// The relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV over the
+    /// `(batch, head)` slices `slices` (flat indices), against float64.
+    pub fn errors(&self, slices: &[usize]) -> tilefuse::Result<[f64; 3]> {
+        let [_, _, s, d] = self.shape;
+        let host = |t: &Tensor<bf16>| -> tilefuse::Result<Vec<f64>> {
+            Ok(t.to_vec()?.iter().map(|x| x.to_f64()).collect())
+        };
+        let (qh, kh, vh, oh) = (
+            host(&self.q)?,
+            host(&self.k)?,
+            host(&self.v)?,
+            host(&self.dout)?,
+        );
+        let got = [host(&self.dq)?, host(&self.dk)?, host(&self.dv)?];
+        let (mut num, mut den) = ([0.0f64; 3], [0.0f64; 3]);
+        let n = s * d;
+        for &sl in slices {
+            let at = |x: &[f64]| x[sl * n..(sl + 1) * n].to_vec();
+            let (rq, rk, rv) = reference_grads(
+                (&at(&qh), &at(&kh), &at(&vh), &at(&oh)),
+                (s, s, d),
+                f64::from(self.scale),
+                self.causal,
+            );
+            for (g, want) in [rq, rk, rv].iter().enumerate() {
+                for (i, w) in want.iter().enumerate() {
+                    num[g] += (got[g][sl * n + i] - w).powi(2);
+                    den[g] += w * w;
+                }
+            }
+        }
+        Ok([0, 1, 2].map(|g| (num[g] / den[g].max(f64::MIN_POSITIVE)).sqrt()))
+    }
+}
+
 /// Forward and backward on `[b, h, s, d]` inputs with a random `dout`; the
 /// relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV over every slice.
 pub fn run_and_check(shape: [usize; 4], causal: bool) -> tilefuse::Result<[f64; 3]> {
-    let [b, h, s, d] = shape;
-    let q = random_tensor::<bf16>([b, h, s, d], 1.0)?;
-    let k = random_tensor::<bf16>([b, h, s, d], 1.0)?;
-    let v = random_tensor::<bf16>([b, h, s, d], 1.0)?;
-    let dout = random_tensor::<bf16>([b, h, s, d], 1.0)?;
-    let out = poisoned::<bf16>([b, h, s, d])?;
-    let lse = poisoned::<f32>([b, h, s])?;
-    let delta = poisoned::<f32>([b, h, s])?;
-    let (dq, dk, dv) = (
-        poisoned::<bf16>([b, h, s, d])?,
-        poisoned::<bf16>([b, h, s, d])?,
-        poisoned::<bf16>([b, h, s, d])?,
-    );
-    let scale = 1.0 / (d as f32).sqrt();
-    attention_lse(&q, &k, &v, &out, &lse, scale, causal)?;
-    attention_delta(&out, &dout, &delta)?;
-    attention_dkdv(&q, &k, &v, &dout, &lse, &delta, &dk, &dv, scale, causal)?;
-    attention_dq(&q, &k, &v, &dout, &lse, &delta, &dq, scale, causal)?;
-    let host = |t: &Tensor<bf16>| -> tilefuse::Result<Vec<f64>> {
-        Ok(t.to_vec()?.iter().map(|x| x.to_f64()).collect())
-    };
-    let (qh, kh, vh, oh) = (host(&q)?, host(&k)?, host(&v)?, host(&dout)?);
-    let got = [host(&dq)?, host(&dk)?, host(&dv)?];
-    let (mut num, mut den) = ([0.0f64; 3], [0.0f64; 3]);
-    let n = s * d;
-    for sl in 0..b * h {
-        let at = |x: &[f64]| x[sl * n..(sl + 1) * n].to_vec();
-        let (rq, rk, rv) = reference_grads(
-            (&at(&qh), &at(&kh), &at(&vh), &at(&oh)),
-            (s, s, d),
-            f64::from(scale),
-            causal,
-        );
-        for (g, want) in [rq, rk, rv].iter().enumerate() {
-            for (i, w) in want.iter().enumerate() {
-                num[g] += (got[g][sl * n + i] - w).powi(2);
-                den[g] += w * w;
-            }
-        }
-    }
-    Ok([0, 1, 2].map(|g| (num[g] / den[g].max(f64::MIN_POSITIVE)).sqrt()))
+    let p = Problem::new(shape, causal)?;
+    p.forward()?;
+    p.backward()?;
+    p.errors(&(0..shape[0] * shape[1]).collect::<Vec<_>>())
 }
 
 /// attention_backward's command line.
@@ -272,6 +326,10 @@ struct Cli {
     /// A causal mask.
     #[arg(long)]
     causal: bool,
+    /// Time the backward (delta, dK/dV, dQ) after the check; at large sizes
+    /// only the first and last slices are checked.
+    #[arg(long)]
+    bench: bool,
 }
 
 fn main() -> ExitCode {
@@ -284,14 +342,14 @@ fn main() -> ExitCode {
         [] => [1, 2, 200, 64],
         [b, h, s, d] if [*b, *h, *s, *d].contains(&0) => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal]: every size must be at least 1"
+                "usage: attention_backward [B H S D] [--causal] [--bench]: every size must be at least 1"
             );
             return ExitCode::from(2);
         }
         [b, h, s, d] => [*b, *h, *s, *d],
         other => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal]: expected four sizes, got {}",
+                "usage: attention_backward [B H S D] [--causal] [--bench]: expected four sizes, got {}",
                 other.len()
             );
             return ExitCode::from(2);
@@ -306,15 +364,39 @@ fn main() -> ExitCode {
             dev.arch(),
             if cli.causal { ", causal" } else { "" }
         );
-        let errs = run_and_check(shape, cli.causal)?;
+        let p = Problem::new(shape, cli.causal)?;
+        p.forward()?;
+        p.backward()?;
+        // Every slice when the float64 reference is cheap, else the first and last.
+        let work = (b * h * s) as f64 * s as f64 * d as f64;
+        let slices: Vec<usize> = if work <= 2e9 {
+            (0..b * h).collect()
+        } else {
+            vec![0, b * h - 1]
+        };
+        let errs = p.errors(&slices)?;
         let ok = errs.iter().all(|e| *e <= 2e-2);
         println!(
-            "check: ‖g − ref‖/‖ref‖ dQ {:.2e}, dK {:.2e}, dV {:.2e} ({})",
+            "check ({} slices): ‖g − ref‖/‖ref‖ dQ {:.2e}, dK {:.2e}, dV {:.2e} ({})",
+            slices.len(),
             errs[0],
             errs[1],
             errs[2],
             if ok { "ok" } else { "FAILED" }
         );
+        if cli.bench && !dev.is_host() {
+            // FlashAttention's count for the backward: 2.5 times the forward's
+            // 4·B·H·S²·D (five products of the forward's size against two),
+            // half of it under a causal mask.
+            let flops = 10.0 * work / if cli.causal { 2.0 } else { 1.0 };
+            let t = tilefuse::time_gpu(&dev, 3, 20, true, || p.backward())?;
+            println!(
+                "attention backward{}: {:.3} ms, {:.0} TFLOP/s",
+                if cli.causal { " (causal)" } else { "" },
+                t.median_ms,
+                flops / t.median_ms / 1e9
+            );
+        }
         Ok(ok)
     };
     exit_code(run())
