@@ -471,7 +471,10 @@ fn attention_backward_compiles_with_tensor_core_addmm() {
     let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
         .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));
     let spilled = spill_stores(&log).unwrap_or_else(|| panic!("no report in\n{log}"));
-    assert_eq!(spilled, 0, "{cfg} spills:\n{log}");
+    assert!(
+        spilled <= spill_allowed(),
+        "{cfg} spills {spilled} bytes:\n{log}"
+    );
 }
 
 #[test]
@@ -652,6 +655,10 @@ fn varlen_attention_compiles_with_tensor_core_addmm() {
         let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
             .unwrap_or_else(|e| panic!("{} {wide}: {e}", def.name()));
         let spilled = spill_stores(&log).unwrap_or_else(|| panic!("no report in\n{log}"));
-        assert_eq!(spilled, 0, "{wide} {:?} spills:\n{log}", spec.constexprs);
+        assert!(
+            spilled <= spill_allowed(),
+            "{wide} {:?} spills {spilled} bytes:\n{log}",
+            spec.constexprs
+        );
     }
 }
