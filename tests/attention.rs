@@ -294,3 +294,62 @@ fn attention_backward_spreads_its_threads_over_the_accumulators() {
         "{layout}"
     );
 }
+
+/// The untuned defaults of the general lowering's kernels that multiply
+/// tiles: the products' rows, columns and contracted tiles at 32 (the tensor
+/// cores' pieces), one head a program, 8 warps; varlen's block of query rows
+/// as wide as its loop's. (The memory-bound default gave attention's
+/// backward `[4, 8, 8, 128, 1]`: single-key products off the tensor cores,
+/// 32 heads a program.)
+#[test]
+fn kernels_that_multiply_default_to_tensor_core_tiles() {
+    use common::examples::attention_backward::{attention_dkdv, attention_dq};
+    use tilefuse::codegen::config::{default_config_at, Target};
+    use tilefuse::codegen::{fit_default, fit_whole_dims};
+    let hopper = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    let varlen = attention::attention_varlen::kernel();
+    // dims: b, th, tq, td, tm, tn; then tb, th, t(m|n), td, t(n|m).
+    let cases = [
+        (
+            varlen,
+            vec![Some(8), Some(16), Some(4096), Some(128), None, None],
+            vec![1, 1, 32, 128, 32, 32],
+        ),
+        (
+            attention_dq::kernel(),
+            vec![Some(4), Some(16), Some(2048), Some(128), Some(2048)],
+            vec![1, 1, 32, 128, 32],
+        ),
+        (
+            attention_dkdv::kernel(),
+            vec![Some(4), Some(16), Some(2048), Some(128), Some(2048)],
+            vec![1, 1, 32, 128, 32],
+        ),
+        // Short sequences: the tiles shrink to the extent, not below 16.
+        (
+            attention_dq::kernel(),
+            vec![Some(1), Some(2), Some(10), Some(40), Some(10)],
+            vec![1, 1, 16, 64, 16],
+        ),
+    ];
+    for (def, ext, want) in cases {
+        let mut spec = def.declared_spec().unwrap();
+        spec.constexprs = vec![1];
+        let k = def.ir().unwrap();
+        let c = default_config_at(k, &spec, hopper, &ext);
+        let c = fit_whole_dims(k, fit_default(k, c, &ext), &ext);
+        assert_eq!(c.block_sizes, want, "{}: {c}", def.name());
+        assert_eq!(c.num_warps, 8, "{}: {c}", def.name());
+        let l = def.lower(&spec, &c).unwrap();
+        assert_eq!(l.path, "general");
+        assert!(
+            l.source.contains("tf_mma_bf16("),
+            "{}: products off the tensor cores at {c}",
+            def.name()
+        );
+    }
+}

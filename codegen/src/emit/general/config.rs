@@ -229,8 +229,12 @@ fn walk_level<'a>(k: &Kernel, stmts: &'a [Stmt], f: &mut dyn FnMut(DimId, &'a [S
 /// tiles as much larger, so each SM keeps as many bytes in flight; one whose
 /// loop down rows the runtime shares among programs gets one warp and a
 /// tile of its own (`SHARED_WARPS`).
+/// A kernel with products (`addmm`) takes [`super::products::default_config`]'s.
 pub fn default_config(k: &Kernel, extents: &[Option<usize>]) -> Config {
-    fitted(k, extents, super::split::find(k).as_ref())
+    match super::products::find(k) {
+        Some(p) => super::products::default_config(k, &p, extents),
+        None => fitted(k, extents, super::split::find(k).as_ref()),
+    }
 }
 
 /// [`default_config`] for a kernel whose loop `split` its programs may share

@@ -2,6 +2,7 @@
 //! configs, tuning space and emitter are the general lowering's own
 //! ([`super::default_config`], [`super::axes`], [`super::seeds`]).
 
+use super::products::{self, Products};
 use super::split::{self, SplitLoop};
 use crate::config::{Config, Target};
 use crate::emit::options::{no_matmul_options, no_split, MATMUL_ONLY};
@@ -20,6 +21,8 @@ pub(crate) struct General;
 pub(crate) struct GeneralPlan {
     /// The loop its programs may share ([`split`]).
     pub split: Option<SplitLoop>,
+    /// The tiles its `addmm`s run over, if it has any ([`products`]).
+    pub products: Option<Products>,
 }
 
 impl Lowering for General {
@@ -32,6 +35,7 @@ impl Lowering for General {
     fn take(&self, k: &Kernel) -> Option<GeneralPlan> {
         Some(GeneralPlan {
             split: split::find(k),
+            products: products::find(k),
         })
     }
 
@@ -42,7 +46,10 @@ impl Lowering for General {
     }
 
     fn default_config(&self, k: &Kernel, p: &GeneralPlan) -> Config {
-        super::config::fitted(k, &[], p.split.as_ref())
+        match &p.products {
+            Some(m) => products::default_config(k, m, &[]),
+            None => super::config::fitted(k, &[], p.split.as_ref()),
+        }
     }
 
     /// Its default for these extents.
@@ -53,7 +60,10 @@ impl Lowering for General {
         _default: Config,
         extents: &[Option<usize>],
     ) -> Config {
-        super::config::fitted(k, extents, p.split.as_ref())
+        match &p.products {
+            Some(m) => products::default_config(k, m, extents),
+            None => super::config::fitted(k, extents, p.split.as_ref()),
+        }
     }
 
     fn axes(&self, k: &Kernel, p: &GeneralPlan, _target: Target) -> Vec<Axis> {

@@ -31,6 +31,7 @@ pub(crate) mod lowering;
 mod memory;
 mod pipeline;
 mod private;
+mod products;
 mod rand;
 mod reduce;
 pub(crate) mod split;
