@@ -3,11 +3,12 @@
 //! rowsum(dO ∘ O)`; one kernel per key tile accumulates dK and dV over the
 //! query tiles and one per query tile accumulates dQ over the key tiles, each
 //! recomputing the probabilities from `q`, `k` and the saved log-sum-exp
-//! instead of storing them. Causal or not. Every gradient is checked against
-//! float64.
+//! instead of storing them. Causal or not; grouped-query (`--kv-heads HK`:
+//! each key/value head shared by `H / HK` query heads, its dK and dV summed
+//! over them). Every gradient is checked against float64.
 //!
 //! ```text
-//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--bench]   (default 1 2 200 64)
+//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench]   (default 1 2 200 64)
 //! ```
 //!
 //! The forward takes the attention program. The backward's kernels (three
@@ -20,8 +21,10 @@ use std::process::ExitCode;
 use tilefuse::prelude::*;
 use tilefuse_testkit::{exit_code, poisoned, random_tensor};
 
-/// The forward of `examples/attention.rs`, also storing each row's
-/// log-sum-exp of its scaled scores (`lse`, `[B, H, S]` f32) for the backward.
+/// The forward of `examples/attention.rs` (grouped-query as
+/// `attention_gqa`: `k` and `v` may have fewer heads, each shared by `H / HK`
+/// query heads), also storing each row's log-sum-exp of its scaled scores
+/// (`lse`, `[B, H, S]` f32) for the backward.
 #[fused_kernel]
 pub fn attention_lse(
     q: &Tensor<bf16>,
@@ -33,7 +36,15 @@ pub fn attention_lse(
     #[constexpr] causal: bool,
 ) {
     let [b, h, s, d] = q.shape();
-    let [_, _, sk, _] = k.shape();
+    let [_, hk, sk, _] = k.shape();
+    if hk == 0 || h % hk != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "attention_lse".into(),
+            arg: "k".into(),
+            message: format!("{hk} key/value heads do not divide the {h} query heads"),
+        });
+    }
+    let group = h / hk;
     for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
         let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);
         let mut denom = zeros::<f32>([tb, th, tm]);
@@ -42,7 +53,7 @@ pub fn attention_lse(
             let x = addmm(
                 zeros::<f32>([tb, th, tm, tn]),
                 q[(tb, th, tm, td)],
-                k[(tb, th, tn, td)],
+                k[(tb, th / group, tn, td)],
             ) * scale;
             let x = if causal {
                 select(tm.index() >= tn.index(), x, f32::NEG_INFINITY)
@@ -53,7 +64,7 @@ pub fn attention_lse(
             let p = exp(x - new_max);
             let alpha = exp(row_max - new_max);
             denom = denom * alpha + p.sum(tn);
-            acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th, tn, td)]);
+            acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th / group, tn, td)]);
             row_max = new_max;
         }
         out[(tb, th, tm, td)] = (acc / denom).cast();
@@ -124,8 +135,69 @@ pub fn attention_dkdv(
     }
 }
 
+/// dK and dV of grouped-query attention: `k` and `v` have `HK` heads, each
+/// shared by `H / HK` consecutive query heads, so a key/value head's
+/// gradients sum over its group's query heads (`for g in tile(each(group))`)
+/// as well as their query tiles. `HK = H` computes what [`attention_dkdv`]
+/// does.
+#[fused_kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dkdv_gqa(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    dout: &Tensor<bf16>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &Tensor<bf16>,
+    dv: &Tensor<bf16>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, hk, sk, _] = k.shape();
+    if hk == 0 || h % hk != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "attention_dkdv_gqa".into(),
+            arg: "k".into(),
+            message: format!("{hk} key/value heads do not divide the {h} query heads"),
+        });
+    }
+    let group = h / hk;
+    for (tb, th, tn, td) in tile([b, hk, sk, whole(d)]) {
+        let mut dk_acc = zeros::<f32>([tb, th, tn, td]);
+        let mut dv_acc = zeros::<f32>([tb, th, tn, td]);
+        for g in tile(each(group)) {
+            for tm in tile(s) {
+                let x = addmm(
+                    zeros::<f32>([tb, th, tm, tn]),
+                    q[(tb, th * group + g, tm, td)],
+                    k[(tb, th, tn, td)],
+                ) * scale;
+                let p = exp(x - lse[(tb, th * group + g, tm)]);
+                let p = if causal {
+                    select(tm.index() >= tn.index(), p, 0.0)
+                } else {
+                    p
+                };
+                dv_acc = addmm(dv_acc, p.cast::<bf16>(), dout[(tb, th * group + g, tm, td)]);
+                let dp = addmm(
+                    zeros::<f32>([tb, th, tm, tn]),
+                    dout[(tb, th * group + g, tm, td)],
+                    v[(tb, th, tn, td)],
+                );
+                let ds = p * (dp - delta[(tb, th * group + g, tm)]);
+                dk_acc = addmm(dk_acc, ds.cast::<bf16>(), q[(tb, th * group + g, tm, td)]);
+            }
+        }
+        dk[(tb, th, tn, td)] = (dk_acc * scale).cast();
+        dv[(tb, th, tn, td)] = dv_acc.cast();
+    }
+}
+
 /// dQ for a tile of queries, over the key tiles (up to the diagonal when
-/// causal): `dQ += dS·K` (times `scale`), `dS` recomputed as for dK.
+/// causal): `dQ += dS·K` (times `scale`), `dS` recomputed as for dK; a
+/// query head reads its group's key/value head.
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dq(
@@ -140,14 +212,22 @@ pub fn attention_dq(
     #[constexpr] causal: bool,
 ) {
     let [b, h, s, d] = q.shape();
-    let [_, _, sk, _] = k.shape();
+    let [_, hk, sk, _] = k.shape();
+    if hk == 0 || h % hk != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "attention_dq".into(),
+            arg: "k".into(),
+            message: format!("{hk} key/value heads do not divide the {h} query heads"),
+        });
+    }
+    let group = h / hk;
     for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
         let mut dq_acc = zeros::<f32>([tb, th, tm, td]);
         for tn in tile(sk).until(if causal { tm.end() } else { sk }) {
             let x = addmm(
                 zeros::<f32>([tb, th, tm, tn]),
                 q[(tb, th, tm, td)],
-                k[(tb, th, tn, td)],
+                k[(tb, th / group, tn, td)],
             ) * scale;
             let p = exp(x - lse[(tb, th, tm)]);
             let p = if causal {
@@ -158,10 +238,10 @@ pub fn attention_dq(
             let dp = addmm(
                 zeros::<f32>([tb, th, tm, tn]),
                 dout[(tb, th, tm, td)],
-                v[(tb, th, tn, td)],
+                v[(tb, th / group, tn, td)],
             );
             let ds = p * (dp - delta[(tb, th, tm)]);
-            dq_acc = addmm(dq_acc, ds.cast::<bf16>(), k[(tb, th, tn, td)]);
+            dq_acc = addmm(dq_acc, ds.cast::<bf16>(), k[(tb, th / group, tn, td)]);
         }
         dq[(tb, th, tm, td)] = (dq_acc * scale).cast();
     }
@@ -213,10 +293,12 @@ pub fn reference_grads(
     (dq, dk, dv)
 }
 
-/// One problem's tensors: fresh random `q`, `k`, `v` and `dout` of `[b, h, s,
-/// d]`, the rest poisoned until the kernels write them.
+/// One problem's tensors: fresh random `q` and `dout` of `[b, h, s, d]`, `k`
+/// and `v` of `[b, hk, s, d]`, the rest poisoned until the kernels write them.
 pub struct Problem {
     pub shape: [usize; 4],
+    /// Key/value heads (`h` without grouped-query attention).
+    pub kv_heads: usize,
     pub causal: bool,
     scale: f32,
     q: Tensor<bf16>,
@@ -233,21 +315,28 @@ pub struct Problem {
 
 impl Problem {
     pub fn new(shape: [usize; 4], causal: bool) -> tilefuse::Result<Problem> {
+        Problem::grouped(shape, shape[1], causal)
+    }
+
+    /// `kv_heads` key/value heads, each shared by `h / kv_heads` query heads.
+    pub fn grouped(shape: [usize; 4], kv_heads: usize, causal: bool) -> tilefuse::Result<Problem> {
         let [b, h, s, d] = shape;
+        let hk = kv_heads;
         Ok(Problem {
             shape,
+            kv_heads,
             causal,
             scale: 1.0 / (d as f32).sqrt(),
             q: random_tensor::<bf16>([b, h, s, d], 1.0)?,
-            k: random_tensor::<bf16>([b, h, s, d], 1.0)?,
-            v: random_tensor::<bf16>([b, h, s, d], 1.0)?,
+            k: random_tensor::<bf16>([b, hk, s, d], 1.0)?,
+            v: random_tensor::<bf16>([b, hk, s, d], 1.0)?,
             dout: random_tensor::<bf16>([b, h, s, d], 1.0)?,
             out: poisoned::<bf16>([b, h, s, d])?,
             lse: poisoned::<f32>([b, h, s])?,
             delta: poisoned::<f32>([b, h, s])?,
             dq: poisoned::<bf16>([b, h, s, d])?,
-            dk: poisoned::<bf16>([b, h, s, d])?,
-            dv: poisoned::<bf16>([b, h, s, d])?,
+            dk: poisoned::<bf16>([b, hk, s, d])?,
+            dv: poisoned::<bf16>([b, hk, s, d])?,
         })
     }
 
@@ -257,11 +346,17 @@ impl Problem {
         attention_lse(&p.q, &p.k, &p.v, &p.out, &p.lse, p.scale, p.causal)
     }
 
-    /// The backward: `delta`, then dK and dV, then dQ.
+    /// The backward: `delta`, then dK and dV (summed over each group's query
+    /// heads where `k` and `v` have fewer heads), then dQ.
     pub fn backward(&self) -> tilefuse::Result<()> {
         let p = self;
         attention_delta(&p.out, &p.dout, &p.delta)?;
-        attention_dkdv(
+        let dkdv = if p.kv_heads == p.shape[1] {
+            attention_dkdv
+        } else {
+            attention_dkdv_gqa
+        };
+        dkdv(
             &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dk, &p.dv, p.scale, p.causal,
         )?;
         attention_dq(
@@ -269,10 +364,14 @@ impl Problem {
         )
     }
 
-    /// The relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV over the
-    /// `(batch, head)` slices `slices` (flat indices), against float64.
-    pub fn errors(&self, slices: &[usize]) -> tilefuse::Result<[f64; 3]> {
-        let [_, _, s, d] = self.shape;
+    /// The relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV against
+    /// float64, over the batches `batches` and key/value heads `kv_heads`
+    /// (with their groups' query heads; a key/value head's reference
+    /// gradients summed over its group).
+    pub fn errors(&self, batches: &[usize], kv_heads: &[usize]) -> tilefuse::Result<[f64; 3]> {
+        let [_, h, s, d] = self.shape;
+        let hk = self.kv_heads;
+        let group = h / hk;
         let host = |t: &Tensor<bf16>| -> tilefuse::Result<Vec<f64>> {
             Ok(t.to_vec()?.iter().map(|x| x.to_f64()).collect())
         };
@@ -285,18 +384,37 @@ impl Problem {
         let got = [host(&self.dq)?, host(&self.dk)?, host(&self.dv)?];
         let (mut num, mut den) = ([0.0f64; 3], [0.0f64; 3]);
         let n = s * d;
-        for &sl in slices {
-            let at = |x: &[f64]| x[sl * n..(sl + 1) * n].to_vec();
-            let (rq, rk, rv) = reference_grads(
-                (&at(&qh), &at(&kh), &at(&vh), &at(&oh)),
-                (s, s, d),
-                f64::from(self.scale),
-                self.causal,
-            );
-            for (g, want) in [rq, rk, rv].iter().enumerate() {
-                for (i, w) in want.iter().enumerate() {
-                    num[g] += (got[g][sl * n + i] - w).powi(2);
-                    den[g] += w * w;
+        let at = |x: &[f64], slice: usize| x[slice * n..(slice + 1) * n].to_vec();
+        for &bi in batches {
+            let (mut dk, mut dv) = (vec![vec![0.0; n]; hk], vec![vec![0.0; n]; hk]);
+            for hq in (0..h).filter(|hq| kv_heads.contains(&(hq / group))) {
+                let (qs, kv) = (bi * h + hq, bi * hk + hq / group);
+                let (rq, rk, rv) = reference_grads(
+                    (&at(&qh, qs), &at(&kh, kv), &at(&vh, kv), &at(&oh, qs)),
+                    (s, s, d),
+                    f64::from(self.scale),
+                    self.causal,
+                );
+                for (i, w) in rq.iter().enumerate() {
+                    num[0] += (got[0][qs * n + i] - w).powi(2);
+                    den[0] += w * w;
+                }
+                for i in 0..n {
+                    dk[hq / group][i] += rk[i];
+                    dv[hq / group][i] += rv[i];
+                }
+            }
+            for (g, want) in [(1, dk), (2, dv)] {
+                for (hh, w) in want
+                    .iter()
+                    .enumerate()
+                    .filter(|(hh, _)| kv_heads.contains(hh))
+                {
+                    let base = (bi * hk + hh) * n;
+                    for (i, w) in w.iter().enumerate() {
+                        num[g] += (got[g][base + i] - w).powi(2);
+                        den[g] += w * w;
+                    }
                 }
             }
         }
@@ -307,10 +425,22 @@ impl Problem {
 /// Forward and backward on `[b, h, s, d]` inputs with a random `dout`; the
 /// relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV over every slice.
 pub fn run_and_check(shape: [usize; 4], causal: bool) -> tilefuse::Result<[f64; 3]> {
-    let p = Problem::new(shape, causal)?;
+    run_and_check_grouped(shape, shape[1], causal)
+}
+
+/// [`run_and_check`] with `kv_heads` key/value heads (grouped-query attention).
+pub fn run_and_check_grouped(
+    shape: [usize; 4],
+    kv_heads: usize,
+    causal: bool,
+) -> tilefuse::Result<[f64; 3]> {
+    let p = Problem::grouped(shape, kv_heads, causal)?;
     p.forward()?;
     p.backward()?;
-    p.errors(&(0..shape[0] * shape[1]).collect::<Vec<_>>())
+    p.errors(
+        &(0..shape[0]).collect::<Vec<_>>(),
+        &(0..kv_heads).collect::<Vec<_>>(),
+    )
 }
 
 /// attention_backward's command line.
@@ -326,8 +456,12 @@ struct Cli {
     /// A causal mask.
     #[arg(long)]
     causal: bool,
+    /// Key and value heads, each shared by H / HK query heads (grouped-query
+    /// attention; H by default).
+    #[arg(long, value_name = "HK")]
+    kv_heads: Option<usize>,
     /// Time the backward (delta, dK/dV, dQ) after the check; at large sizes
-    /// only the first and last slices are checked.
+    /// only the first batch's first key/value head is checked.
     #[arg(long)]
     bench: bool,
 }
@@ -342,43 +476,53 @@ fn main() -> ExitCode {
         [] => [1, 2, 200, 64],
         [b, h, s, d] if [*b, *h, *s, *d].contains(&0) => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--bench]: every size must be at least 1"
+                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench]: every size must be at least 1"
             );
             return ExitCode::from(2);
         }
         [b, h, s, d] => [*b, *h, *s, *d],
         other => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--bench]: expected four sizes, got {}",
+                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench]: expected four sizes, got {}",
                 other.len()
             );
             return ExitCode::from(2);
         }
     };
+    let hk = cli.kv_heads.unwrap_or(shape[1]);
+    if hk == 0 || shape[1] % hk != 0 {
+        eprintln!(
+            "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench]: --kv-heads {hk}: expected a divisor of the {} query heads",
+            shape[1]
+        );
+        return ExitCode::from(2);
+    }
     let run = || -> tilefuse::Result<bool> {
         let dev = Device::current()?;
         let [b, h, s, d] = shape;
         println!(
-            "device: {} ({}), attention backward over [{b}x{h}x{s}x{d}] bf16{}",
+            "device: {} ({}), attention backward over q [{b}x{h}x{s}x{d}], k, v [{b}x{hk}x{s}x{d}] bf16{}",
             dev.name(),
             dev.arch(),
             if cli.causal { ", causal" } else { "" }
         );
-        let p = Problem::new(shape, cli.causal)?;
+        let p = Problem::grouped(shape, hk, cli.causal)?;
         p.forward()?;
         p.backward()?;
-        // Every slice when the float64 reference is cheap, else the first and last.
+        // Every head of every batch when the float64 reference is cheap, else
+        // the first batch's first key/value head (and its group's query heads).
         let work = (b * h * s) as f64 * s as f64 * d as f64;
-        let slices: Vec<usize> = if work <= 2e9 {
-            (0..b * h).collect()
+        let (batches, heads): (Vec<usize>, Vec<usize>) = if work <= 2e9 {
+            ((0..b).collect(), (0..hk).collect())
         } else {
-            vec![0, b * h - 1]
+            (vec![0], vec![0])
         };
-        let errs = p.errors(&slices)?;
+        let errs = p.errors(&batches, &heads)?;
         let ok = errs.iter().all(|e| *e <= 2e-2);
         println!(
-            "check ({} slices): ‖g − ref‖/‖ref‖ dQ {:.2e}, dK {:.2e}, dV {:.2e} ({})",
-            slices.len(),
+            "check ({} of {b} batches, {} of {hk} key/value heads): ‖g − ref‖/‖ref‖ dQ {:.2e}, dK {:.2e}, dV {:.2e} ({})",
+            batches.len(),
+            heads.len(),
             errs[0],
             errs[1],
             errs[2],

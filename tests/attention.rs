@@ -353,3 +353,17 @@ fn kernels_that_multiply_default_to_tensor_core_tiles() {
         );
     }
 }
+
+/// The backward's forward (`attention_lse`) reads a grouped head's keys
+/// (`th / group`) and stays on the attention lowering, portable and Hopper.
+#[test]
+fn the_backwards_grouped_forward_keeps_the_attention_lowering() {
+    use common::examples::attention_backward::attention_lse;
+    let def = attention_lse::kernel();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    let portable = def.lower(&spec, &def.config().unwrap()).unwrap();
+    assert!(portable.path.starts_with("attention"), "{}", portable.path);
+    let hopper = default_wgmma_attention(def.ir().unwrap()).expect("a Hopper config");
+    assert_eq!(def.lower(&spec, &hopper).unwrap().path, "attention (wgmma)");
+}

@@ -286,6 +286,21 @@ fn attention_backward_matches_f64() {
     }
 }
 
+/// Grouped-query attention's backward: 4 query heads on 2 and on 1 key/value
+/// heads, causal and not; a key/value head's dK and dV sum over its group's
+/// query heads (`attention_dkdv_gqa`), dQ reads the group's keys.
+#[test]
+fn grouped_attention_backward_matches_f64() {
+    interpret();
+    for (hk, causal) in [(2, false), (2, true), (1, false), (1, true)] {
+        let errs = attention_backward::run_and_check_grouped([2, 4, 29, 16], hk, causal).unwrap();
+        assert!(
+            errs.iter().all(|e| *e < 2e-2),
+            "{hk} key/value heads, causal={causal}: dQ, dK, dV rel errs {errs:?}"
+        );
+    }
+}
+
 /// The all-gather matmul's kernel on the host: the flags start unset, and a
 /// thread plays the copy engine, setting each chunk's flag in the order the
 /// chunks arrive (this rank's first). The kernel, started first, waits for

@@ -460,6 +460,21 @@ fn attention_backward_compiles_with_tensor_core_addmm() {
             .collect();
         compile_all(def, &specs, std::slice::from_ref(&cfg));
     }
+    // Grouped-query dK/dV: a loop over the group's query heads around the
+    // query tiles (dims tb, th, tn, td, g, tm).
+    let grouped = attention_backward::attention_dkdv_gqa::kernel();
+    let gcfg = Config::new(&[1, 1, 32, 64, 1, 32]).num_warps(8);
+    let specs: Vec<Spec> = [0, 1]
+        .into_iter()
+        .map(|c| {
+            let mut spec = grouped.declared_spec().expect("declared dtypes");
+            spec.constexprs = vec![c];
+            let lowered = grouped.lower(&spec, &gcfg).expect("lowers");
+            assert!(lowered.source.contains("tf_mma_bf16(tf_c0"));
+            spec
+        })
+        .collect();
+    compile_all(grouped, &specs, std::slice::from_ref(&gcfg));
     if !common::nvrtc_or_skip() {
         return;
     }

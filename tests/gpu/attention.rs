@@ -6,7 +6,9 @@
 use crate::common::examples::attention::{
     attention, attention_gqa, attention_varlen, reference_row, run_varlen_and_check,
 };
-use crate::common::examples::attention_backward::{attention_dkdv, attention_dq, run_and_check};
+use crate::common::examples::attention_backward::{
+    attention_dkdv, attention_dq, run_and_check, run_and_check_grouped,
+};
 use crate::common::gpu;
 use tilefuse::prelude::*;
 use tilefuse_testkit::{poisoned, random_tensor};
@@ -285,6 +287,22 @@ fn attention_backward_matches_f64_with_tensor_core_addmm() {
         assert!(
             errs.iter().all(|&e| e <= 1e-2),
             "attention backward 1x2x77x64, {warps} warps, causal={causal}: rel err dq, dk, dv {errs:?}"
+        );
+    }
+}
+
+/// Grouped-query attention's backward (4 query heads on 2, and on 1,
+/// key/value heads; dK and dV summed over each group's query heads) at the
+/// untuned defaults, causal and not, against float64.
+#[test]
+fn grouped_attention_backward_matches_f64_at_the_defaults() {
+    let Some(_dev) = gpu() else { return };
+    for (hk, causal) in [(2, false), (2, true), (1, false), (1, true)] {
+        let errs = run_and_check_grouped([2, 4, 77, 64], hk, causal).unwrap();
+        println!("grouped attention backward 2x4x77x64, {hk} key/value heads, causal={causal}: rel err dq, dk, dv {errs:?}");
+        assert!(
+            errs.iter().all(|&e| e <= 1e-2),
+            "grouped attention backward, {hk} key/value heads, causal={causal}: rel err dq, dk, dv {errs:?}"
         );
     }
 }
