@@ -89,7 +89,10 @@ pub fn attention_delta(out: &Tensor<bf16>, dout: &Tensor<bf16>, delta: &Tensor<f
 
 /// dK and dV for a tile of keys, over every query tile: `P` recomputed from
 /// the saved log-sum-exp, `dV += Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − delta)`,
-/// `dK += dSᵀ·Q` (times `scale`).
+/// `dK += dSᵀ·Q` (times `scale`). With grouped-query attention (`k` and `v`
+/// of `HK` heads, each shared by `H / HK` consecutive query heads) a key/value
+/// head's gradients also sum over its group's query heads (`for g in
+/// tile(each(group))`, one pass where `HK = H`).
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dkdv(
@@ -105,60 +108,10 @@ pub fn attention_dkdv(
     #[constexpr] causal: bool,
 ) {
     let [b, h, s, d] = q.shape();
-    let [_, _, sk, _] = k.shape();
-    for (tb, th, tn, td) in tile([b, h, sk, whole(d)]) {
-        let mut dk_acc = zeros::<f32>([tb, th, tn, td]);
-        let mut dv_acc = zeros::<f32>([tb, th, tn, td]);
-        for tm in tile(s) {
-            let x = addmm(
-                zeros::<f32>([tb, th, tm, tn]),
-                q[(tb, th, tm, td)],
-                k[(tb, th, tn, td)],
-            ) * scale;
-            let p = exp(x - lse[(tb, th, tm)]);
-            let p = if causal {
-                select(tm.index() >= tn.index(), p, 0.0)
-            } else {
-                p
-            };
-            dv_acc = addmm(dv_acc, p.cast::<bf16>(), dout[(tb, th, tm, td)]);
-            let dp = addmm(
-                zeros::<f32>([tb, th, tm, tn]),
-                dout[(tb, th, tm, td)],
-                v[(tb, th, tn, td)],
-            );
-            let ds = p * (dp - delta[(tb, th, tm)]);
-            dk_acc = addmm(dk_acc, ds.cast::<bf16>(), q[(tb, th, tm, td)]);
-        }
-        dk[(tb, th, tn, td)] = (dk_acc * scale).cast();
-        dv[(tb, th, tn, td)] = dv_acc.cast();
-    }
-}
-
-/// dK and dV of grouped-query attention: `k` and `v` have `HK` heads, each
-/// shared by `H / HK` consecutive query heads, so a key/value head's
-/// gradients sum over its group's query heads (`for g in tile(each(group))`)
-/// as well as their query tiles. `HK = H` computes what [`attention_dkdv`]
-/// does.
-#[fused_kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn attention_dkdv_gqa(
-    q: &Tensor<bf16>,
-    k: &Tensor<bf16>,
-    v: &Tensor<bf16>,
-    dout: &Tensor<bf16>,
-    lse: &Tensor<f32>,
-    delta: &Tensor<f32>,
-    dk: &Tensor<bf16>,
-    dv: &Tensor<bf16>,
-    scale: f32,
-    #[constexpr] causal: bool,
-) {
-    let [b, h, s, d] = q.shape();
     let [_, hk, sk, _] = k.shape();
     if hk == 0 || h % hk != 0 {
         return Err(tilefuse::Error::Argument {
-            context: "attention_dkdv_gqa".into(),
+            context: "attention_dkdv".into(),
             arg: "k".into(),
             message: format!("{hk} key/value heads do not divide the {h} query heads"),
         });
@@ -351,12 +304,7 @@ impl Problem {
     pub fn backward(&self) -> tilefuse::Result<()> {
         let p = self;
         attention_delta(&p.out, &p.dout, &p.delta)?;
-        let dkdv = if p.kv_heads == p.shape[1] {
-            attention_dkdv
-        } else {
-            attention_dkdv_gqa
-        };
-        dkdv(
+        attention_dkdv(
             &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dk, &p.dv, p.scale, p.causal,
         )?;
         attention_dq(

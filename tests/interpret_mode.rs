@@ -288,7 +288,7 @@ fn attention_backward_matches_f64() {
 
 /// Grouped-query attention's backward: 4 query heads on 2 and on 1 key/value
 /// heads, causal and not; a key/value head's dK and dV sum over its group's
-/// query heads (`attention_dkdv_gqa`), dQ reads the group's keys.
+/// query heads (`attention_dkdv`'s loop over the group), dQ reads the group's keys.
 #[test]
 fn grouped_attention_backward_matches_f64() {
     interpret();

@@ -274,9 +274,11 @@ fn attention_backward_matches_f64_with_tensor_core_addmm() {
     // 4 and 8 warps: the key loop's threads spread differently (over the
     // queries alone, or over queries and keys).
     for (warps, causal) in [(4, false), (4, true), (8, false), (8, true)] {
+        // dQ's dims: tb, th, tm, td, tn; dK/dV's: tb, th, tn, td, g, tm.
         let cfg = Config::new(&[1, 1, 32, 64, 32]).num_warps(warps);
+        let kv_cfg = Config::new(&[1, 1, 32, 64, 1, 32]).num_warps(warps);
         let errs = attention_dkdv::kernel()
-            .with_config(cfg.clone(), || {
+            .with_config(kv_cfg, || {
                 attention_dq::kernel()
                     .with_config(cfg.clone(), || run_and_check([1, 2, 77, 64], causal))
             })
