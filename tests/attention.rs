@@ -374,3 +374,54 @@ fn the_backwards_grouped_forward_keeps_the_attention_lowering() {
     let hopper = default_wgmma_attention(def.ir().unwrap()).expect("a Hopper config");
     assert_eq!(def.lower(&spec, &hopper).unwrap().path, "attention (wgmma)");
 }
+
+/// The tuner's space for a kernel that multiplies tiles: the products' tiles
+/// from 16 to 64 only (smaller ones leave the tensor cores, larger ones
+/// spill), no axis for the head's tile (one index a program), 4 or 8 warps;
+/// its seeds stay on the tensor cores and lower.
+#[test]
+fn the_products_tuning_space_stays_on_the_tensor_cores() {
+    use common::examples::attention_backward::attention_dkdv;
+    use tilefuse::codegen::{Axis, ConfigSpace};
+    let def = attention_dkdv::kernel();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![0];
+    let h200 = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    // dims: tb, th, tn, td, g, tm
+    let space = ConfigSpace::new(def.ir().unwrap(), &spec, h200).with_extents(&[
+        Some(4),
+        Some(16),
+        Some(2048),
+        Some(64),
+        Some(1),
+        Some(2048),
+    ]);
+    let blocks: Vec<(usize, Vec<usize>)> = space
+        .axes()
+        .iter()
+        .filter_map(|a| match a {
+            Axis::Block { dim, values } => Some((*dim, values.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        vec![(2, vec![16, 32, 64]), (5, vec![16, 32, 64])],
+        "{:?}",
+        space.axes()
+    );
+    assert!(space.axes().contains(&Axis::Warps(vec![4, 8])));
+    let seeds = space.seeds(&spec, true);
+    assert!(seeds.len() >= 3, "{seeds:?}");
+    for c in &seeds {
+        let l = def.lower(&spec, c).unwrap();
+        assert!(
+            l.source.contains("tf_mma_bf16("),
+            "{c}: off the tensor cores"
+        );
+    }
+}

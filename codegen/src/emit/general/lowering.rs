@@ -67,7 +67,10 @@ impl Lowering for General {
     }
 
     fn axes(&self, k: &Kernel, p: &GeneralPlan, _target: Target) -> Vec<Axis> {
-        let mut axes = super::axes(k);
+        let mut axes = match &p.products {
+            Some(m) => products::axes(m, super::axes(k)),
+            None => super::axes(k),
+        };
         if p.split.is_some() {
             axes.push(Axis::Split(vec![1, 8, 32, 128]));
         }
@@ -76,12 +79,15 @@ impl Lowering for General {
 
     fn seeds(
         &self,
-        _p: &GeneralPlan,
+        p: &GeneralPlan,
         space: &ConfigSpace,
         _spec: &Spec,
         _quick: bool,
     ) -> Vec<Config> {
-        super::seeds(space.kernel(), space.default_config())
+        match &p.products {
+            Some(m) => products::seeds(space.kernel(), m, space.default_config()),
+            None => super::seeds(space.kernel(), space.default_config()),
+        }
     }
 
     /// None of the matmul's options; `split` where a loop can be shared.

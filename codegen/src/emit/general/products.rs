@@ -10,6 +10,7 @@
 
 use crate::config::Config;
 use crate::ir::{DimId, Expr, Kernel, Stmt, VarId};
+use crate::space::Axis;
 use std::collections::HashMap;
 
 /// Rows, columns and the contracted dimension of the products take this
@@ -177,6 +178,47 @@ pub fn default_config(k: &Kernel, p: &Products, extents: &[Option<usize>]) -> Co
         })
         .collect();
     Config::new(&bs).num_warps(WARPS).num_stages(1)
+}
+
+/// What the tuner may change in a kernel with products: the general
+/// lowering's axes (`general`), but the products' tiles only from 16 to 64
+/// (below 16 the products leave the tensor cores for unrolled FMA sums that
+/// ptxas takes minutes over; past 64 the level's values spill), a batch's
+/// tile fixed at one index, and 4 or 8 warps.
+pub fn axes(p: &Products, general: Vec<Axis>) -> Vec<Axis> {
+    general
+        .into_iter()
+        .filter_map(|a| match a {
+            Axis::Block { dim, .. } if p.batch.contains(&dim) => None,
+            Axis::Block { dim, .. } if p.dims.contains(&dim) => Some(Axis::Block {
+                dim,
+                values: vec![16, 32, 64],
+            }),
+            Axis::Warps(_) => Some(Axis::Warps(vec![4, 8])),
+            other => Some(other),
+        })
+        .collect()
+}
+
+/// The tuner's first configs for a kernel with products: the default, with 4
+/// warps, and with the products' tiles at 16 and at 64.
+pub fn seeds(k: &Kernel, p: &Products, default: &Config) -> Vec<Config> {
+    let with = |b: usize| {
+        let mut c = default.clone();
+        for &d in &p.dims {
+            if !k.dims[d].whole && !k.dims[d].each {
+                c.block_sizes[d] = b;
+            }
+        }
+        c
+    };
+    let mut out = vec![default.clone()];
+    for c in [default.clone().num_warps(4), with(16), with(64)] {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
