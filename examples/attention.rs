@@ -115,6 +115,8 @@ pub fn attention_gqa(
 /// `max_seqlen` must be at least every sequence's length (FlashAttention's
 /// contract): it sizes the grid, and rows past it would not be computed.
 /// Offsets outside `q` are masked (no access outside a tensor), not reported.
+/// It takes the attention lowering as the batched kernel does (a program's
+/// rows one block of its sequence, TMA boxes of one head's rows on Hopper).
 #[allow(clippy::too_many_arguments)]
 #[fused_kernel]
 pub fn attention_varlen(

@@ -297,10 +297,9 @@ fn attention_backward_spreads_its_threads_over_the_accumulators() {
 
 /// The untuned defaults of the general lowering's kernels that multiply
 /// tiles: the products' rows, columns and contracted tiles at 32 (the tensor
-/// cores' pieces), one head a program, 8 warps; varlen's block of query rows
-/// as wide as its loop's. (The memory-bound default gave attention's
-/// backward `[4, 8, 8, 128, 1]`: single-key products off the tensor cores,
-/// 32 heads a program.)
+/// cores' pieces), one head a program, 8 warps. (The memory-bound default
+/// gave attention's backward `[4, 8, 8, 128, 1]`: single-key products off the
+/// tensor cores, 32 heads a program.)
 #[test]
 fn kernels_that_multiply_default_to_tensor_core_tiles() {
     use common::examples::attention_backward::{attention_dkdv, attention_dq};
@@ -311,14 +310,8 @@ fn kernels_that_multiply_default_to_tensor_core_tiles() {
         wgmma: true,
         sms: 132,
     };
-    let varlen = attention::attention_varlen::kernel();
-    // dims: b, th, tq, td, tm, tn; tb, th, tm, td, tn (dQ); tb, th, tn, td, g, tm (dK/dV).
+    // dims: tb, th, tm, td, tn (dQ); tb, th, tn, td, g, tm (dK/dV).
     let cases = [
-        (
-            varlen,
-            vec![Some(8), Some(16), Some(4096), Some(128), None, None],
-            vec![1, 1, 32, 128, 32, 32],
-        ),
         (
             attention_dq::kernel(),
             vec![Some(4), Some(16), Some(2048), Some(128), Some(2048)],
@@ -424,4 +417,81 @@ fn the_products_tuning_space_stays_on_the_tensor_cores() {
             "{c}: off the tensor cores"
         );
     }
+}
+
+/// Packed sequences (`attention_varlen`: `[total, H, D]` operands, a program's
+/// rows a loop of one tile from `cu_seqlens[b] + tq.begin()`) take the
+/// attention lowering: rows along the operands' first axis, TMA boxes of one
+/// head's rows, a program past its sequence's end stopping at once, keys from
+/// the sequence's start, stores masked at the rows' end; the row loop's block
+/// follows the grid tile's, and one smaller than it is an error that says so.
+#[test]
+fn packed_sequences_take_the_attention_lowering() {
+    use tilefuse::codegen::Param;
+    let def = attention::attention_varlen::kernel();
+    let ir = def.ir().unwrap();
+    // dims: b, th, tq, td, tm, tn.
+    let Some(a) = ir.plan::<AttentionShape>() else {
+        panic!("not attention: {}", ir.kernel());
+    };
+    assert_eq!((a.m, a.n, a.d, a.row_axis), (4, 5, 3, 0));
+    assert_eq!(a.batch, vec![1]);
+    assert_eq!(a.packed.as_ref().map(|p| p.rows), Some(2));
+    assert_eq!((a.row_tile(), a.programs(ir)), (2, vec![0, 1]));
+    let ext = [Some(8), Some(16), Some(4096), Some(128), None, None];
+    let fitted = fit_whole_dims(ir, default_config(ir), &ext);
+    assert_eq!(fitted.block_sizes, vec![1, 1, 128, 128, 128, 64]);
+    // A pinned config's row loop follows its grid tile.
+    let pinned = Config::new(&[1, 1, 64, 64, 16, 64]).num_warps(4);
+    assert_eq!(fit_whole_dims(ir, pinned, &ext).block_sizes[4], 64);
+    let mut spec = def.declared_spec().unwrap();
+    for causal in [0, 1] {
+        spec.constexprs = vec![causal];
+        for cfg in [fitted.clone(), default_wgmma_attention(ir).unwrap()] {
+            let l = lower(ir, &spec, &cfg).unwrap_or_else(|e| panic!("{cfg}: {e}"));
+            assert!(l.path.starts_with("attention"), "{}", l.path);
+            let src = &l.source;
+            assert!(src.contains("const long long tb4 = (v0 + tb2);"), "{src}");
+            assert!(src.contains("if (tb4 >= tf_end4) return;"), "{src}");
+            assert!(src.contains("const long long tf_beg5 = v0;"), "{src}");
+            assert!(
+                src.contains("< tf_end4) t4["),
+                "stores stop at the rows' end"
+            );
+            assert_eq!(src.contains("tf_min_i(tb4 + B4, tf_end4)"), causal == 1);
+            if cfg.wgmma {
+                assert!(src.contains("&tf_map_q, 0, (int)tb1, (int)(tb4), tf_bq);"));
+                assert!(src.contains("&tf_map_k, 0, (int)tb1, (int)(tf_row),"));
+                assert!(l.params.iter().any(|p| matches!(
+                    p,
+                    Param::TensorMap {
+                        tensor: 1,
+                        box_outer: 128,
+                        rows_axis: Some(0),
+                        ..
+                    }
+                )));
+            } else {
+                assert!(src.contains("tf_q = t1 + tb1 * t1_s1;"), "{src}");
+                assert!(src.contains("tf_q_rs = t1_s0"), "{src}");
+            }
+        }
+    }
+    let err = lower(
+        ir,
+        &spec,
+        &Config::new(&[1, 1, 128, 128, 64, 64]).num_warps(4),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("row loop `tm`") && err.contains("same block"),
+        "{err}"
+    );
+    // Rows over the whole sequence (not one block of it): the general lowering.
+    let text = ir.to_string();
+    let whole = text.replace("tile((begin + tq.begin())..", "tile(begin..");
+    assert_ne!(whole, text);
+    let other = Planned::new(tilefuse::codegen::ir::Kernel::parse(&whole).unwrap());
+    assert_eq!(other.lowering(), "general");
 }

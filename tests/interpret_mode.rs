@@ -227,19 +227,20 @@ fn attention_matches_f64() {
     }
 }
 
-/// Variable-length attention over packed sequences of 37, 0, 50 and 5 tokens
-/// (an empty one, and blocks of 16 rows and keys that end mid-sequence), 3
-/// heads of dimension 20, causal and not: every sequence against the
-/// example's f64 rows of its own tokens only.
+/// Variable-length attention over packed sequences of 37, 0, 150 and 5
+/// tokens (an empty one, blocks of 64 rows and 16 keys that end
+/// mid-sequence), 3 heads of dimension 20, causal and not, at a config the
+/// attention programs run: every sequence against the example's f64 rows of
+/// its own tokens only.
 #[test]
 fn varlen_attention_matches_f64_per_sequence() {
     interpret();
     // dims: b, th, tq, td, tm, tn (td refitted to the extent).
-    let cfg = Config::new(&[1, 1, 16, 8, 16, 16]).num_warps(4);
+    let cfg = Config::new(&[1, 1, 64, 8, 64, 16]).num_warps(4);
     for causal in [false, true] {
         let err = attention::attention_varlen::kernel()
             .with_config(cfg.clone(), || {
-                attention::run_varlen_and_check(&[37, 0, 50, 5], 3, 20, causal)
+                attention::run_varlen_and_check(&[37, 0, 150, 5], 3, 20, causal)
             })
             .unwrap();
         assert!(

@@ -1458,12 +1458,14 @@ fn lower_matmul_on_the_wgmma_path() {
             &tilefuse_codegen::Param::TensorMap {
                 tensor: A,
                 box_inner: 64,
-                box_outer: 128
+                box_outer: 128,
+                rows_axis: None
             },
             &tilefuse_codegen::Param::TensorMap {
                 tensor: B,
                 box_inner: 64,
-                box_outer: 64
+                box_outer: 64,
+                rows_axis: None
             }
         ]
     );
@@ -1690,6 +1692,7 @@ fn lower_wgmma_tma_store() {
                     tensor,
                     box_inner,
                     box_outer,
+                    ..
                 } => Some((*tensor, *box_inner, *box_outer)),
                 _ => None,
             })

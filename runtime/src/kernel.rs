@@ -678,6 +678,7 @@ pub(crate) fn launch_variant(
             tensor,
             box_inner,
             box_outer,
+            rows_axis,
         } = *p
         {
             maps.push(crate::tma::tensor_map(
@@ -685,6 +686,7 @@ pub(crate) fn launch_variant(
                 &k.tensors[tensor].name,
                 box_inner,
                 box_outer,
+                rows_axis,
             )?);
         }
     }

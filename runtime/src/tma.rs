@@ -10,13 +10,17 @@ use cudarc::driver::sys;
 use tilefuse_codegen::DType;
 
 /// A descriptor of the tensor `t` (2 to 5 dimensions, the last contiguous) for
-/// boxes of `box_outer` rows by `box_inner` elements (one index of every outer
-/// dimension), 128-byte swizzle, zero fill outside.
+/// boxes of `box_outer` rows by `box_inner` elements (one index of every other
+/// dimension), 128-byte swizzle, zero fill outside. The rows run along
+/// dimension `rows_axis` (0: the outermost; `None`: the one before the last).
+/// The box lands in shared memory the same way whichever it is: `box_outer`
+/// rows of `box_inner` elements.
 pub(crate) fn tensor_map(
     t: &TensorArg,
     name: &str,
     box_inner: usize,
     box_outer: usize,
+    rows_axis: Option<usize>,
 ) -> Result<sys::CUtensorMap> {
     let elem = t.dtype.size();
     let data_type = match t.dtype {
@@ -39,7 +43,9 @@ pub(crate) fn tensor_map(
     let dims: Vec<u64> = t.shape.iter().rev().map(|&n| n as u64).collect();
     let outer = rank.saturating_sub(1);
     let mut strides: Vec<u64> = Vec::with_capacity(outer);
+    let rows_axis = rows_axis.unwrap_or(rank.saturating_sub(2));
     let mut ok = (2..=5).contains(&rank)
+        && rows_axis < rank.saturating_sub(1)
         && dims.iter().all(|&n| (1..=1 << 32).contains(&n))
         && t.strides.len() == rank
         && t.strides.last() == Some(&1)
@@ -67,14 +73,19 @@ pub(crate) fn tensor_map(
             format!(
                 "needs a tensor of 2 to 5 dimensions of 1 to 2^32 indices with contiguous rows, a 16-byte \
                  aligned start and outer strides that are positive multiples of 16 bytes below 2^40; got \
-                 shape {:?}, strides {:?}",
+                 shape {:?}, strides {:?} (box rows along dimension {rows_axis})",
                 t.shape, t.strides
             ),
         ));
     }
+    // Innermost first, as `dims`: the rows' axis counted from the last.
     let mut boxes = vec![1u32; rank];
+    // `rows_axis < rank - 1` (checked above): an outer dimension.
+    let rows_at = rank.saturating_sub(1).saturating_sub(rows_axis);
     boxes[0] = box_inner as u32;
-    boxes[1] = box_outer as u32;
+    if let Some(b) = boxes.get_mut(rows_at) {
+        *b = box_outer as u32;
+    }
     let elem_strides = vec![1u32; rank];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every array holds `rank` entries (strides rank - 1); the address is
@@ -125,7 +136,7 @@ mod tests {
             (vec![usize::MAX, 64], vec![64, 1]),
             (vec![4, usize::MAX], vec![64, 1]),
         ] {
-            let e = tensor_map(&arg(shape.clone(), strides), "a", 64, 64)
+            let e = tensor_map(&arg(shape.clone(), strides), "a", 64, 64, None)
                 .err()
                 .unwrap_or_else(|| panic!("{shape:?} was accepted"));
             assert!(e.to_string().contains("outer strides"), "{e}");
@@ -139,9 +150,16 @@ mod tests {
             (vec![8], vec![1]),
             (vec![2; 6], vec![1; 6]),
         ] {
-            assert!(tensor_map(&arg(shape, strides), "a", 64, 64).is_err());
+            assert!(tensor_map(&arg(shape, strides), "a", 64, 64, None).is_err());
         }
         // Strides that do not match the shape's rank.
-        assert!(tensor_map(&arg(vec![4, 64], vec![1]), "a", 64, 64).is_err());
+        assert!(tensor_map(&arg(vec![4, 64], vec![1]), "a", 64, 64, None).is_err());
+        // Box rows along the contiguous dimension, or past the last.
+        for axis in [1, 2, usize::MAX] {
+            let e = tensor_map(&arg(vec![4, 64], vec![64, 1]), "a", 64, 64, Some(axis))
+                .err()
+                .unwrap_or_else(|| panic!("rows along {axis} were accepted"));
+            assert!(e.to_string().contains("box rows along dimension"), "{e}");
+        }
     }
 }

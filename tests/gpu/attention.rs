@@ -309,26 +309,45 @@ fn grouped_attention_backward_matches_f64_at_the_defaults() {
     }
 }
 
-/// Variable-length attention in one launch over packed sequences of 100, 0,
-/// 257 and 9 tokens (empty, and ending mid-block), 4 heads of dimension 64,
-/// on the general lowering with both `addmm`s on the tensor cores, causal and
-/// not, at blocks of 16 and 32 rows: each sequence against float64 over its
-/// own tokens.
+/// Variable-length attention on the attention programs (a program's rows one
+/// block of its sequence, keys from the sequence's start): the untuned
+/// default (on Hopper, the `wgmma` program), the `wgmma` program at 64 keys a
+/// step, and the `mma.sync` program at 16 and 32 rows a warp, causal and not,
+/// with sequences shorter than a block, empty, and ragged across blocks; each
+/// sequence against float64 over its own tokens.
 #[test]
 fn varlen_attention_matches_f64_per_sequence() {
     let Some(_dev) = gpu() else { return };
-    for (rows, causal) in [(16, false), (16, true), (32, false), (32, true)] {
-        let cfg = Config::new(&[1, 1, rows, 64, rows, rows]).num_warps(4);
-        let err = attention_varlen::kernel()
-            .with_config(cfg.clone(), || {
-                run_varlen_and_check(&[100, 0, 257, 9], 4, 64, causal)
-            })
+    let def = attention_varlen::kernel();
+    let ir = def.ir().unwrap();
+    let mut narrow = tilefuse::codegen::default_wgmma_attention(ir).unwrap();
+    narrow.block_sizes[5] = 64;
+    let narrow = narrow.num_stages(2);
+    // dims: b, th, tq, td, tm, tn.
+    let configs = [
+        None,
+        Some(narrow),
+        Some(Config::new(&[1, 1, 64, 64, 64, 64]).num_warps(4)),
+        Some(Config::new(&[1, 1, 128, 64, 128, 64]).num_warps(4)),
+    ];
+    let lens = [100, 0, 257, 9, 300];
+    for cfg in configs {
+        for (d, causal) in [(64, false), (64, true), (128, true)] {
+            let run = || run_varlen_and_check(&lens, 4, d, causal);
+            let err = match &cfg {
+                Some(c) => def.with_config(c.clone(), run),
+                None => run(),
+            }
             .unwrap();
-        println!("varlen attention, {rows}-row blocks, causal={causal}: rel err {err:.2e}");
-        assert!(
-            err <= 1e-2,
-            "varlen attention, {rows}-row blocks, causal={causal}: rel err {err}"
-        );
+            let name = cfg
+                .as_ref()
+                .map_or("default".to_string(), |c| c.to_string());
+            println!("varlen attention {name}, d={d}, causal={causal}: rel err {err:.2e}");
+            assert!(
+                err <= 1e-2,
+                "varlen attention {name}, d={d}, causal={causal}: rel err {err}"
+            );
+        }
     }
 }
 

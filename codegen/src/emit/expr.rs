@@ -148,6 +148,10 @@ pub(crate) fn fill(template: &str, args: &[(&str, &str)]) -> String {
 
 impl ElemCtx<'_> {
     fn coord(&self, d: DimId, at: &str) -> Result<String, CodegenError> {
+        // An `each` tile has one index, the program's (or its loop step's) `tb`.
+        if let (None, true) = (self.coords.get(&d), self.k.dims[d].each) {
+            return Ok(format!("tb{d}"));
+        }
         self.coords
             .get(&d)
             .cloned()
@@ -223,7 +227,12 @@ impl ElemCtx<'_> {
                             .iter()
                             .map(|d| self.coord(*d, at))
                             .collect::<Result<Vec<_>, _>>()?;
-                        let mask = tensor_mask(*tensor, &coords);
+                        // A tile whose bounds are data may start before the tensor.
+                        let mask = if dims.iter().any(|d| self.k.dims[*d].extent.is_none()) {
+                            tensor_mask_signed(*tensor, &coords)
+                        } else {
+                            tensor_mask(*tensor, &coords)
+                        };
                         (coords, mask)
                     }
                     None => {

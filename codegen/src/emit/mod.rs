@@ -84,12 +84,16 @@ pub enum Param {
     PrivateOn,
     /// A TMA descriptor (`CUtensorMap`, 128 bytes, passed by value) of a tensor of
     /// 2 to 5 dimensions with its last dimension contiguous: boxes of `box_outer`
-    /// rows by `box_inner` elements (one index of each outer dimension), 128-byte
+    /// rows by `box_inner` elements (one index of each other dimension), 128-byte
     /// swizzle, zeros outside the tensor.
     TensorMap {
         tensor: TensorId,
         box_inner: usize,
         box_outer: usize,
+        /// The dimension (0: the outermost) the box's rows run along; `None`:
+        /// the one before the last (a row-major matrix's rows). Packed
+        /// `[total, H, D]` sequences take `Some(0)`.
+        rows_axis: Option<usize>,
     },
 }
 

@@ -380,7 +380,15 @@ impl Frags<'_> {
         let dst = e.spec.tensors[tensor].dtype;
         let (c, cty) = super::super::expr::ElemCtx::emit(&ctx, &strip_store_cast(value), at)?;
         let v = super::super::expr::narrow(dst, &c, cty);
-        let mask = super::super::expr::tensor_mask(tensor, &coords);
+        let mut mask = super::super::expr::tensor_mask(tensor, &coords);
+        // A tile whose bounds the program computes (a packed sequence's rows)
+        // stops at its range's end, inside the tensor (its start may be
+        // before the tensor's: bounds are data).
+        for (d, c) in index.iter().zip(&coords) {
+            if e.k.dims[*d].extent.is_none() {
+                let _ = write!(mask, " && ({c}) >= 0 && ({c}) < {}", e.end(*d));
+            }
+        }
         let off = super::super::expr::tensor_offset(tensor, &coords);
         let quad = if l == Layout::Row {
             "tf_t == 0 && "

@@ -51,7 +51,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             format!("TMA loads tensors of up to 5 dimensions; q has {rank}: leave `wgmma` unset"),
         ));
     }
-    if let Some(at) = e.k.body[a.kv_loop + 1..].iter().find_map(|s| match s {
+    let body = a.stmts(e.k);
+    if let Some(at) = body[a.kv_loop + 1..].iter().find_map(|s| match s {
         Stmt::Wait { at, .. } => Some(at.clone()),
         _ => None,
     }) {
@@ -68,7 +69,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     // A tile's `p·v` may wait to be issued with the next tile's `q·kᵀ` (and is
     // complete when that returns) if nothing in the key loop between the two
     // reads the output accumulator.
-    if let Stmt::Loop { body, .. } = &e.k.body[a.kv_loop] {
+    if let Stmt::Loop { body, .. } = &body[a.kv_loop] {
         g.defer_pv = body
             .iter()
             .enumerate()
@@ -98,6 +99,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
                     tensor: t,
                     box_inner: 64,
                     box_outer: rows,
+                    rows_axis: Some(a.row_axis),
                 },
                 format!("const __grid_constant__ tf_tmap tf_map_{name}"),
             )
@@ -136,10 +138,13 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         cw = 4 * consumers,
     );
     // Block-level statements before the key loop run on every thread: the
-    // producer needs their scalars (the loop's bound) and their `wait`s.
-    let body = e.k.body.clone();
+    // producer needs their scalars (the loop's bound, a packed sequence's
+    // rows) and their `wait`s.
     let mut waited = false;
-    for s in &body[..a.kv_loop] {
+    for (i, s) in body[..a.kv_loop].iter().enumerate() {
+        if a.packed.as_ref().is_some_and(|p| p.rows_loop == i) {
+            super::packed_rows(e, a)?;
+        }
         waited |= matches!(s, Stmt::Wait { .. });
         e.block_stmt(s, "  ")?;
     }
@@ -152,23 +157,36 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         dim,
         body: kv_body,
         until,
-        ..
+        range,
     } = &body[a.kv_loop]
     else {
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
     };
-    key_tiles(e, *dim, until.as_ref())?;
-    // TMA coordinates, innermost first: column, row, then the batch tiles
-    // (keys' and values' own: a grouped head's).
-    let coords =
-        |idx: &[String]| -> String { idx.iter().rev().map(|b| format!(", (int){b}")).collect() };
+    key_tiles(e, *dim, range.as_deref(), until.as_ref())?;
+    // TMA coordinates, innermost first: column, then the other axes from the
+    // last in: the row's and the batch tiles' (keys' and values' own: a
+    // grouped head's).
+    let coords = |idx: &[String], row: &str| -> String {
+        let mut batch = idx.iter();
+        let mut axes: Vec<String> = (0..rank - 1)
+            .map(|x| {
+                if x == a.row_axis {
+                    format!("(int)({row})")
+                } else {
+                    format!("(int){}", batch.next().map_or("0", |b| b.as_str()))
+                }
+            })
+            .collect();
+        axes.reverse();
+        axes.iter().map(|c| format!(", {c}")).collect()
+    };
     let q_idx: Vec<String> = a.batch.iter().map(|b| format!("tb{b}")).collect();
     let load = |map: &str, dst: &str, row: &str, bar: &str, rows: usize| -> String {
-        let batch = coords(if map == "q" { &q_idx } else { &kv });
+        let at = coords(if map == "q" { &q_idx } else { &kv }, row);
         (0..panels)
             .map(|p| {
                 format!(
-                    "        tf_tma_{rank}d({dst} + {off}u, &tf_map_{map}, {col}, (int)({row}){batch}, {bar});\n",
+                    "        tf_tma_{rank}d({dst} + {off}u, &tf_map_{map}, {col}{at}, {bar});\n",
                     off = p * rows * 128,
                     col = p * 64
                 )
@@ -186,7 +204,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20     for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{\n\
          \x20       const int s = tf_it % {stages};\n\
          \x20       const tf_u32 tf_free = ((tf_it / {stages}) & 1) ^ 1;  // the stage's last tile released it\n\
-         \x20       const int tf_row = tf_it * B{n};\n\
+         \x20       const int tf_row = (int)(tf_beg{n} + (long long)tf_it * B{n});\n\
          \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_ek + s * 8, tf_free);\n\
          \x20       tf_mbar_expect_tx(tf_bk + s * 8, {kv_bytes}u);\n\
          {k_load}\
@@ -258,7 +276,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         e.out,
         "    tf_mbar_spin(tf_bq, 0);\n\
          \x20   for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
-         \x20     const long long tb{n} = (long long)tf_it * B{n};\n\
+         \x20     const long long tb{n} = tf_beg{n} + (long long)tf_it * B{n};\n\
          \x20     const int tf_st = tf_it % {stages};\n\
          \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
          \x20     const tf_u32 tf_kb = tf_sk + tf_st * {kv_bytes}u{vb};\n\

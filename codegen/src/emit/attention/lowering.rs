@@ -36,6 +36,7 @@ impl Lowering for Attention {
     /// query rows, 64 keys a step.
     fn default_config(&self, k: &Kernel, a: &AttentionShape) -> Config {
         let mut bs = vec![1; k.dims.len()];
+        bs[a.row_tile()] = 128;
         bs[a.m] = 128;
         bs[a.n] = 64;
         bs[a.d] = 128;
@@ -63,7 +64,9 @@ impl Lowering for Attention {
 
     /// For head dimensions past 128, where the output accumulators grow, the
     /// default takes 8 warps (16 rows each) instead of 4 (32 rows each), and
-    /// the Hopper default 64 keys a step instead of 128, in two stages.
+    /// the Hopper default 64 keys a step instead of 128, in two stages. A
+    /// packed kernel's row loop takes the block of the grid tile it walks one
+    /// block of (see [`super::Packed`]): the config's choice is the grid's.
     fn fit_whole_dims(
         &self,
         k: &Kernel,
@@ -71,6 +74,11 @@ impl Lowering for Attention {
         given: &Config,
         mut fitted: Config,
     ) -> Config {
+        if let Some(b) = fitted.block_sizes.get(a.row_tile()).copied() {
+            if let Some(m) = fitted.block_sizes.get_mut(a.m) {
+                *m = b;
+            }
+        }
         if *given == self.default_config(k, a) && fitted.block_sizes[a.d] > 128 {
             fitted = fitted.num_warps(8);
         }
@@ -133,6 +141,7 @@ pub fn default_wgmma_attention(kernel: &Planned) -> Option<Config> {
 /// [`default_wgmma_attention`] of an attention kernel.
 fn wgmma_default(k: &Kernel, a: &AttentionShape) -> Config {
     let mut bs = vec![1; k.dims.len()];
+    bs[a.row_tile()] = 128;
     bs[a.m] = 128;
     bs[a.n] = 128;
     bs[a.d] = 128;

@@ -37,7 +37,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let dtype = operands(e, a)?;
     let threads = geo.warps * 32;
     let shared = (geo.bm + 4 * geo.bn) * geo.hd * 2;
-    let helpers = helpers(&geo, threads, dtype);
+    let helpers = helpers(&geo, threads, dtype, a.packed.is_some());
     let params = e.begin(threads, 1, &helpers, &[]);
     program_tiles(e, a);
     let kv = kv_batch(e, a)?;
@@ -63,14 +63,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     );
     let q: Vec<String> = a.batch.iter().map(|b| format!("tb{b}")).collect();
     for (name, t, idx) in [("q", a.q, &q), ("k", a.k, &kv), ("v", a.v, &kv)] {
-        operand_base(e, name, t, idx);
+        operand_base(e, name, t, idx, a.row_axis);
     }
-    let _ = writeln!(
-        e.out,
-        "  tf_att_load<{bm}>(tf_sq, tf_q, tf_q_rs, tb{m}, tf_q_rows, tf_q_cols, tid);",
-        bm = geo.bm,
-        m = a.m,
-    );
     let mut frags = Frags {
         geo: &geo,
         batch: &a.batch,
@@ -79,9 +73,19 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         masked: true,
         ind: "  ".into(),
     };
-    let body = e.k.body.clone();
+    let body = a.stmts(e.k);
     for (i, s) in body.iter().enumerate() {
+        if a.packed.as_ref().is_some_and(|p| p.rows_loop == i) {
+            packed_rows(e, a)?;
+        }
         if i == a.kv_loop {
+            // The block's `q` (its rows known from here on), then the keys.
+            let _ = writeln!(
+                e.out,
+                "  tf_att_load<{bm}>(tf_sq, tf_q, tf_q_rs, tb{m}, tf_q_rows, tf_q_cols, tid);",
+                bm = geo.bm,
+                m = a.m,
+            );
             key_loop(e, a, &mut frags, s)?;
         } else {
             outside(e, &mut frags, s)?;
@@ -92,21 +96,21 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
 }
 
 /// The program's tiles: shared memory, `tid`, then the row tile (the last ones
-/// first: under a causal mask they have the most keys) and the batch tiles of
-/// `blockIdx.x`.
+/// first: under a causal mask they have the most keys) and the other grid
+/// tiles of `blockIdx.x` ([`AttentionShape::programs`]).
 fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
-    let (m, d) = (a.m, a.d);
+    let (r, d) = (a.row_tile(), a.d);
     let _ = write!(
         e.out,
         "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
          \x20 const int tid = threadIdx.x;\n\
          \x20 long long tf_pid = blockIdx.x;\n\
-         \x20 const long long tf_mt = ({mext} + B{m} - 1) / B{m};\n\
-         \x20 const long long tb{m} = (tf_mt - 1 - tf_pid % tf_mt) * B{m};\n\
+         \x20 const long long tf_mt = ({mext} + B{r} - 1) / B{r};\n\
+         \x20 const long long tb{r} = (tf_mt - 1 - tf_pid % tf_mt) * B{r};\n\
          \x20 tf_pid /= tf_mt;\n",
-        mext = e.end(m),
+        mext = e.end(r),
     );
-    for &b in a.batch.iter().rev() {
+    for &b in a.programs(e.k).iter().rev() {
         let ext = e.end(b);
         let _ = writeln!(
             e.out,
@@ -118,9 +122,56 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
     let _ = writeln!(e.out, "  [[maybe_unused]] const long long tb{d} = 0;");
 }
 
-/// `tf_nt`: how many key tiles the loop over `dim` walks (up to its `until` bound).
-fn key_tiles(e: &mut Emitter, dim: DimId, until: Option<&Expr>) -> Result<(), CodegenError> {
-    let next = e.end(dim);
+/// A packed kernel's rows ([`super::Packed`]): the block of its sequence this
+/// program takes, from the row loop's bounds (at most one block: see
+/// [`shared_blocks`]); a program past its sequence's end has none and stops.
+/// Every thread returns together, before any of them waits on another.
+fn packed_rows(e: &mut Emitter, a: &AttentionShape) -> Result<(), CodegenError> {
+    let Some(r) = a.row_range(e.k) else {
+        return Ok(());
+    };
+    let m = a.m;
+    let name = e.k.dims[m].name.clone();
+    let (begin, end) = (
+        uniform_i64(e, &r.begin, &name)?,
+        uniform_i64(e, &r.end, &name)?,
+    );
+    let _ = writeln!(
+        e.out,
+        "  const long long tb{m} = {begin};  // the rows `{name}`: this program's block of its sequence\n\
+         \x20 const long long tf_end{m} = {end};\n\
+         \x20 if (tb{m} >= tf_end{m}) return;  // none: past the sequence's end"
+    );
+    Ok(())
+}
+
+/// A block-uniform integer expression (scalars, tile bounds) as C `long long`.
+fn uniform_i64(e: &Emitter, x: &Expr, what: &str) -> Result<String, CodegenError> {
+    let (c, ty) = e.ctx(&[]).emit(x, what)?;
+    Ok(super::expr::convert(&c, ty, CTy::I64))
+}
+
+/// `tf_nt`: how many key tiles the loop over `dim` walks, from `tf_beg{dim}`
+/// (its range's start, or 0) up to its end and `until` bound; a range's end is
+/// `tf_end{dim}`, the keys' extent in the masks.
+fn key_tiles(
+    e: &mut Emitter,
+    dim: DimId,
+    range: Option<&LoopRange>,
+    until: Option<&Expr>,
+) -> Result<(), CodegenError> {
+    let name = e.k.dims[dim].name.clone();
+    let (begin, next) = match range {
+        Some(r) => {
+            let (b, n) = (
+                uniform_i64(e, &r.begin, &name)?,
+                uniform_i64(e, &r.end, &name)?,
+            );
+            let _ = writeln!(e.out, "  const long long tf_end{dim} = {n};");
+            (b, format!("tf_end{dim}"))
+        }
+        None => ("0ll".to_string(), e.end(dim)),
+    };
     let end = match until {
         Some(u) => {
             let (c, _) = e.ctx(&[]).emit(u, "tile(…).until(…)")?;
@@ -130,8 +181,9 @@ fn key_tiles(e: &mut Emitter, dim: DimId, until: Option<&Expr>) -> Result<(), Co
     };
     let _ = writeln!(
         e.out,
-        "  const long long tf_n_end = {end};\n\
-         \x20 const int tf_nt = tf_n_end > 0 ? (int)((tf_n_end + B{dim} - 1) / B{dim}) : 0;"
+        "  const long long tf_beg{dim} = {begin};\n\
+         \x20 const long long tf_n_end = {end};\n\
+         \x20 const int tf_nt = tf_n_end > tf_beg{dim} ? (int)tf_min_i((tf_n_end - tf_beg{dim} + B{dim} - 1) / B{dim}, 0x7fffffffll) : 0;"
     );
     Ok(())
 }
@@ -147,6 +199,20 @@ fn shared_blocks(e: &Emitter, a: &AttentionShape) -> Result<(), CodegenError> {
                 format!(
                     "the batch tile `{}` of an attention kernel takes block size 1 (a program per index)",
                     e.k.dims[t].name
+                ),
+            ));
+        }
+    }
+    if let Some(p) = &a.packed {
+        let (grid, rows) = (e.cfg.block_sizes[p.rows], e.cfg.block_sizes[a.m]);
+        if rows < grid {
+            return Err(config_err(
+                e.k,
+                e.cfg,
+                format!(
+                    "the row loop `{}` of a packed attention kernel takes one tile of the block of `{}` a program \
+                     takes: its block is {rows}, under `{}`'s {grid}; give them the same block",
+                    e.k.dims[a.m].name, e.k.dims[p.rows].name, e.k.dims[p.rows].name
                 ),
             ));
         }
@@ -280,8 +346,7 @@ fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenE
             out.push(format!("tb{b}"));
             continue;
         };
-        let (c, ty) = e.ctx(&[]).emit(g, "the key and value heads' group")?;
-        let g = super::expr::convert(&c, ty, CTy::I64);
+        let g = uniform_i64(e, g, "the key and value heads' group")?;
         let _ = writeln!(
             e.out,
             "  const long long tf_grp{i} = {g};\n\
@@ -293,13 +358,14 @@ fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenE
 }
 
 /// `tf_{name}`: the operand's rows for the batch indices `idx` (C, one per
-/// batch tile), with its row stride, rows and columns (no rows when an index
-/// is past its extent).
-fn operand_base(e: &mut Emitter, name: &str, t: TensorId, idx: &[String]) {
+/// batch tile, in index order around the rows' axis `row_axis`), with its row
+/// stride, rows and columns (no rows when an index is past its extent).
+fn operand_base(e: &mut Emitter, name: &str, t: TensorId, idx: &[String], row_axis: usize) {
     let rank = e.spec.tensors[t].rank;
     let mut off = String::new();
     let mut inside = String::from("true");
-    for (i, b) in idx.iter().enumerate() {
+    let axes = (0..rank - 1).filter(|&x| x != row_axis);
+    for (b, i) in idx.iter().zip(axes) {
         let _ = write!(off, " + {b} * t{t}_s{i}");
         let _ = write!(inside, " && {b} < t{t}_n{i}");
     }
@@ -308,13 +374,15 @@ fn operand_base(e: &mut Emitter, name: &str, t: TensorId, idx: &[String]) {
         "  const unsigned short* tf_{name} = t{t}{off};\n\
          \x20 const long long tf_{name}_rs = t{t}_s{r}, tf_{name}_cols = t{t}_n{c};\n\
          \x20 const long long tf_{name}_rows = ({inside}) ? t{t}_n{r} : 0;",
-        r = rank - 2,
+        r = row_axis,
         c = rank - 1,
     );
 }
 
-/// The swizzle, tile loader and operand packing the program uses.
-fn helpers(g: &Geo, threads: usize, dtype: DType) -> String {
+/// The swizzle, tile loader and operand packing the program uses. Packed
+/// sequences' rows start where `cu_seqlens` says, which may be before the
+/// tensor (`signed`): the loader tests each row against both ends.
+fn helpers(g: &Geo, threads: usize, dtype: DType, signed: bool) -> String {
     let ch = g.hd / 8;
     // 16-byte chunk `ch` of row `r` goes to chunk `ch ^ f(r)`: eight rows that
     // `ldmatrix` reads together hit eight different bank groups.
@@ -350,7 +418,7 @@ __device__ __forceinline__ void tf_att_load(tf_u32 dst, const unsigned short* ba
   #pragma unroll
   for (int i = 0; i < (ROWS + STEP - 1) / STEP; ++i) {{
     if (ROWS % STEP == 0 || r0 + i * STEP < ROWS) {{
-      const bool ok = i * STEP < lim;
+      const bool ok = i * STEP < lim{lower};
       tf_cp_async16(dst + tf_swz(r0 + i * STEP, ch), ok ? (const void*)src : (const void*)base, ok ? bytes : 0u);
     }}
     src += step;
@@ -359,6 +427,11 @@ __device__ __forceinline__ void tf_att_load(tf_u32 dst, const unsigned short* ba
 "#,
         row_bytes = g.hd * 2,
         pack = pack_fn(dtype),
+        lower = if signed {
+            " && row0 + r0 + i * STEP >= 0"
+        } else {
+            ""
+        },
     )
 }
 
@@ -413,15 +486,18 @@ fn key_loop(
     s: &Stmt,
 ) -> Result<(), CodegenError> {
     let Stmt::Loop {
-        dim, body, until, ..
+        dim,
+        body,
+        until,
+        range,
     } = s
     else {
         return Ok(());
     };
     let g = *f.geo;
     let n = *dim;
+    key_tiles(e, n, range.as_deref(), until.as_ref())?;
     let next = e.end(n);
-    key_tiles(e, n, until.as_ref())?;
     let conds = uniform_compares(e, body, n, &g);
     let mut fast = format!("tb{n} + B{n} <= {next}");
     for (c, _) in &conds {
@@ -433,12 +509,12 @@ fn key_loop(
     let _ = write!(
         e.out,
         "  // Key tiles: `k` and `v` one tile ahead, in two buffers each.\n\
-         \x20 tf_att_load<{bn}>(tf_sk, tf_k, tf_k_rs, 0, tf_k_rows, tf_k_cols, tid);\n\
+         \x20 tf_att_load<{bn}>(tf_sk, tf_k, tf_k_rs, tf_beg{n}, tf_k_rows, tf_k_cols, tid);\n\
          \x20 tf_cp_async_commit();\n\
-         \x20 tf_att_load<{bn}>(tf_sv, tf_v, tf_v_rs, 0, tf_v_rows, tf_v_cols, tid);\n\
+         \x20 tf_att_load<{bn}>(tf_sv, tf_v, tf_v_rs, tf_beg{n}, tf_v_rows, tf_v_cols, tid);\n\
          \x20 tf_cp_async_commit();\n\
          \x20 for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
-         \x20   const long long tb{n} = (long long)tf_it * B{n};\n\
+         \x20   const long long tb{n} = tf_beg{n} + (long long)tf_it * B{n};\n\
          \x20   const tf_u32 tf_kb = tf_sk + (tf_it & 1) * {tile_bytes}u, tf_vb = tf_sv + (tf_it & 1) * {tile_bytes}u;\n\
          \x20   if (tf_it + 1 < tf_nt) {{\n\
          \x20     tf_att_load<{bn}>(tf_sk + ((tf_it + 1) & 1) * {tile_bytes}u, tf_k, tf_k_rs, tb{n} + B{n}, tf_k_rows, tf_k_cols, tid);\n\

@@ -5,11 +5,12 @@ use super::AttentionShape;
 use crate::config::Config;
 use crate::space::{Axis, ConfigSpace};
 
-/// Rows and keys a step, and warps.
+/// Rows and keys a step, and warps (a packed kernel's rows: its grid tile's
+/// block, which its row loop follows).
 pub(super) fn axes(a: &AttentionShape) -> Vec<Axis> {
     vec![
         Axis::Block {
-            dim: a.m,
+            dim: a.row_tile(),
             values: vec![64, 128, 256],
         },
         Axis::Block {
@@ -48,6 +49,7 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
             ..space.default_config().clone()
         }
         .num_warps(warps);
+        c.block_sizes[a.row_tile()] = bm;
         c.block_sizes[a.m] = bm;
         c.block_sizes[a.n] = bn;
         c

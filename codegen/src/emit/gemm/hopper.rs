@@ -173,6 +173,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
                 tensor: t,
                 box_inner: 64,
                 box_outer: 64,
+                rows_axis: None,
             },
             "const __grid_constant__ tf_tmap tf_map_out",
         )
@@ -187,6 +188,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
                     tensor: ta,
                     box_inner: bk,
                     box_outer: bm,
+                    rows_axis: None,
                 },
                 "const __grid_constant__ tf_tmap tf_map_a",
             ),
@@ -195,6 +197,7 @@ pub(super) fn emit(e: &mut Emitter, g: &GemmShape) -> Result<Lowered, CodegenErr
                     tensor: tb,
                     box_inner: 64,
                     box_outer: bk,
+                    rows_axis: None,
                 },
                 "const __grid_constant__ tf_tmap tf_map_b",
             ),
