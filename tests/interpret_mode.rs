@@ -250,6 +250,36 @@ fn varlen_attention_matches_f64_per_sequence() {
     }
 }
 
+/// `cu_seqlens` bounds before the tensors, past them, or decreasing: the
+/// interpreter runs them as the GPU does (loads outside a tensor are zeros),
+/// without an error, and writes nothing outside `out`, a view of the middle
+/// third of a poisoned buffer.
+#[test]
+fn varlen_attention_bounds_outside_the_tensors_stay_inside_them() {
+    interpret();
+    let (total, h, d) = (64, 2, 16);
+    let big = || random_tensor::<bf16>([3 * total, h, d], 1.0).unwrap();
+    let (qb, kb, vb) = (big(), big(), big());
+    let ob = poisoned::<bf16>([3 * total, h, d]).unwrap();
+    let mid = |t: &Tensor<bf16>| t.narrow(0, total, total).unwrap();
+    let (q, k, v, out) = (mid(&qb), mid(&kb), mid(&vb), mid(&ob));
+    let cu = Tensor::from_slice(&[-40i64, 10, 5, 100, 30], [5]).unwrap();
+    for causal in [false, true] {
+        attention::attention_varlen(&q, &k, &v, &cu, &out, 150, 0.3, causal)
+            .unwrap_or_else(|e| panic!("causal={causal}: {e}"));
+        let all = host(&ob);
+        let row = h * d;
+        let outside = all[..total * row].iter().chain(&all[2 * total * row..]);
+        assert!(
+            outside.into_iter().all(|x| x.is_nan()),
+            "causal={causal}: a write outside `out`"
+        );
+        // Rows 10..30 lie in the sequence 5..100 alone (10..5 and 100..30
+        // are empty): written, finite (its keys past the tensor are zeros).
+        assert!(host(&out)[10 * row..30 * row].iter().all(|x| x.is_finite()));
+    }
+}
+
 /// Grouped-query attention refuses key/value heads that do not divide the
 /// query heads (a query head past the last group would read no keys), naming
 /// `k`, before any launch.

@@ -351,6 +351,45 @@ fn varlen_attention_matches_f64_per_sequence() {
     }
 }
 
+/// `cu_seqlens` is data: bounds before the tensors, past them, or decreasing
+/// run without an error and write nothing outside `out` (a view of the
+/// middle third of a poisoned buffer whose other thirds stay poisoned), on
+/// the untuned default and the `mma.sync` program.
+#[test]
+fn varlen_attention_bounds_outside_the_tensors_stay_inside_them() {
+    let Some(_dev) = gpu() else { return };
+    let (total, h, d) = (64, 2, 64);
+    let big = |x: f64| random_tensor::<bf16>([3 * total, h, d], x).unwrap();
+    let (qb, kb, vb) = (big(1.0), big(1.0), big(1.0));
+    let ob = poisoned::<bf16>([3 * total, h, d]).unwrap();
+    let mid = |t: &Tensor<bf16>| t.narrow(0, total, total).unwrap();
+    let (q, k, v, out) = (mid(&qb), mid(&kb), mid(&vb), mid(&ob));
+    let cu = Tensor::from_slice(&[-40i64, 10, 5, 100, 30], [5]).unwrap();
+    let def = attention_varlen::kernel();
+    // dims: b, th, tq, td, tm, tn.
+    let configs = [
+        None,
+        Some(Config::new(&[1, 1, 64, 64, 64, 64]).num_warps(4)),
+    ];
+    for cfg in configs {
+        for causal in [false, true] {
+            let run = || attention_varlen(&q, &k, &v, &cu, &out, 150, 0.3, causal);
+            match &cfg {
+                Some(c) => def.with_config(c.clone(), run),
+                None => run(),
+            }
+            .unwrap_or_else(|e| panic!("{cfg:?} causal={causal}: {e}"));
+            let all = ob.to_vec().unwrap();
+            let row = h * d;
+            let outside = all[..total * row].iter().chain(&all[2 * total * row..]);
+            assert!(
+                outside.into_iter().all(|x| x.to_f64().is_nan()),
+                "{cfg:?} causal={causal}: a write outside `out`"
+            );
+        }
+    }
+}
+
 #[test]
 fn attention_rejects_unaligned_rows() {
     let Some(_dev) = gpu() else { return };
