@@ -11,11 +11,13 @@
 //! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench]   (default 1 2 200 64)
 //! ```
 //!
-//! The forward takes the attention program. The backward's kernels (three
-//! `addmm`s a loop) take the general lowering, whose `addmm`s run on the
-//! tensor cores (`mma.sync`) through shared memory: correct (interpret mode
-//! checks it in CI, the GPU suite on a GPU), but far from FlashAttention's
-//! backward speed, which needs a fast path of its own (issue 36).
+//! The forward takes the attention program, and so do the backward's
+//! kernels, in its `mma.sync` form (FlashAttention-2's): dQ with `dO·Vᵀ` a
+//! second product of the scores' form and `dS·K` the update; dK/dV with the
+//! grid's keys as the program's rows, the queries streamed (`q·kᵀ` computed
+//! as `k·qᵀ`), dV and dK two accumulators and the loop over a group's query
+//! heads around the query loop. Scores and accumulators stay in registers.
+//! The Hopper (`wgmma`) program runs the forward's form only.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;

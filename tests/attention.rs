@@ -263,7 +263,21 @@ fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator(
     }
 }
 
-/// Attention's backward kernels take the general lowering. Its `addmm`s run
+/// Attention's dK/dV kernel with its query loop written as a range
+/// (`tile(0..s)`): the same program, which the attention form does not take
+/// (its loops have host extents), for the general lowering's tests.
+fn dkdv_on_the_general_lowering() -> Planned {
+    use common::examples::attention_backward::attention_dkdv;
+    let text = attention_dkdv::kernel().ir().unwrap().to_string();
+    let ranged = text.replace("for tm in tile(s) {", "for tm in tile(0..s) {");
+    assert_ne!(ranged, text);
+    let k = Planned::new(tilefuse::codegen::ir::Kernel::parse(&ranged).unwrap());
+    assert_eq!(k.lowering(), "general");
+    k
+}
+
+/// Attention's dK/dV on the general lowering (see
+/// [`dkdv_on_the_general_lowering`]). Its `addmm`s run
 /// on the tensor cores, and the loop's layout spreads the threads over both
 /// the grid's tile (the keys of dK/dV's accumulators) and the loop's
 /// queries, the head dimension keeping its 16-byte runs: at 32×64 tiles with
@@ -274,12 +288,12 @@ fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator(
 #[test]
 fn attention_backward_spreads_its_threads_over_the_accumulators() {
     use common::examples::attention_backward::attention_dkdv;
-    let def = attention_dkdv::kernel();
-    let mut spec = def.declared_spec().unwrap();
+    let k = dkdv_on_the_general_lowering();
+    let mut spec = attention_dkdv::kernel().declared_spec().unwrap();
     spec.constexprs = vec![0];
     // dims: tb, th, tn, td, g (the group's query heads), tm
     let cfg = Config::new(&[1, 1, 32, 64, 1, 32]).num_warps(4);
-    let l = def.lower(&spec, &cfg).unwrap();
+    let l = lower(&k, &spec, &cfg).unwrap();
     assert_eq!(l.path, "general");
     assert_eq!(l.source.matches("tf_mma_bf16(tf_c0").count(), 4);
     let layout = l
@@ -302,7 +316,7 @@ fn attention_backward_spreads_its_threads_over_the_accumulators() {
 /// tensor cores, 32 heads a program.)
 #[test]
 fn kernels_that_multiply_default_to_tensor_core_tiles() {
-    use common::examples::attention_backward::{attention_dkdv, attention_dq};
+    use common::examples::attention_backward::attention_dkdv;
     use tilefuse::codegen::config::{default_config_at, Target};
     use tilefuse::codegen::{fit_default, fit_whole_dims};
     let hopper = Target {
@@ -310,13 +324,8 @@ fn kernels_that_multiply_default_to_tensor_core_tiles() {
         wgmma: true,
         sms: 132,
     };
-    // dims: tb, th, tm, td, tn (dQ); tb, th, tn, td, g, tm (dK/dV).
+    // dims: tb, th, tn, td, g, tm (dK/dV).
     let cases = [
-        (
-            attention_dq::kernel(),
-            vec![Some(4), Some(16), Some(2048), Some(128), Some(2048)],
-            vec![1, 1, 32, 128, 32],
-        ),
         (
             attention_dkdv::kernel(),
             vec![
@@ -331,20 +340,20 @@ fn kernels_that_multiply_default_to_tensor_core_tiles() {
         ),
         // Short sequences: the tiles shrink to the extent, not below 16.
         (
-            attention_dq::kernel(),
-            vec![Some(1), Some(2), Some(10), Some(40), Some(10)],
-            vec![1, 1, 16, 64, 16],
+            attention_dkdv::kernel(),
+            vec![Some(1), Some(2), Some(10), Some(40), Some(1), Some(10)],
+            vec![1, 1, 16, 64, 1, 16],
         ),
     ];
+    let k = &dkdv_on_the_general_lowering();
     for (def, ext, want) in cases {
         let mut spec = def.declared_spec().unwrap();
         spec.constexprs = vec![1];
-        let k = def.ir().unwrap();
         let c = default_config_at(k, &spec, hopper, &ext);
         let c = fit_whole_dims(k, fit_default(k, c, &ext), &ext);
         assert_eq!(c.block_sizes, want, "{}: {c}", def.name());
         assert_eq!(c.num_warps, 8, "{}: {c}", def.name());
-        let l = def.lower(&spec, &c).unwrap();
+        let l = lower(k, &spec, &c).unwrap();
         assert_eq!(l.path, "general");
         assert!(
             l.source.contains("tf_mma_bf16("),
@@ -377,6 +386,7 @@ fn the_products_tuning_space_stays_on_the_tensor_cores() {
     use common::examples::attention_backward::attention_dkdv;
     use tilefuse::codegen::{Axis, ConfigSpace};
     let def = attention_dkdv::kernel();
+    let k = dkdv_on_the_general_lowering();
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![0];
     let h200 = Target {
@@ -385,7 +395,7 @@ fn the_products_tuning_space_stays_on_the_tensor_cores() {
         sms: 132,
     };
     // dims: tb, th, tn, td, g, tm
-    let space = ConfigSpace::new(def.ir().unwrap(), &spec, h200).with_extents(&[
+    let space = ConfigSpace::new(&k, &spec, h200).with_extents(&[
         Some(4),
         Some(16),
         Some(2048),
@@ -411,7 +421,7 @@ fn the_products_tuning_space_stays_on_the_tensor_cores() {
     let seeds = space.seeds(&spec, true);
     assert!(seeds.len() >= 3, "{seeds:?}");
     for c in &seeds {
-        let l = def.lower(&spec, c).unwrap();
+        let l = lower(&k, &spec, c).unwrap();
         assert!(
             l.source.contains("tf_mma_bf16("),
             "{c}: off the tensor cores"
@@ -494,4 +504,135 @@ fn packed_sequences_take_the_attention_lowering() {
     assert_ne!(whole, text);
     let other = Planned::new(tilefuse::codegen::ir::Kernel::parse(&whole).unwrap());
     assert_eq!(other.lowering(), "general");
+}
+
+/// The backward's dQ kernel (`S = Q·Kᵀ` and `dP = dO·Vᵀ` a key step, then
+/// `dQ += dS·K`) takes the attention lowering: `dO` a second row operand
+/// beside `q` in shared memory, `k` and `v` streamed (their loads waited for
+/// where first read), 16 rows a warp by default so both scores fit beside the
+/// accumulator; the Hopper program refuses it (two products a step) and the
+/// Hopper default is the `mma.sync` one.
+#[test]
+fn the_backwards_dq_takes_the_attention_lowering() {
+    use common::examples::attention_backward::attention_dq;
+    use tilefuse::codegen::config::{default_config_at, Target};
+    let def = attention_dq::kernel();
+    let ir = def.ir().unwrap();
+    let Some(a) = ir.plan::<AttentionShape>() else {
+        panic!("not attention: {}", ir.kernel());
+    };
+    let names = |ts: Vec<usize>| -> Vec<&str> {
+        ts.into_iter()
+            .map(|t| ir.tensors[t].name.as_str())
+            .collect()
+    };
+    assert_eq!(names(vec![a.q, a.k, a.v]), ["q", "k", "k"]);
+    assert_eq!(a.more_scores.len(), 1);
+    let more = &a.more_scores[0];
+    assert_eq!(names(vec![more.rows, more.keys]), ["dout", "v"]);
+    assert_eq!(names(a.row_operands()), ["q", "dout"]);
+    assert_eq!(names(a.key_operands()), ["k", "v"]);
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    let ext = [Some(4), Some(16), Some(2048), Some(128), Some(2048)];
+    let hopper = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, hopper, &ext), &ext);
+    assert_eq!(
+        (c.block_sizes.clone(), c.num_warps, c.wgmma),
+        (vec![1, 1, 64, 128, 64], 4, false)
+    );
+    let l = lower(ir, &spec, &c).unwrap();
+    assert_eq!(l.path, "attention (mma.sync, flash)");
+    // q and dO (64 rows), two buffers of k and of v (64 keys), 256 bytes a row.
+    assert_eq!(l.shared_bytes, (2 * 64 + 4 * 64) * 256);
+    let src = &l.source;
+    assert!(
+        src.contains("tf_att_load<64>(tf_sr1, tf_r1, tf_r1_rs, tb2,"),
+        "{src}"
+    );
+    assert!(
+        src.contains("tf_cp_async_wait<2>();  // this tile's `v`"),
+        "{src}"
+    );
+    assert!(src.contains("(tf_ra1 + tf_mi * "), "dO·Vᵀ reads dO");
+    assert!(
+        src.contains("tf_ldmatrix_x4_trans(tf_bf, (tf_kb + tf_vl"),
+        "dS·K reads k"
+    );
+    let err = lower(ir, &spec, &default_wgmma_attention(ir).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("two products a key step") && err.contains("has 3"),
+        "{err}"
+    );
+}
+
+/// The backward's dK/dV kernel takes the attention lowering too: its grid's
+/// keys are the program's rows and its loop walks the queries (`q·kᵀ`
+/// computed as `k·qᵀ`, `k` and `v` the row operands, `q` and `dO` streamed),
+/// dV and dK two accumulators, a loop over a group's query heads around the
+/// key loop (their batch index `th * group + g`); 64 rows, 32 queries a step
+/// and 4 warps by default.
+#[test]
+fn the_backwards_dkdv_takes_the_attention_lowering() {
+    use common::examples::attention_backward::attention_dkdv;
+    use tilefuse::codegen::config::{default_config_at, Target};
+    let def = attention_dkdv::kernel();
+    let ir = def.ir().unwrap();
+    let Some(a) = ir.plan::<AttentionShape>() else {
+        panic!("not attention: {}", ir.kernel());
+    };
+    let names = |ts: Vec<usize>| -> Vec<&str> {
+        ts.into_iter()
+            .map(|t| ir.tensors[t].name.as_str())
+            .collect()
+    };
+    // dims: tb, th, tn, td, g, tm.
+    assert_eq!((a.m, a.n, a.d, a.outer_each.clone()), (2, 5, 3, vec![4]));
+    assert_eq!(names(a.row_operands()), ["k", "v"]);
+    assert_eq!(names(a.key_operands()), ["q", "dout"]);
+    assert_eq!((a.more_scores.len(), a.more_updates.len()), (1, 1));
+    assert!(
+        matches!(a.kv_exprs.as_slice(), [None, Some(_)]),
+        "{:?}",
+        a.kv_exprs
+    );
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    let ext = [
+        Some(4),
+        Some(16),
+        Some(2048),
+        Some(128),
+        Some(1),
+        Some(2048),
+    ];
+    let hopper = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, hopper, &ext), &ext);
+    assert_eq!(
+        (c.block_sizes.clone(), c.num_warps, c.wgmma),
+        (vec![1, 1, 64, 128, 1, 32], 4, false)
+    );
+    let l = lower(ir, &spec, &c).unwrap();
+    assert_eq!(l.path, "attention (mma.sync, flash)");
+    let src = &l.source;
+    assert!(
+        src.contains("for (long long tb4 = 0; tb4 < s"),
+        "the group's loop: {src}"
+    );
+    assert!(src.contains("const long long tf_kv1 = "), "{src}");
+    // Each update's `p` its own.
+    assert!(
+        src.contains("float tf_p[") && src.contains("float tf_p0["),
+        "{src}"
+    );
 }

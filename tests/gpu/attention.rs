@@ -264,10 +264,11 @@ fn grouped_query_attention_matches_f64_on_the_wgmma_path() {
     }
 }
 
-/// Attention's backward (`examples/attention_backward.rs`): its dK/dV and dQ
-/// kernels take the general lowering, whose `addmm`s run on the tensor cores
-/// at blocks of 32 queries and keys (head dimension 64 whole); ragged
-/// sequences, causal and not, against float64.
+/// Attention's backward (`examples/attention_backward.rs`) on the attention
+/// program's `mma.sync` form: dQ (`dO·Vᵀ` a second product of the scores'
+/// form, `dS·K` the update) and dK/dV (the keys the rows, the queries
+/// streamed, dK and dV two accumulators) with 4 and 8 warps of 16 rows (head
+/// dimension 64 whole); ragged sequences, causal and not, against float64.
 #[test]
 fn attention_backward_matches_f64_with_tensor_core_addmm() {
     let Some(_dev) = gpu() else { return };
@@ -275,8 +276,16 @@ fn attention_backward_matches_f64_with_tensor_core_addmm() {
     // queries alone, or over queries and keys).
     for (warps, causal) in [(4, false), (4, true), (8, false), (8, true)] {
         // dQ's dims: tb, th, tm, td, tn; dK/dV's: tb, th, tn, td, g, tm.
-        let cfg = Config::new(&[1, 1, 32, 64, 32]).num_warps(warps);
-        let kv_cfg = Config::new(&[1, 1, 32, 64, 1, 32]).num_warps(warps);
+        let cfg = if warps == 4 {
+            Config::new(&[1, 1, 64, 64, 64]).num_warps(4)
+        } else {
+            Config::new(&[1, 1, 128, 64, 32]).num_warps(8)
+        };
+        let kv_cfg = if warps == 4 {
+            Config::new(&[1, 1, 64, 64, 1, 32]).num_warps(4)
+        } else {
+            Config::new(&[1, 1, 128, 64, 1, 32]).num_warps(8)
+        };
         let errs = attention_dkdv::kernel()
             .with_config(kv_cfg, || {
                 attention_dq::kernel()

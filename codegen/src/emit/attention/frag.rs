@@ -164,7 +164,7 @@ impl Frags<'_> {
         let own: Vec<DimId> = dims
             .iter()
             .copied()
-            .filter(|d| !self.batch.contains(d))
+            .filter(|d| !self.batch.contains(d) && !e.k.dims[*d].each)
             .collect();
         let has = |d: DimId| own.contains(&d);
         if own.iter().any(|&d| d != g.m && d != g.n && d != g.d) || (has(g.n) && has(g.d)) {

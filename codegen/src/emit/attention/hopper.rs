@@ -31,6 +31,18 @@ const CONSUMER_REGS: usize = 240;
 const PRODUCER_REGS: usize = 24;
 
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
+    let products = 2 + a.more_scores.len() + a.more_updates.len();
+    if products > 2 || !a.outer_each.is_empty() || a.kv_exprs.iter().any(Option::is_some) {
+        return Err(config_err(
+            e.k,
+            e.cfg,
+            format!(
+                "the wgmma attention path runs the forward's form: two products a key step (`q·kᵀ` and `p·v`; this \
+                 kernel has {products}), no loop around the keys', keys indexed by the query's head or its group's; \
+                 leave `wgmma` unset"
+            ),
+        ));
+    }
     let mut g = geometry(e, a)?;
     let dtype = operands(e, a)?;
     let rank = e.spec.tensors[a.q].rank;

@@ -33,12 +33,17 @@ impl Lowering for Attention {
     }
 
     /// FlashAttention-2's shape for head dimensions up to 128: 4 warps of 32
-    /// query rows, 64 keys a step.
+    /// query rows, 64 keys a step. With more products a step (the backward's
+    /// dQ: `dO·Vᵀ` too) 16 rows a warp, so their scores fit a thread's
+    /// registers beside the output's; with two outputs (dK and dV) 32 keys
+    /// (the loop's queries) a step as well.
     fn default_config(&self, k: &Kernel, a: &AttentionShape) -> Config {
+        let more = !a.more_scores.is_empty() || !a.more_updates.is_empty();
+        let rows = if more { 64 } else { 128 };
         let mut bs = vec![1; k.dims.len()];
-        bs[a.row_tile()] = 128;
-        bs[a.m] = 128;
-        bs[a.n] = 64;
+        bs[a.row_tile()] = rows;
+        bs[a.m] = rows;
+        bs[a.n] = if a.more_updates.is_empty() { 64 } else { 32 };
         bs[a.d] = 128;
         Config::new(&bs).num_warps(4)
     }
@@ -79,7 +84,11 @@ impl Lowering for Attention {
                 *m = b;
             }
         }
-        if *given == self.default_config(k, a) && fitted.block_sizes[a.d] > 128 {
+        if *given == self.default_config(k, a)
+            && fitted.block_sizes[a.d] > 128
+            && a.more_scores.is_empty()
+            && a.more_updates.is_empty()
+        {
             fitted = fitted.num_warps(8);
         }
         if *given == wgmma_default(k, a) && fitted.block_sizes[a.d] > 128 {

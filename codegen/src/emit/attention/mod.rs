@@ -26,7 +26,7 @@ use crate::error::CodegenError;
 use crate::ir::*;
 use frag::{Frags, Geo, Layout};
 pub use lowering::default_wgmma_attention;
-pub use shape::AttentionShape;
+pub use shape::{AttentionShape, MoreScores, Packed};
 use std::fmt::Write;
 
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
@@ -36,11 +36,19 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let geo = geometry(e, a)?;
     let dtype = operands(e, a)?;
     let threads = geo.warps * 32;
-    let shared = (geo.bm + 4 * geo.bn) * geo.hd * 2;
+    let (rows, keys) = (a.row_operands(), a.key_operands());
+    // The row operands' tiles, then two buffers of each key operand's.
+    let shared = (rows.len() * geo.bm + 2 * keys.len() * geo.bn) * geo.hd * 2;
     let helpers = helpers(&geo, threads, dtype, a.packed.is_some());
     let params = e.begin(threads, 1, &helpers, &[]);
     program_tiles(e, a);
-    let kv = kv_batch(e, a)?;
+    // Key operands indexed by an `each` loop around the key loop find their
+    // rows inside it.
+    let kv = if a.outer_each.is_empty() {
+        kv_batch(e, a)?
+    } else {
+        Vec::new()
+    };
     let _ = writeln!(
         e.out,
         "  const int lane = tid & 31, tf_warp = tid >> 5;\n\
@@ -48,22 +56,43 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20 (void)tf_g; (void)tf_t;",
         rows = 16 * geo.mi,
     );
+    let q_bytes = geo.bm * geo.hd * 2;
+    let kv2 = 2 * geo.bn * geo.hd * 2;
+    let mut bases = String::new();
+    for r in 1..rows.len() {
+        let _ = write!(bases, ", {} = tf_sq + {}u", RowOp(r).base(), r * q_bytes);
+    }
+    let _ = write!(bases, ", tf_sk = tf_sq + {}u", rows.len() * q_bytes);
+    for i in 1..keys.len() {
+        let _ = write!(bases, ", {} = tf_sk + {}u", KeyOp(i).ring(), i * kv2);
+    }
+    let mut lanes = String::new();
+    for r in 1..rows.len() {
+        let _ = write!(
+            lanes,
+            "\n  const tf_u32 {} = {} + tf_swz(tf_wr + (lane & 15), lane >> 4);",
+            RowOp(r).lane(),
+            RowOp(r).base()
+        );
+    }
     let _ = writeln!(
         e.out,
         "  const tf_u32 tf_sq = tf_smem_u32(tf_smem);\n\
-         \x20 const tf_u32 tf_sk = tf_sq + {q_bytes}u, tf_sv = tf_sk + {kv2}u;\n\
+         \x20 const tf_u32 {bases};\n\
          \x20 // Each lane's `ldmatrix` row in its first 16-row block, at the first 16\n\
          \x20 // columns: a later block adds whole rows, a later k step XORs the chunk\n\
          \x20 // (rows are a power of two bytes long and the swizzle is an XOR too).\n\
-         \x20 const tf_u32 tf_qa = tf_sq + tf_swz(tf_wr + (lane & 15), lane >> 4);\n\
+         \x20 const tf_u32 tf_qa = tf_sq + tf_swz(tf_wr + (lane & 15), lane >> 4);{lanes}\n\
          \x20 const tf_u32 tf_kl = tf_swz(((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);\n\
          \x20 const tf_u32 tf_vl = tf_swz((((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);",
-        q_bytes = geo.bm * geo.hd * 2,
-        kv2 = 2 * geo.bn * geo.hd * 2,
+        bases = &bases[2..],
     );
     let q: Vec<String> = a.batch.iter().map(|b| format!("tb{b}")).collect();
-    for (name, t, idx) in [("q", a.q, &q), ("k", a.k, &kv), ("v", a.v, &kv)] {
-        operand_base(e, name, t, idx, a.row_axis);
+    for (r, &t) in rows.iter().enumerate() {
+        operand_base(e, &RowOp(r).name(), t, &q, a.row_axis);
+    }
+    if a.outer_each.is_empty() {
+        key_bases(e, a, &kv);
     }
     let mut frags = Frags {
         geo: &geo,
@@ -80,19 +109,109 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         }
         if i == a.kv_loop {
             // The block's `q` (its rows known from here on), then the keys.
-            let _ = writeln!(
-                e.out,
-                "  tf_att_load<{bm}>(tf_sq, tf_q, tf_q_rs, tb{m}, tf_q_rows, tf_q_cols, tid);",
-                bm = geo.bm,
-                m = a.m,
-            );
+            for r in 0..rows.len() {
+                let _ = writeln!(
+                    e.out,
+                    "  tf_att_load<{bm}>({base}, tf_{n}, tf_{n}_rs, tb{m}, tf_{n}_rows, tf_{n}_cols, tid);",
+                    bm = geo.bm,
+                    m = a.m,
+                    base = RowOp(r).base(),
+                    n = RowOp(r).name(),
+                );
+            }
+            let mut s = s;
+            for &g in &a.outer_each {
+                let _ = writeln!(
+                    e.out,
+                    "  for (long long tb{g} = 0; tb{g} < {}; ++tb{g}) {{  // tile `{}`",
+                    e.end(g),
+                    e.k.dims[g].name
+                );
+                if let Stmt::Loop { body, .. } = s {
+                    s = &body[0];
+                }
+            }
+            if !a.outer_each.is_empty() {
+                let kv = kv_batch(e, a)?;
+                key_bases(e, a, &kv);
+            }
             key_loop(e, a, &mut frags, s)?;
+            e.out.push_str(&"  }\n".repeat(a.outer_each.len()));
         } else {
             outside(e, &mut frags, s)?;
         }
     }
     e.out.push_str("  tf_cp_async_wait<0>();\n}\n");
     Ok(e.finish(params, threads, shared, "attention (mma.sync, flash)"))
+}
+
+/// `tf_{k,v,…}`: the key operands' rows for this program (`kv`: their batch
+/// indices, from [`kv_batch`]).
+fn key_bases(e: &mut Emitter, a: &AttentionShape, kv: &[String]) {
+    for (i, t) in a.key_operands().into_iter().enumerate() {
+        operand_base(e, &KeyOp(i).name(), t, kv, a.row_axis);
+    }
+}
+
+/// The names of row operand `r` ([`AttentionShape::row_operands`]): `q`'s
+/// for the first.
+#[derive(Clone, Copy)]
+struct RowOp(usize);
+
+impl RowOp {
+    /// Its pointer's name (`tf_{name}`).
+    fn name(self) -> String {
+        match self.0 {
+            0 => "q".into(),
+            r => format!("r{r}"),
+        }
+    }
+    /// Its tile's shared address.
+    fn base(self) -> String {
+        match self.0 {
+            0 => "tf_sq".into(),
+            r => format!("tf_sr{r}"),
+        }
+    }
+    /// A lane's `ldmatrix` row address in it.
+    fn lane(self) -> String {
+        match self.0 {
+            0 => "tf_qa".into(),
+            r => format!("tf_ra{r}"),
+        }
+    }
+}
+
+/// The names of key operand `i` ([`AttentionShape::key_operands`]): `k`'s
+/// and `v`'s for the first two.
+#[derive(Clone, Copy)]
+struct KeyOp(usize);
+
+impl KeyOp {
+    /// Its pointer's name (`tf_{name}`).
+    fn name(self) -> String {
+        match self.0 {
+            0 => "k".into(),
+            1 => "v".into(),
+            i => format!("s{i}"),
+        }
+    }
+    /// Its two buffers' shared address.
+    fn ring(self) -> String {
+        match self.0 {
+            0 => "tf_sk".into(),
+            1 => "tf_sv".into(),
+            i => format!("tf_ss{i}"),
+        }
+    }
+    /// This key tile's buffer.
+    fn buf(self) -> String {
+        match self.0 {
+            0 => "tf_kb".into(),
+            1 => "tf_vb".into(),
+            i => format!("tf_sb{i}"),
+        }
+    }
 }
 
 /// The program's tiles: shared memory, `tid`, then the row tile (the last ones
@@ -288,9 +407,12 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         stages: 2,
         defer_pv: false,
     };
-    // Scores and output accumulator, in f32 registers a thread; ~60 more go to
-    // operand fragments, row state and addresses, within the 255 a thread has.
-    let held = geo.mi * (geo.ni + geo.di) * 4;
+    // Scores (of each score-like product) and output accumulator, in f32
+    // registers a thread; ~60 more go to operand fragments, row state and
+    // addresses, within the 255 a thread has.
+    let products = 1 + a.more_scores.len();
+    let outputs = 1 + a.more_updates.len();
+    let held = geo.mi * (products * geo.ni + outputs * geo.di) * 4;
     if held > 192 {
         return Err(config_err(
             e.k,
@@ -298,18 +420,19 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
             format!(
                 "a thread would hold {held} accumulator registers (scores {} + output {}); take a smaller \
                  row or key block, or 8 warps",
-                geo.mi * geo.ni * 4,
-                geo.mi * geo.di * 4
+                products * geo.mi * geo.ni * 4,
+                outputs * geo.mi * geo.di * 4
             ),
         ));
     }
     Ok(geo)
 }
 
-/// `q`, `k`, `v` share a 16-bit dtype and have contiguous, 16-byte aligned rows.
+/// The products' operands (`q`, `k`, `v` and any others) share a 16-bit dtype
+/// and have contiguous, 16-byte aligned rows.
 fn operands(e: &Emitter, a: &AttentionShape) -> Result<DType, CodegenError> {
     let dtype = e.spec.tensors[a.q].dtype;
-    for t in [a.q, a.k, a.v] {
+    for t in a.row_operands().into_iter().chain(a.key_operands()) {
         let ts = &e.spec.tensors[t];
         if !ts.dtype.is_half() || ts.dtype != dtype {
             return Err(CodegenError::Argument {
@@ -342,6 +465,18 @@ fn operands(e: &Emitter, a: &AttentionShape) -> Result<DType, CodegenError> {
 fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenError> {
     let mut out = Vec::new();
     for (i, (&b, group)) in a.batch.iter().zip(&a.kv_group).enumerate() {
+        if let Some(Some(x)) = a.kv_exprs.get(i) {
+            let coords: Vec<(DimId, String)> =
+                a.batch.iter().map(|&t| (t, format!("tb{t}"))).collect();
+            let (c, ty) = e.ctx(&coords).emit(x, "the key operands' batch index")?;
+            let _ = writeln!(
+                e.out,
+                "  const long long tf_kv{i} = {};",
+                super::expr::convert(&c, ty, CTy::I64)
+            );
+            out.push(format!("tf_kv{i}"));
+            continue;
+        }
         let Some(g) = group else {
             out.push(format!("tb{b}"));
             continue;
@@ -506,29 +641,55 @@ fn key_loop(
     let compares: Vec<Expr> = conds.into_iter().map(|(_, x)| x).collect();
     let fast_body: Vec<Stmt> = body.iter().map(|s| without(s, &compares)).collect();
     let tile_bytes = g.bn * g.hd * 2;
+    let keys = a.key_operands().len();
+    let ops: Vec<KeyOp> = (0..keys).map(KeyOp).collect();
+    let names: Vec<String> = ops.iter().map(|o| format!("`{}`", o.name())).collect();
+    let load = |o: &KeyOp, ind: &str, dst: &str, row: &str| -> String {
+        format!(
+            "{ind}tf_att_load<{bn}>({dst}, tf_{x}, tf_{x}_rs, {row}, tf_{x}_rows, tf_{x}_cols, tid);\n\
+             {ind}tf_cp_async_commit();\n",
+            bn = g.bn,
+            x = o.name(),
+        )
+    };
+    let first: String = ops
+        .iter()
+        .map(|o| load(o, "  ", &o.ring(), &format!("tf_beg{n}")))
+        .collect();
+    let bufs: Vec<String> = ops
+        .iter()
+        .map(|o| format!("{} = {} + (tf_it & 1) * {tile_bytes}u", o.buf(), o.ring()))
+        .collect();
+    let next: String = ops
+        .iter()
+        .map(|o| {
+            load(
+                o,
+                "      ",
+                &format!("{} + ((tf_it + 1) & 1) * {tile_bytes}u", o.ring()),
+                &format!("tb{n} + B{n}"),
+            )
+        })
+        .collect();
     let _ = write!(
         e.out,
-        "  // Key tiles: `k` and `v` one tile ahead, in two buffers each.\n\
-         \x20 tf_att_load<{bn}>(tf_sk, tf_k, tf_k_rs, tf_beg{n}, tf_k_rows, tf_k_cols, tid);\n\
-         \x20 tf_cp_async_commit();\n\
-         \x20 tf_att_load<{bn}>(tf_sv, tf_v, tf_v_rs, tf_beg{n}, tf_v_rows, tf_v_cols, tid);\n\
-         \x20 tf_cp_async_commit();\n\
+        "  // Key tiles: {names} one tile ahead, in two buffers each.\n\
+         {first}\
          \x20 for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
          \x20   const long long tb{n} = tf_beg{n} + (long long)tf_it * B{n};\n\
-         \x20   const tf_u32 tf_kb = tf_sk + (tf_it & 1) * {tile_bytes}u, tf_vb = tf_sv + (tf_it & 1) * {tile_bytes}u;\n\
+         \x20   const tf_u32 {bufs};\n\
          \x20   if (tf_it + 1 < tf_nt) {{\n\
-         \x20     tf_att_load<{bn}>(tf_sk + ((tf_it + 1) & 1) * {tile_bytes}u, tf_k, tf_k_rs, tb{n} + B{n}, tf_k_rows, tf_k_cols, tid);\n\
-         \x20     tf_cp_async_commit();\n\
-         \x20     tf_att_load<{bn}>(tf_sv + ((tf_it + 1) & 1) * {tile_bytes}u, tf_v, tf_v_rs, tb{n} + B{n}, tf_v_rows, tf_v_cols, tid);\n\
-         \x20     tf_cp_async_commit();\n\
+         {next}\
          \x20   }} else {{\n\
-         \x20     tf_cp_async_commit();\n\
-         \x20     tf_cp_async_commit();\n\
+         {empty}\
          \x20   }}\n\
-         \x20   tf_cp_async_wait<3>();  // this tile's `k` (and `q`)\n\
+         \x20   tf_cp_async_wait<{wait}>();  // this tile's `k` (and `q`)\n\
          \x20   __syncthreads();\n\
          \x20   if ({fast}) {{\n",
-        bn = g.bn,
+        names = names.join(" and "),
+        bufs = bufs.join(", "),
+        empty = "      tf_cp_async_commit();\n".repeat(keys),
+        wait = key_wait(keys, 0),
         name = e.k.dims[n].name,
     );
     loop_body(e, a, f, &fast_body, false)?;
@@ -537,6 +698,13 @@ fn key_loop(
     e.out
         .push_str("    }\n    __syncthreads();  // the buffers are refilled next iteration\n  }\n");
     Ok(())
+}
+
+/// The `cp.async` groups that may still be in flight once key operand `i`
+/// of this tile has landed: each operand is a group, the next tile's behind
+/// this one's.
+fn key_wait(keys: usize, i: usize) -> usize {
+    2 * keys - 1 - i
 }
 
 /// One copy of the key loop's body; `masked`: the tile may reach past the keys.
@@ -552,13 +720,35 @@ fn loop_body(
     f.ind = ind.into();
     let saved = f.layouts.clone();
     let named = e.named_vars.clone();
+    let keys = a.key_operands();
+    let key = |t: TensorId| KeyOp(keys.iter().position(|&x| x == t).unwrap_or(0));
+    let rows = a.row_operands();
+    let row = |t: TensorId| RowOp(rows.iter().position(|&x| x == t).unwrap_or(0));
+    // A key operand's first reader waits for its tile (the first's, at the
+    // top of the step: `key_loop`).
+    let mut landed = vec![false; keys.len()];
+    landed[0] = true;
+    let mut wait_for = |t: TensorId| -> Option<usize> {
+        let i = key(t).0;
+        (!std::mem::replace(&mut landed[i], true)).then(|| key_wait(keys.len(), i))
+    };
     for (i, s) in body.iter().enumerate() {
         if i == a.scores {
-            scores(e, a, f, s)?;
+            let ops = (RowOp(0), key(a.k), wait_for(a.k));
+            scores(e, a, f, s, "tf_s", ops)?;
+            continue;
+        }
+        if let Some((j, m)) = a.more_scores.iter().enumerate().find(|(_, m)| m.at == i) {
+            let ops = (row(m.rows), key(m.keys), wait_for(m.keys));
+            scores(e, a, f, s, &format!("tf_s{}", j + 1), ops)?;
             continue;
         }
         if i == a.update {
-            update(e, a, f, s)?;
+            update(e, a, f, s, a.acc, key(a.v), wait_for(a.v))?;
+            continue;
+        }
+        if let Some(u) = a.more_updates.iter().find(|u| u.at == i) {
+            update(e, a, f, s, u.acc, key(u.keys), wait_for(u.keys))?;
             continue;
         }
         if e.block_stmt(s, ind)? {
@@ -591,14 +781,18 @@ fn loop_body(
     Ok(())
 }
 
-/// The statement holding `q·kᵀ`: the product into `tf_s`, then the statement
-/// with it as a computed value.
+/// The statement holding `q·kᵀ` (or a further product of its form, with its
+/// row and key operands `ops` and the `cp.async` wait its key tile needs):
+/// the product into `out`, then the statement with it as a computed value.
 fn scores(
     e: &mut Emitter,
     a: &AttentionShape,
     f: &mut Frags,
     s: &Stmt,
+    out: &str,
+    ops: (RowOp, KeyOp, Option<usize>),
 ) -> Result<(), CodegenError> {
+    let (row, key, wait) = ops;
     let ind = f.ind.clone();
     let ind = ind.as_str();
     let (Stmt::Let { var, value, at } | Stmt::Assign { var, value, at }) = s else {
@@ -624,47 +818,63 @@ fn scores(
     let product = if g.wgmma {
         hopper::scores_product(&g, ind, &format!("v{}", a.acc))
     } else {
+        let wait = wait.map_or(String::new(), |w| {
+            format!(
+                "{ind}tf_cp_async_wait<{w}>();  // this tile's `{}`\n{ind}__syncthreads();\n",
+                key.name()
+            )
+        });
         format!(
-            "{ind}#pragma unroll\n\
+            "{wait}\
+             {ind}#pragma unroll\n\
              {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks) {{\n\
              {ind}  tf_u32 tf_af[{mi}][4];\n\
              {ind}  #pragma unroll\n\
              {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
-             {ind}    tf_ldmatrix_x4(tf_af[tf_mi], (tf_qa + tf_mi * {rows16}u) ^ (tf_ks * 32));\n\
+             {ind}    tf_ldmatrix_x4(tf_af[tf_mi], ({lane} + tf_mi * {rows16}u) ^ (tf_ks * 32));\n\
 {mmas}\
              {ind}}}\n",
             mi = g.mi,
             ks = g.hd / 16,
             rows16 = 16 * g.hd * 2,
+            lane = row.lane(),
             mmas = mma_pairs(
                 &format!("{ind}  "),
                 &g,
                 g.ni / 2,
-                "tf_ldmatrix_x4(tf_bf, (tf_kb + tf_kl + tf_jp * ROWS16) ^ (tf_ks * 32))",
-                "tf_s",
+                &format!(
+                    "tf_ldmatrix_x4(tf_bf, ({} + tf_kl + tf_jp * ROWS16) ^ (tf_ks * 32))",
+                    key.buf()
+                ),
+                out,
                 "tf_af",
             ),
         )
     };
     let _ = write!(
         e.out,
-        "{ind}float tf_s[{mi}][{ni}][4];  // {at}\n{open}{ind}  tf_s[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}{product}",
+        "{ind}float {out}[{mi}][{ni}][4];  // {at}\n{open}{ind}  {out}[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}{product}",
         mi = g.mi,
         ni = g.ni,
         at = super::one_line(at),
     );
-    pre.push((mm, "tf_s[tf_mi][tf_j][tf_h * 2 + tf_e]".into()));
+    pre.push((mm, format!("{out}[tf_mi][tf_j][tf_h * 2 + tf_e]")));
     let declare = matches!(s, Stmt::Let { .. });
     f.assign(e, *var, value, declare, &mut pre, at)
 }
 
 /// `acc = addmm(x, p, v[…])`: `acc = x` elementwise, `p` into registers (zero
-/// past the keys), then `acc += p·v` from them.
+/// past the keys), then `acc += p·v` from them (`v` the key operand `key`,
+/// after the `cp.async` wait its tile needs, if any).
+#[allow(clippy::too_many_arguments)]
 fn update(
     e: &mut Emitter,
     a: &AttentionShape,
     f: &mut Frags,
     s: &Stmt,
+    acc_var: VarId,
+    key: KeyOp,
+    wait: Option<usize>,
 ) -> Result<(), CodegenError> {
     let Stmt::Assign {
         value: Expr::Addmm { acc, a: p, at, .. },
@@ -677,7 +887,7 @@ fn update(
     let (masked, ind) = (f.masked, f.ind.clone());
     let ind = ind.as_str();
     let mut pre = Vec::new();
-    f.assign(e, a.acc, acc, false, &mut pre, at)?;
+    f.assign(e, acc_var, acc, false, &mut pre, at)?;
     let pt = frag::dims_of(e, p);
     if f.layout_of(e, &pt, at)? != Layout::Scores {
         return Err(CodegenError::Unsupported {
@@ -717,13 +927,24 @@ fn update(
         pc
     };
     let (open, close) = g.loop_open(Layout::Scores, ind);
-    let acc_v = format!("v{}", a.acc);
+    let acc_v = format!("v{acc_var}");
+    // Each update's `p` its own array (the first keeps the forward's name).
+    let tf_p = if acc_var == a.acc {
+        "tf_p".to_string()
+    } else {
+        format!("tf_p{acc_var}")
+    };
     let product = if g.wgmma {
         hopper::update_product(&g, ind, &acc_v)
     } else {
+        let wait = wait.map_or(String::new(), |w| {
+            format!(
+                "{ind}tf_cp_async_wait<{w}>();  // this tile's `{}`\n{ind}__syncthreads();\n",
+                key.name()
+            )
+        });
         format!(
-            "{ind}tf_cp_async_wait<2>();  // this tile's `v`\n\
-             {ind}__syncthreads();\n\
+            "{wait}\
              {ind}#pragma unroll\n\
              {ind}for (int tf_kk = 0; tf_kk < {nkk}; ++tf_kk) {{\n\
              {ind}  tf_u32 tf_pa[{mi}][4];\n\
@@ -735,12 +956,19 @@ fn update(
              {ind}}}\n",
             mi = g.mi,
             nkk = g.ni / 2,
-            pack = pack_p(&format!("{ind}    "), "tf_pa[tf_mi]", "tf_p[tf_mi]"),
+            pack = pack_p(
+                &format!("{ind}    "),
+                "tf_pa[tf_mi]",
+                &format!("{tf_p}[tf_mi]")
+            ),
             mmas = mma_pairs(
                 &format!("{ind}  "),
                 &g,
                 g.di / 2,
-                "tf_ldmatrix_x4_trans(tf_bf, (tf_vb + tf_vl + tf_kk * ROWS16) ^ (tf_jp * 32))",
+                &format!(
+                    "tf_ldmatrix_x4_trans(tf_bf, ({} + tf_vl + tf_kk * ROWS16) ^ (tf_jp * 32))",
+                    key.buf()
+                ),
                 &acc_v,
                 "tf_pa",
             ),
@@ -748,7 +976,7 @@ fn update(
     };
     let _ = write!(
         e.out,
-        "{ind}float tf_p[{mi}][{ni}][4];  // {at_line}\n{open}{ind}  tf_p[tf_mi][tf_j][tf_h * 2 + tf_e] = {pc};\n{close}{product}",
+        "{ind}float {tf_p}[{mi}][{ni}][4];  // {at_line}\n{open}{ind}  {tf_p}[tf_mi][tf_j][tf_h * 2 + tf_e] = {pc};\n{close}{product}",
         mi = g.mi,
         ni = g.ni,
         at_line = super::one_line(at),

@@ -38,6 +38,8 @@ pub struct AttentionShape {
     pub n: DimId,
     /// The head dimension: a `whole` grid tile.
     pub d: DimId,
+    /// The first product's row operand (the forward's `q`), key operand
+    /// (`k`), and the first update's key operand (`v`).
     pub q: TensorId,
     pub k: TensorId,
     pub v: TensorId,
@@ -45,19 +47,54 @@ pub struct AttentionShape {
     /// along: the one before the head dimension, or another (0 for packed
     /// `[total, H, D]` sequences).
     pub row_axis: usize,
-    /// Position of the key loop in the program's statements ([`AttentionShape::stmts`]).
+    /// Position of the key loop in the program's statements ([`AttentionShape::stmts`]),
+    /// or of the outermost loop over `each` tiles around it.
     pub kv_loop: usize,
+    /// Loops over `each` tiles around the key loop, outermost first (the
+    /// backward's dK/dV: a group's query heads, `for g in tile(each(group))`).
+    pub outer_each: Vec<DimId>,
     /// Position, in the key loop, of the statement holding `q·kᵀ`, and of `acc = addmm(…, p, v)`.
     pub scores: usize,
     pub update: usize,
+    /// Further products of the scores' form between the two, each of a row
+    /// operand indexed as `q` and a key operand indexed as `k` (the
+    /// backward's `dP = dO·Vᵀ` beside `S = Q·Kᵀ`); the update's `v` may be
+    /// any key operand (the backward's `dQ += dS·K`).
+    pub more_scores: Vec<MoreScores>,
+    /// Updates of further accumulators (the backward's dK beside dV).
+    pub more_updates: Vec<MoreUpdate>,
     /// The output accumulator (over `[tm, td]`).
     pub acc: VarId,
     /// Per batch tile (as [`AttentionShape::batch`]), the divisor of its index
     /// into `k` and `v` (a scalar expression: `group` in `k[(tb, th / group,
     /// tn, td)]`), `None` where they take the query's index.
     pub kv_group: Vec<Option<Expr>>,
+    /// Per batch tile, where [`AttentionShape::kv_group`] is `None`: the key
+    /// operands' own index, an expression of the program's tiles and
+    /// scalars (`th * group + g`), or `None`, the query's.
+    pub kv_exprs: Vec<Option<Expr>>,
     /// Packed sequences: the rows are a loop inside the program; `None`, a grid tile.
     pub packed: Option<Packed>,
+}
+
+/// A product of the scores' form after the first (see [`AttentionShape::more_scores`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoreScores {
+    /// Its position in the key loop's body.
+    pub at: usize,
+    /// The row operand (loaded once, as `q`) and the key operand (streamed, as `k`).
+    pub rows: TensorId,
+    pub keys: TensorId,
+}
+
+/// An update after the first (see [`AttentionShape::more_updates`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoreUpdate {
+    /// Its position in the key loop's body.
+    pub at: usize,
+    /// The accumulator it assigns, and its key operand (`v` in the forward's).
+    pub acc: VarId,
+    pub keys: TensorId,
 }
 
 /// Packed (variable-length) sequences, FlashAttention's varlen layout:
@@ -100,6 +137,36 @@ impl AttentionShape {
     /// choice): the rows, or a packed kernel's grid tile over them.
     pub fn row_tile(&self) -> DimId {
         self.packed.as_ref().map_or(self.m, |p| p.rows)
+    }
+
+    /// The operands of the rows, loaded once a program: `q`, then each
+    /// further product's (without repeats).
+    pub fn row_operands(&self) -> Vec<TensorId> {
+        let mut out = vec![self.q];
+        for m in &self.more_scores {
+            if !out.contains(&m.rows) {
+                out.push(m.rows);
+            }
+        }
+        out
+    }
+
+    /// The operands streamed a key tile at a time, in the order the loop's
+    /// products first read them: `k`, then the further products' and the
+    /// update's (without repeats; the forward's: `k`, `v`).
+    pub fn key_operands(&self) -> Vec<TensorId> {
+        let mut uses: Vec<(usize, TensorId)> = vec![(self.scores, self.k)];
+        uses.extend(self.more_scores.iter().map(|m| (m.at, m.keys)));
+        uses.push((self.update, self.v));
+        uses.extend(self.more_updates.iter().map(|u| (u.at, u.keys)));
+        uses.sort_by_key(|u| u.0);
+        let mut out = Vec::new();
+        for (_, t) in uses {
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        out
     }
 
     /// A packed kernel's row loop bounds (see [`Packed`]).
@@ -149,34 +216,74 @@ pub(super) fn find(k: &Kernel) -> Option<AttentionShape> {
     if let Some(p) = packed(k) {
         return packed_attention(k, p);
     }
-    let grouped = |index: &[Expr]| {
-        index
-            .iter()
-            .all(|e| matches!(e, Expr::TileIndex(_)) || grouped_head(e).is_some())
-    };
-    if !fast_form_loading(k, grouped) {
+    // Loads and `each` tiles are checked against the form found.
+    if !fast_form_loading(k, |_| true) && !with_each_loops(k) {
         return None;
     }
     let a = attention(k, &k.body)?;
     // Rows and head dimension on the grid, with one index of every other
-    // operand tile a program.
+    // operand tile a program; `each` tiles only in loops around the keys'.
     let mut grid: Vec<DimId> = k.grid.clone();
     grid.retain(|x| *x != a.m && *x != a.d);
     let mut want = a.batch.clone();
     want.sort_unstable();
     grid.sort_unstable();
-    (k.grid.contains(&a.m) && grid == want && others_plain(&k.body, &a)).then_some(a)
+    let each_ok = k
+        .dims
+        .iter()
+        .enumerate()
+        .all(|(i, d)| !d.each || a.outer_each.contains(&i));
+    (k.grid.contains(&a.m) && grid == want && each_ok && loads_taken(&k.body, &a)).then_some(a)
 }
 
-/// A grouped head only in the keys' and values' loads of the two `addmm`s
-/// (which `attention` read): any other load of `stmts` has plain tile indices.
-fn others_plain(stmts: &[Stmt], a: &AttentionShape) -> bool {
+/// Whether `e` is one value for a whole program (or step of a loop over
+/// `each` tiles): integer arithmetic on literals, scalars and the indices of
+/// the batch tiles `batch` and the `each` tiles `each`.
+fn program_uniform(e: &Expr, batch: &[DimId], each: &[DimId]) -> bool {
+    let mut ok = true;
+    e.walk(&mut |x| match x {
+        Expr::TileIndex(t) => ok &= batch.contains(t) || each.contains(t),
+        Expr::Int(_) | Expr::Scalar(_) | Expr::Const(_) => {}
+        Expr::Binary {
+            op: BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div,
+            ..
+        } => {}
+        _ => ok = false,
+    });
+    ok
+}
+
+/// [`fast_form_loading`]'s rules but for `each` tiles (loops over a group's
+/// heads around the key loop, checked by [`attention`] and [`find`]).
+fn with_each_loops(k: &Kernel) -> bool {
+    let mut ok = k.dims.iter().all(|d| d.extent.is_some());
+    k.walk_stmts(&mut |s| match s {
+        Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
+        Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
+        Stmt::Atomic { .. } => ok = false,
+        Stmt::Loop { range, .. } => ok &= range.is_none(),
+        _ => {}
+    });
+    ok
+}
+
+/// The loads of `stmts` the form takes: the products' operands as
+/// [`attention`] found them (the key operands' batch index a group's head or
+/// an expression of the program's tiles), any other with each index
+/// component a tile's own indices or such an expression (the backward's
+/// `lse[(tb, th * group + g, tm)]`).
+fn loads_taken(stmts: &[Stmt], a: &AttentionShape) -> bool {
+    let keys = a.key_operands();
+    let uniform = |e: &Expr| program_uniform(e, &a.batch, &a.outer_each);
     let mut ok = true;
     walk_stmts(stmts, &mut |s| {
         for e in s.exprs() {
             e.walk(&mut |x| {
                 if let Expr::Load { tensor, index, .. } = x {
-                    ok &= plain_index(index).is_some() || *tensor == a.k || *tensor == a.v;
+                    ok &= keys.contains(tensor)
+                        || index
+                            .iter()
+                            .all(|c| matches!(c, Expr::TileIndex(_)) || uniform(c));
                 }
             });
         }
@@ -310,7 +417,7 @@ fn packed_attention(k: &Kernel, p: Packed) -> Option<AttentionShape> {
             .iter()
             .enumerate()
             .all(|(i, d)| d.extent.is_some() || i == a.m || i == a.n);
-    if !(ok && grid_ok && others_plain(inner, &a)) {
+    if !(ok && grid_ok && loads_taken(inner, &a)) {
         return None;
     }
     a.packed = Some(p);
@@ -354,20 +461,39 @@ fn find_addmm(e: &Expr) -> Option<&Expr> {
 }
 
 /// The attention form (see [`AttentionShape`]) of a program's statements
-/// `stmts`, if the first one with an `addmm` is a key loop that has it and no
-/// other is a loop. The caller checks the grid.
+/// `stmts`, if the first one with an `addmm` is a key loop that has it
+/// (perhaps inside loops over `each` tiles, one statement each) and no other
+/// is a loop. The caller checks the grid.
 fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
     let i = (0..stmts.len()).find(|&j| stmt_addmm(&stmts[j]))?;
     let loops = stmts
         .iter()
         .filter(|s| matches!(s, Stmt::Loop { .. }))
         .count();
-    let Stmt::Loop { dim: n, body, .. } = &stmts[i] else {
-        return None;
-    };
     if loops != 1 {
         return None;
     }
+    let mut outer_each = Vec::new();
+    let mut s = &stmts[i];
+    while let Stmt::Loop {
+        dim,
+        body,
+        until: None,
+        range: None,
+    } = s
+    {
+        match body.as_slice() {
+            [inner @ Stmt::Loop { .. }] if k.dims[*dim].each => {
+                outer_each.push(*dim);
+                s = inner;
+            }
+            _ => break,
+        }
+    }
+    let Stmt::Loop { dim: n, body, .. } = s else {
+        return None;
+    };
+    let n = *n;
     let sites: Vec<usize> = (0..body.len()).filter(|&j| stmt_addmm(&body[j])).collect();
     let count: usize = body
         .iter()
@@ -376,7 +502,10 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
             _ => 0,
         })
         .sum();
-    if count != 2 || sites.len() != 2 {
+    // One `addmm` a statement: the scores first, then further score-like
+    // products (the backward's `dO·Vᵀ`) and updates of accumulators over
+    // the rows and head dimension, in any order.
+    if count != sites.len() || sites.len() < 2 {
         return None;
     }
     for s in body {
@@ -385,94 +514,154 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
             return None;
         }
     }
+    let loads = |e: &Expr| -> Option<(Operand, Operand)> {
+        match e {
+            Expr::Addmm { a, b, .. } => match (a.as_ref(), b.as_ref()) {
+                (
+                    Expr::Load {
+                        tensor: x,
+                        index: ix,
+                        ..
+                    },
+                    Expr::Load {
+                        tensor: y,
+                        index: iy,
+                        ..
+                    },
+                ) => Some(((*x, ix.clone()), (*y, iy.clone()))),
+                _ => None,
+            },
+            _ => None,
+        }
+    };
     let (Stmt::Let { value: sv, .. } | Stmt::Assign { value: sv, .. }) = &body[sites[0]] else {
         return None;
     };
-    let Some(Expr::Addmm { a: qa, b: kb, .. }) = find_addmm(sv) else {
-        return None;
-    };
-    let (
-        Expr::Load {
-            tensor: q,
-            index: qi,
-            ..
-        },
-        Expr::Load {
-            tensor: kt,
-            index: ki,
-            ..
-        },
-    ) = (qa.as_ref(), kb.as_ref())
-    else {
-        return None;
-    };
-    let Stmt::Assign {
-        var: acc,
-        value: Expr::Addmm { b: vb, .. },
-        ..
-    } = &body[sites[1]]
-    else {
-        return None;
-    };
-    let Expr::Load {
-        tensor: v,
-        index: vi,
-        ..
-    } = vb.as_ref()
-    else {
-        return None;
-    };
-    let qi = plain_index(qi)?;
-    // The head dimension last; the rows (keys) at the same axis of all three.
-    let (Some((&d, _)), Some((kd, _)), Some((vd, _))) =
-        (qi.split_last(), ki.split_last(), vi.split_last())
-    else {
-        return None;
-    };
+    let (x, y) = loads(find_addmm(sv)?)?;
     let tile = |e: &Expr, t: DimId| matches!(e, Expr::TileIndex(x) if *x == t);
+    // The row operand is the one whose rows are a tile other than the keys';
+    // the key operand has the keys at that axis (`q·kᵀ`, or the backward's
+    // transposed `q·kᵀ` against a grid of keys).
+    let split = |(r, ri): &(TensorId, Vec<Expr>), (kt, ki): &(TensorId, Vec<Expr>)| {
+        let rank = ri.len();
+        let d = match ri.last()? {
+            Expr::TileIndex(d) => *d,
+            _ => return None,
+        };
+        if ki.len() != rank || !tile(ki.last()?, d) || rank < 2 {
+            return None;
+        }
+        let row_axis = (0..rank - 1).find(|&a| tile(&ki[a], n))?;
+        let Expr::TileIndex(m) = ri[row_axis] else {
+            return None;
+        };
+        (m != n && m != d).then_some((*r, ri.clone(), *kt, ki.clone(), row_axis, m, d))
+    };
+    let (q, qraw, kt, ki, row_axis, m, d) = split(&x, &y).or_else(|| split(&y, &x))?;
+    let qi = plain_index(&qraw)?;
     let rank = qi.len();
-    if ki.len() != rank || vi.len() != rank || !tile(kd, d) || !tile(vd, d) {
+    let mut more_scores = Vec::new();
+    let mut updates: Vec<MoreUpdate> = Vec::new();
+    for &j in &sites[1..] {
+        match &body[j] {
+            Stmt::Assign {
+                var,
+                value: Expr::Addmm { acc, b: z, .. },
+                ..
+            } if reads_acc(acc, *var) => {
+                let Expr::Load {
+                    tensor: zt,
+                    index: zi,
+                    ..
+                } = z.as_ref()
+                else {
+                    return None;
+                };
+                if *zi != ki {
+                    return None;
+                }
+                updates.push(MoreUpdate {
+                    at: j,
+                    acc: *var,
+                    keys: *zt,
+                });
+            }
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => {
+                let ((xt, xi), (yt, yi)) = loads(find_addmm(value)?)?;
+                let (rows, keys) = if xi == ki && yi == qraw {
+                    (yt, xt)
+                } else if yi == ki && xi == qraw {
+                    (xt, yt)
+                } else {
+                    return None;
+                };
+                more_scores.push(MoreScores { at: j, rows, keys });
+            }
+            _ => return None,
+        }
+    }
+    if updates.is_empty() {
         return None;
     }
-    let row_axis = (0..rank - 1).find(|&r| tile(&ki[r], *n) && tile(&vi[r], *n))?;
-    let m = qi[row_axis];
-    let others = |ix: &[Expr]| -> Vec<Expr> {
-        (0..rank - 1)
-            .filter(|&r| r != row_axis)
-            .map(|r| ix[r].clone())
-            .collect()
-    };
+    let first = updates.remove(0);
+    let (update, acc, v) = (first.at, first.acc, first.keys);
     let qb: Vec<DimId> = (0..rank - 1)
         .filter(|&r| r != row_axis)
         .map(|r| qi[r])
         .collect();
-    // Keys and values: the query's batch index, or a group's shared head.
-    let (kbatch, vbatch) = (others(ki), others(vi));
-    if kbatch != vbatch {
-        return None;
+    // The key operands' batch index: the rows', a group's shared head, or
+    // another expression of the program's tiles (the backward's `th * group + g`).
+    let kbatch: Vec<Expr> = (0..rank - 1)
+        .filter(|&r| r != row_axis)
+        .map(|r| ki[r].clone())
+        .collect();
+    let uniform = |e: &Expr| program_uniform(e, &qb, &outer_each);
+    let mut kv_group = Vec::new();
+    let mut kv_exprs = Vec::new();
+    for (e, &b) in kbatch.iter().zip(&qb) {
+        match kv_batch_index(e, b) {
+            Some(g) => {
+                kv_group.push(g);
+                kv_exprs.push(None);
+            }
+            None if uniform(e) => {
+                kv_group.push(None);
+                kv_exprs.push(Some(e.clone()));
+            }
+            None => return None,
+        }
     }
-    let kv_group = kbatch
-        .iter()
-        .zip(&qb)
-        .map(|(e, &b)| kv_batch_index(e, b))
-        .collect::<Option<Vec<_>>>()?;
-    if !k.dims[d].whole || !k.grid.contains(&d) || m == d || qb.contains(&m) {
+    if !k.dims[d].whole || !k.grid.contains(&d) || qb.contains(&m) {
         return None;
     }
     Some(AttentionShape {
         batch: qb,
         m,
-        n: *n,
+        n,
         d,
-        q: *q,
-        k: *kt,
-        v: *v,
+        q,
+        k: kt,
+        v,
         row_axis,
         kv_loop: i,
+        outer_each,
         scores: sites[0],
-        update: sites[1],
-        acc: *acc,
+        update,
+        more_scores,
+        more_updates: updates,
+        acc,
         kv_group,
+        kv_exprs,
         packed: None,
     })
+}
+
+/// A product's operand: the tensor and its load's index.
+type Operand = (TensorId, Vec<Expr>);
+
+/// Whether `acc` (an update's first argument) reads the variable it assigns.
+fn reads_acc(acc: &Expr, var: VarId) -> bool {
+    let mut found = false;
+    acc.walk(&mut |x| found |= matches!(x, Expr::Var(v) if *v == var));
+    found
 }
