@@ -123,7 +123,8 @@ pub fn attention_dkdv(
         let mut dk_acc = zeros::<f32>([tb, th, tn, td]);
         let mut dv_acc = zeros::<f32>([tb, th, tn, td]);
         for g in tile(each(group)) {
-            for tm in tile(s) {
+            // Causal: queries before the tile's first key see none of its keys.
+            for tm in tile(if causal { tn.begin() } else { 0 }..s) {
                 let x = addmm(
                     zeros::<f32>([tb, th, tm, tn]),
                     q[(tb, th * group + g, tm, td)],

@@ -43,17 +43,32 @@ pub struct Planned {
     consts: Option<Arc<[i64]>>,
     /// The size rules a launch checks, derived on first use (shared by clones).
     rules: Arc<OnceLock<Vec<SizeRule>>>,
+    /// Planned by the general lowering whatever the registry would choose
+    /// ([`Planned::general`]); its specializations are too.
+    general: bool,
 }
 
 impl Planned {
     /// Plans `kernel`: the first lowering of the registry that takes it.
     pub fn new(kernel: Kernel) -> Planned {
+        Planned::plan_by(kernel, false)
+    }
+
+    /// Plans `kernel` with the general lowering, which takes every kernel,
+    /// even one a fast path would take: to compare the two, or to test the
+    /// general lowering on a kernel of a fast path's form.
+    pub fn general(kernel: Kernel) -> Planned {
+        Planned::plan_by(kernel, true)
+    }
+
+    fn plan_by(kernel: Kernel, general_only: bool) -> Planned {
+        let general = &crate::emit::general::lowering::General;
         let chosen = crate::emit::LOWERINGS
             .iter()
+            .filter(|_| !general_only)
             .find_map(|l| l.try_plan(&kernel))
             // The general lowering, last in the registry, takes every kernel.
             .unwrap_or_else(|| {
-                let general = &crate::emit::general::lowering::General;
                 lowering::chosen(
                     general,
                     lowering::Lowering::take(general, &kernel).unwrap_or_default(),
@@ -64,6 +79,7 @@ impl Planned {
             chosen,
             consts: None,
             rules: Arc::default(),
+            general: general_only,
         }
     }
 
@@ -96,7 +112,7 @@ impl Planned {
             Cow::Borrowed(_) => Cow::Borrowed(self),
             Cow::Owned(k) => Cow::Owned(Planned {
                 consts: Some(consts.into()),
-                ..Planned::new(k)
+                ..Planned::plan_by(k, self.general)
             }),
         })
     }

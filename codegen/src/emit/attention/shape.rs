@@ -216,11 +216,32 @@ pub(super) fn find(k: &Kernel) -> Option<AttentionShape> {
     if let Some(p) = packed(k) {
         return packed_attention(k, p);
     }
-    // Loads and `each` tiles are checked against the form found.
-    if !fast_form_loading(k, |_| true) && !with_each_loops(k) {
+    // Loads, `each` tiles and bounds the program computes are checked
+    // against the form found.
+    if !fast_form_loading(k, |_| true) && !fast_but_loops(k) {
         return None;
     }
     let a = attention(k, &k.body)?;
+    // Only the key loop may have bounds the program computes (dK/dV's
+    // causal `tile(tn.begin()..s)`).
+    let mut ranges_ok = k
+        .dims
+        .iter()
+        .enumerate()
+        .all(|(i, d)| d.extent.is_some() || i == a.n);
+    k.walk_stmts(&mut |s| {
+        if let Stmt::Loop {
+            dim,
+            range: Some(_),
+            ..
+        } = s
+        {
+            ranges_ok &= *dim == a.n;
+        }
+    });
+    if !ranges_ok {
+        return None;
+    }
     // Rows and head dimension on the grid, with one index of every other
     // operand tile a program; `each` tiles only in loops around the keys'.
     let mut grid: Vec<DimId> = k.grid.clone();
@@ -253,15 +274,15 @@ fn program_uniform(e: &Expr, batch: &[DimId], each: &[DimId]) -> bool {
     ok
 }
 
-/// [`fast_form_loading`]'s rules but for `each` tiles (loops over a group's
-/// heads around the key loop, checked by [`attention`] and [`find`]).
-fn with_each_loops(k: &Kernel) -> bool {
-    let mut ok = k.dims.iter().all(|d| d.extent.is_some());
+/// [`fast_form_loading`]'s rules but for loops: `each` tiles (a group's
+/// heads around the key loop) and computed bounds (the key loop's), which
+/// [`find`] checks against the form.
+fn fast_but_loops(k: &Kernel) -> bool {
+    let mut ok = true;
     k.walk_stmts(&mut |s| match s {
         Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
         Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
         Stmt::Atomic { .. } => ok = false,
-        Stmt::Loop { range, .. } => ok &= range.is_none(),
         _ => {}
     });
     ok
