@@ -7,13 +7,24 @@ use crate::ir::*;
 /// Whether every construct of `k` is one the fast paths know: plain tile
 /// indices, loops over host extents, no atomics or runtime `if`s.
 pub(crate) fn fast_form(k: &Kernel) -> bool {
-    fast_form_loading(k, |index| plain_index(index).is_some())
+    let mut ok = fast_statements(k) && k.dims.iter().all(|d| !d.each && d.extent.is_some());
+    k.walk_stmts(&mut |s| {
+        if let Stmt::Loop { range, .. } = s {
+            ok &= range.is_none();
+        }
+    });
+    k.walk_exprs(&mut |e| {
+        if let Expr::Load { index, .. } = e {
+            ok &= plain_index(index).is_some();
+        }
+    });
+    ok
 }
 
-/// [`fast_form`], with the loads' indices those `load_index` takes (the
-/// attention form's keys and values may index a head by `th / group`).
-pub(crate) fn fast_form_loading(k: &Kernel, load_index: impl Fn(&[Expr]) -> bool) -> bool {
-    let mut ok = k.dims.iter().all(|d| !d.each && d.extent.is_some());
+/// The statements every fast path takes: stores at plain tile indices, no
+/// atomics, no runtime `if`s (loops and loads are each path's to check).
+pub(crate) fn fast_statements(k: &Kernel) -> bool {
+    let mut ok = true;
     k.walk_stmts(&mut |s| match s {
         Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
         // An `if` on `#[constexpr]` values is decided before lowering (an
@@ -21,13 +32,7 @@ pub(crate) fn fast_form_loading(k: &Kernel, load_index: impl Fn(&[Expr]) -> bool
         // runtime values is a branch of the program.
         Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
         Stmt::Atomic { .. } => ok = false,
-        Stmt::Loop { range, .. } => ok &= range.is_none(),
         _ => {}
-    });
-    k.walk_exprs(&mut |e| {
-        if let Expr::Load { index, .. } = e {
-            ok &= load_index(index);
-        }
     });
     ok
 }

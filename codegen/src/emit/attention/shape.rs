@@ -8,7 +8,7 @@
 //! most one tile inside a grid tile over the longest sequence ([`Packed`]).
 
 use crate::ir::*;
-use crate::plan::form::{fast_form_loading, stmt_addmm};
+use crate::plan::form::{fast_statements, stmt_addmm};
 
 /// The parts of a flash-attention-shaped kernel:
 ///
@@ -216,9 +216,9 @@ pub(super) fn find(k: &Kernel) -> Option<AttentionShape> {
     if let Some(p) = packed(k) {
         return packed_attention(k, p);
     }
-    // Loads, `each` tiles and bounds the program computes are checked
-    // against the form found.
-    if !fast_form_loading(k, |_| true) && !fast_but_loops(k) {
+    // Loops (`each` tiles around the keys', computed bounds on the keys')
+    // and loads are checked against the form found.
+    if !fast_statements(k) {
         return None;
     }
     let a = attention(k, &k.body)?;
@@ -270,20 +270,6 @@ fn program_uniform(e: &Expr, batch: &[DimId], each: &[DimId]) -> bool {
             ..
         } => {}
         _ => ok = false,
-    });
-    ok
-}
-
-/// [`fast_form_loading`]'s rules but for loops: `each` tiles (a group's
-/// heads around the key loop) and computed bounds (the key loop's), which
-/// [`find`] checks against the form.
-fn fast_but_loops(k: &Kernel) -> bool {
-    let mut ok = true;
-    k.walk_stmts(&mut |s| match s {
-        Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
-        Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
-        Stmt::Atomic { .. } => ok = false,
-        _ => {}
     });
     ok
 }
@@ -416,13 +402,7 @@ fn one_tile_of(begin: &Expr, end: &Expr) -> Option<DimId> {
 fn packed_attention(k: &Kernel, p: Packed) -> Option<AttentionShape> {
     let stmts = flatten(&k.body, p.rows_loop);
     let inner = &stmts[p.rows_loop..];
-    let mut ok = true;
-    walk_stmts(inner, &mut |s| match s {
-        Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
-        Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
-        Stmt::Atomic { .. } => ok = false,
-        _ => {}
-    });
+    let ok = fast_statements(k);
     let mut a = attention(k, &stmts)?;
     let mut programs: Vec<DimId> = k.grid.clone();
     programs.retain(|x| *x != p.rows && *x != a.d);
