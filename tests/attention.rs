@@ -511,17 +511,10 @@ fn packed_sequences_take_the_attention_lowering() {
 #[test]
 fn the_backwards_dq_takes_the_attention_lowering() {
     use common::examples::attention_backward::attention_dq;
-    use tilefuse::codegen::config::{default_config_at, Target};
+    use tilefuse::codegen::config::default_config_at;
     let def = attention_dq::kernel();
     let ir = def.ir().unwrap();
-    let Some(a) = ir.plan::<AttentionShape>() else {
-        panic!("not attention: {}", ir.kernel());
-    };
-    let names = |ts: Vec<usize>| -> Vec<&str> {
-        ts.into_iter()
-            .map(|t| ir.tensors[t].name.as_str())
-            .collect()
-    };
+    let (a, names) = planned_attention(ir);
     assert_eq!(names(vec![a.q, a.k, a.v]), ["q", "k", "k"]);
     assert_eq!(a.more_scores.len(), 1);
     let more = &a.more_scores[0];
@@ -531,12 +524,7 @@ fn the_backwards_dq_takes_the_attention_lowering() {
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
     let ext = [Some(4), Some(16), Some(2048), Some(128), Some(2048)];
-    let hopper = Target {
-        shared_limit: 227 * 1024,
-        wgmma: true,
-        sms: 132,
-    };
-    let c = fit_whole_dims(ir, default_config_at(ir, &spec, hopper, &ext), &ext);
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
     assert_eq!(
         (c.block_sizes.clone(), c.num_warps, c.wgmma),
         (vec![1, 1, 64, 128, 64], 4, false)
@@ -577,17 +565,10 @@ fn the_backwards_dq_takes_the_attention_lowering() {
 #[test]
 fn the_backwards_dkdv_takes_the_attention_lowering() {
     use common::examples::attention_backward::attention_dkdv;
-    use tilefuse::codegen::config::{default_config_at, Target};
+    use tilefuse::codegen::config::default_config_at;
     let def = attention_dkdv::kernel();
     let ir = def.ir().unwrap();
-    let Some(a) = ir.plan::<AttentionShape>() else {
-        panic!("not attention: {}", ir.kernel());
-    };
-    let names = |ts: Vec<usize>| -> Vec<&str> {
-        ts.into_iter()
-            .map(|t| ir.tensors[t].name.as_str())
-            .collect()
-    };
+    let (a, names) = planned_attention(ir);
     // dims: tb, th, tn, td, g, tm.
     assert_eq!((a.m, a.n, a.d, a.outer_each.clone()), (2, 5, 3, vec![4]));
     assert_eq!(names(a.row_operands()), ["k", "v"]);
@@ -608,12 +589,7 @@ fn the_backwards_dkdv_takes_the_attention_lowering() {
         Some(1),
         Some(2048),
     ];
-    let hopper = Target {
-        shared_limit: 227 * 1024,
-        wgmma: true,
-        sms: 132,
-    };
-    let c = fit_whole_dims(ir, default_config_at(ir, &spec, hopper, &ext), &ext);
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
     assert_eq!(
         (c.block_sizes.clone(), c.num_warps, c.wgmma),
         (vec![1, 1, 64, 128, 1, 32], 4, false)
@@ -631,4 +607,22 @@ fn the_backwards_dkdv_takes_the_attention_lowering() {
         src.contains("float tf_p[") && src.contains("float tf_p0["),
         "{src}"
     );
+}
+
+/// The H200's target (for defaults and tuning spaces without a GPU).
+const H200: Target = Target {
+    shared_limit: 227 * 1024,
+    wgmma: true,
+    sms: 132,
+};
+
+/// An attention kernel's plan and the names of tensors it picks.
+fn planned_attention(ir: &Planned) -> (&AttentionShape, impl Fn(Vec<usize>) -> Vec<String> + '_) {
+    let Some(a) = ir.plan::<AttentionShape>() else {
+        panic!("not attention: {}", ir.kernel());
+    };
+    let names = move |ts: Vec<usize>| -> Vec<String> {
+        ts.into_iter().map(|t| ir.tensors[t].name.clone()).collect()
+    };
+    (a, names)
 }
