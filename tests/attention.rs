@@ -153,11 +153,7 @@ fn the_hopper_program_lowers() {
     let ir = def.ir().unwrap();
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
-    let h200 = Target {
-        shared_limit: 227 * 1024,
-        wgmma: true,
-        sms: 132,
-    };
+    let h200 = H200;
     let c = default_config_for(ir, &spec, h200);
     assert_eq!(Some(&c), default_wgmma_attention(ir).as_ref());
     let l = lower(ir, &spec, &c).unwrap();
@@ -187,9 +183,8 @@ fn the_hopper_program_lowers() {
     );
     // Without the Hopper target: the mma.sync program.
     let plain = Target {
-        shared_limit: 227 * 1024,
         wgmma: false,
-        sms: 132,
+        ..H200
     };
     assert!(!default_config_for(ir, &spec, plain).wgmma);
 }
@@ -313,13 +308,9 @@ fn attention_backward_spreads_its_threads_over_the_accumulators() {
 #[test]
 fn kernels_that_multiply_default_to_tensor_core_tiles() {
     use common::examples::attention_backward::attention_dkdv;
-    use tilefuse::codegen::config::{default_config_at, Target};
+    use tilefuse::codegen::config::default_config_at;
     use tilefuse::codegen::{fit_default, fit_whole_dims};
-    let hopper = Target {
-        shared_limit: 227 * 1024,
-        wgmma: true,
-        sms: 132,
-    };
+    let hopper = H200;
     // dims: tb, th, tn, td, g, tm (dK/dV).
     let cases = [
         (
@@ -385,11 +376,7 @@ fn the_products_tuning_space_stays_on_the_tensor_cores() {
     let k = dkdv_on_the_general_lowering();
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![0];
-    let h200 = Target {
-        shared_limit: 227 * 1024,
-        wgmma: true,
-        sms: 132,
-    };
+    let h200 = H200;
     // dims: tb, th, tn, td, g, tm
     let space = ConfigSpace::new(&k, &spec, h200).with_extents(&[
         Some(4),
