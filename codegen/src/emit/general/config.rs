@@ -47,9 +47,27 @@ const DEFAULT_SPLIT: usize = 32;
 /// one warp"), against `[256, 16]`, 1 warp, split 32 (ms): col_sum 0.083
 /// against 0.091 (0.098 at `[256, 8]`), col_max_count 0.095 against 0.120
 /// (0.123 at `[256, 8]`), layer_norm_dwdb (two tensors) 0.168 against 0.195
-/// (0.283 at `[128, 16]`). A loop along a row (long_row_sum) keeps 4 warps:
-/// 0.0204 ms against 0.0228 with one.
+/// (0.283 at `[128, 16]`). A loop along a row takes [`ALONG_WARPS`] instead
+/// (long_row_sum ran 0.0204 ms with 4 warps against 0.0228 with one).
 const SHARED_WARPS: usize = 1;
+/// A program that shares a loop along its row (long_row_sum's chunks of a
+/// 4M-element row): 8 warps over 8192 columns a step. Each share ends in a
+/// meet (its partial written, a counter taken, the last adding them), and
+/// these loops are short, so fewer, larger shares pay: on an H200 at 4 rows
+/// of 4M bf16, 0.0177–0.0178 ms against 0.0199 at 4096 columns and 4 warps
+/// (2026-11-28; docs/perf-history.md, "Loads issued together in row steps;
+/// defaults from the sweeps").
+const ALONG_WARPS: usize = 8;
+/// Elements of such a program's tile, and its contiguous block's largest.
+const ALONG_BUDGET: usize = 8192;
+/// Warps of a program that gathers along its rows (staged through shared
+/// memory, `gather.rs`): the row's 16-byte copies and the gathered values
+/// spread over twice the threads, each holding half as many registers, so
+/// more rows are staged on an SM at once. index_select (16384×8192 bf16, 4096
+/// columns gathered; H200): 0.1180 ms against 0.1528 with 4 warps (111
+/// registers a thread, 60 with 8; 2026-11-28, docs/perf-history.md,
+/// "Loads issued together in row steps; defaults from the sweeps").
+const GATHER_WARPS: usize = 8;
 const SHARED_MIN_CONTIGUOUS: usize = 128;
 const SHARED_BUDGET: usize = 2048;
 const SHARED_SPLIT: usize = 64;
@@ -372,10 +390,17 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             .iter()
             .all(|&d| extents.get(d).copied().flatten().is_some())
         && count(&k.grid, &bs) < MIN_PROGRAMS;
-    let (warps, budget) = match (starved, down_rows) {
-        (true, _) => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
-        (false, true) => (SHARED_WARPS, SHARED_BUDGET),
-        (false, false) => (4, BUDGET),
+    let along_row = shares && !down_rows;
+    let (warps, budget) = match (starved, down_rows, along_row) {
+        (true, _, _) => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
+        (false, true, _) => (SHARED_WARPS, SHARED_BUDGET),
+        (false, false, true) => (ALONG_WARPS, ALONG_BUDGET),
+        (false, false, false) if !gathered.is_empty() => (GATHER_WARPS, BUDGET),
+        (false, false, false) => (4, BUDGET),
+    };
+    let max_contiguous = match along_row {
+        true => ALONG_BUDGET,
+        false => MAX_CONTIGUOUS,
     };
     // The loops' other tiles, innermost first.
     let mut order: Vec<DimId> = Vec::new();
@@ -402,7 +427,7 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
         if !k.dims[d].whole && !k.dims[d].each {
             let grow = room(&bs, d, budget);
             let before = bs[d];
-            bs[d] = cap(d, (bs[d] * grow).min(MAX_CONTIGUOUS)).max(bs[d]);
+            bs[d] = cap(d, (bs[d] * grow).min(max_contiguous)).max(bs[d]);
             while known && bs[d] > before && grid.contains(&d) && programs(&bs) < MIN_PROGRAMS {
                 bs[d] /= 2;
             }

@@ -24,6 +24,15 @@ use std::fmt::Write;
 /// Most values of one tile a thread may hold per variable (registers).
 const MAX_PER_THREAD: usize = 64;
 
+/// Resident threads an SM that a row kernel of 8 warps or more keeps at
+/// least, untuned: three blocks of 256 (85 registers a thread). layer_norm_bwd
+/// and rms_norm_bwd keep three tensors' rows across their walks and ptxas
+/// would take 128 registers, two blocks an SM; at 85 it holds them in 80
+/// with no spill. H200, 16384×8192 bf16 (docs/perf-history.md, "Loads issued
+/// together in row steps; defaults from the sweeps"): layer_norm_bwd 0.1994 ms
+/// against 0.2297 (96% of the copy bandwidth against 83%).
+const WIDE_ROW_THREADS: usize = 768;
+
 /// Where a value lives: per thread, a scalar, a value per owned row, per owned
 /// column, or per owned (row, column).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -163,12 +172,17 @@ pub(super) fn emit(e: &mut Emitter) -> Result<Lowered, CodegenError> {
     // Memory-bound: by default as many resident threads as the registers the
     // loads hold allow (and a few dozen more for the rest), to keep loads in
     // flight; at most 1024 per SM, which leaves 64 registers each. The tuner
-    // moves it (`Config::occupancy`) where ptxas would rather spill.
+    // moves it (`Config::occupancy`) where ptxas would rather spill. Blocks of
+    // 8 warps or more (a row of up to 8192 columns held in registers) keep at
+    // least `WIDE_ROW_THREADS` resident: with two rows an SM, each row's
+    // barrier between its walks leaves too few loads in flight.
     let min_blocks = match super::options::occupancy_blocks(k, &cfg, nt)? {
         Some(b) => b,
         None => {
             let budget = load::held_words(e, &g, &k.body) + 40;
-            (65536 / (budget * nt)).clamp(1, (1024 / nt).max(1))
+            let fits = 65536 / (budget * nt);
+            let floor = if nt >= 256 { WIDE_ROW_THREADS / nt } else { 1 };
+            fits.max(floor).clamp(1, (1024 / nt).max(1))
         }
     };
     let params = e.begin(nt, min_blocks, load::HELPERS, &[]);
@@ -492,6 +506,7 @@ impl RowWriter {
                     self.step.clear();
                     self.loop_body = inner.clone();
                     let saved = (e.named_vars.clone(), e.inline_vars.clone());
+                    self.issue_loads(e, inner, &format!("{ind}  "))?;
                     self.stmts(e, inner, depth + 1)?;
                     // Values bound in the loop die with it; carried ones were bound outside.
                     (e.named_vars, e.inline_vars) = saved;
@@ -539,6 +554,47 @@ impl RowWriter {
         let _ = writeln!(e.out, "{ind}  {{ {shared}TF_DST = {v}; }}");
         Self::close(e, n, ind);
         Ok((start, dtype.cty()))
+    }
+
+    /// Issues every column load of a step's statements at its start, in the
+    /// order they are written: a load that a statement after a reduction reads
+    /// (layer_norm_bwd's `x` after `wdy.sum(tn)`) would otherwise wait for the
+    /// reduction's shuffles, which wait for the loads before it, so a step's
+    /// loads would come back one after the other instead of together. Loads of
+    /// a tensor the kernel writes stay where they are read.
+    fn issue_loads(
+        &mut self,
+        e: &mut Emitter,
+        body: &[Stmt],
+        ind: &str,
+    ) -> Result<(), CodegenError> {
+        let Some(cur) = self.cur else {
+            return Ok(());
+        };
+        let mut loads: Vec<(TensorId, Vec<Expr>, String)> = Vec::new();
+        for s in body {
+            let (value, at) = match s {
+                Stmt::Let { value, at, .. } | Stmt::Assign { value, at, .. } => (value, at),
+                Stmt::Store { value, at, .. } => (value, at),
+                _ => continue,
+            };
+            value.walk(&mut |x| {
+                if let Expr::Load { tensor, index, .. } = x {
+                    let column = plain_index(index).is_some_and(|i| i.contains(&cur));
+                    if column
+                        && !self.written.contains(tensor)
+                        && !loads.iter().any(|(t, i, _)| t == tensor && i == index)
+                    {
+                        loads.push((*tensor, index.clone(), at.clone()));
+                    }
+                }
+            });
+        }
+        for (tensor, index, at) in loads {
+            let index = e.plain(&index, &at)?;
+            self.load(e, tensor, &index, ind);
+        }
+        Ok(())
     }
 
     /// Computes the reductions and column loads inside `value` into registers
