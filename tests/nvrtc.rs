@@ -391,7 +391,10 @@ fn row_kernels_do_not_spill_at_their_seeds() {
         let seeds = space.seeds(&spec, false);
         assert!(seeds.len() >= 5, "{}: {seeds:?}", def.name());
         for seed in seeds {
-            for (cfg, most) in [(seed.clone().occupancy(512), 0), (seed, 32)] {
+            // The general lowering's candidate (`Config::general`) keeps its
+            // own register choices: only the derived occupancy's bound holds.
+            let bounded = (!seed.general).then(|| (seed.clone().occupancy(512), 0));
+            for (cfg, most) in bounded.into_iter().chain([(seed, 32)]) {
                 let lowered = def
                     .lower(&spec, &cfg)
                     .unwrap_or_else(|e| panic!("{} {cfg}: {e}", def.name()));

@@ -280,3 +280,52 @@ fn the_untuned_row_default_fits_the_row_length() {
     let md = default_config(mm);
     assert_eq!(fit_default(mm, md.clone(), &[Some(4096); 3]), md);
 }
+
+/// The tuner weighs the general lowering against the row lowering: a row
+/// kernel's seeds hold the general lowering's default (`Config::general`),
+/// which lowers through the general lowering; a matmul's do not.
+#[test]
+fn the_tuner_weighs_the_general_lowering_on_row_kernels() {
+    let def = softmax::kernel();
+    let (ir, spec) = (def.ir().unwrap(), def.declared_spec().unwrap());
+    let space =
+        ConfigSpace::new(ir, &spec, H200).with_extents(&[Some(16384), Some(8192), Some(8192)]);
+    for quick in [true, false] {
+        let seeds = space.seeds(&spec, quick);
+        assert!(!seeds[0].general, "the row default comes first");
+        let general: Vec<&Config> = seeds.iter().filter(|c| c.general).collect();
+        assert_eq!(general.len(), 1, "{seeds:?}");
+        assert_eq!(*general[0], space.general_default());
+        let l = def.lower(&spec, general[0]).unwrap();
+        assert_eq!(l.path, "general");
+        assert_eq!(def.lower(&spec, &seeds[0]).unwrap().path, "rows");
+        // Neighbours of the general candidate stay general.
+        for n in space.neighbors(general[0], &spec) {
+            assert!(n.general, "{n}");
+        }
+    }
+    // The GPU suite's general configs of the row kernels lower.
+    for def in [softmax::kernel(), rms_norm::kernel(), layer_norm::kernel()] {
+        let spec = def.declared_spec().unwrap();
+        for bs in [[1, 8192, 8192], [4, 1024, 1024]] {
+            let w = if bs[0] == 1 { 8 } else { 4 };
+            let c = Config::new(&bs).num_warps(w).general(true);
+            let l = def.lower(&spec, &c).unwrap_or_else(|e| panic!("{c}: {e}"));
+            assert_eq!(l.path, "general", "{} {c}", def.name());
+        }
+    }
+    let g = space.general_default();
+    assert!(g.to_string().ends_with(", general"), "{g}");
+    let json = serde_json::to_string(&g).unwrap();
+    assert_eq!(serde_json::from_str::<Config>(&json).unwrap(), g);
+    // Configs written before the field read as the registry's choice.
+    let old: Config = serde_json::from_str(
+        r#"{"block_sizes":[1,8192,8192],"num_warps":8,"num_stages":1,"group_m":8}"#,
+    )
+    .unwrap();
+    assert!(!old.general);
+    let mm = common::examples::matmul::matmul::kernel();
+    let mm_spec = mm.declared_spec().unwrap();
+    let mm_space = ConfigSpace::new(mm.ir().unwrap(), &mm_spec, H200);
+    assert!(mm_space.seeds(&mm_spec, true).iter().all(|c| !c.general));
+}

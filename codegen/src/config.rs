@@ -85,6 +85,13 @@ pub struct Config {
     /// enough to fill the GPU. 0 or 1: each program walks its whole loop.
     #[serde(default)]
     pub split: usize,
+    /// Lower with the general lowering even where a fast path takes the
+    /// kernel ([`crate::Planned::for_config`]). A fast path whose kernels the
+    /// general lowering may run faster (the row lowering) has the tuner try
+    /// the general lowering's default beside its own configs
+    /// ([`crate::ConfigSpace::seeds`]), so the faster of the two is kept.
+    #[serde(default)]
+    pub general: bool,
 }
 
 fn one() -> usize {
@@ -107,6 +114,7 @@ impl Config {
             pingpong: false,
             occupancy: 0,
             split: 0,
+            general: false,
         }
     }
 
@@ -175,6 +183,12 @@ impl Config {
     }
 
     /// Resident threads per SM for a row kernel; see [`Config::occupancy`].
+    /// The general lowering whatever the registry would choose; see [`Config::general`].
+    pub fn general(mut self, on: bool) -> Config {
+        self.general = on;
+        self
+    }
+
     pub fn occupancy(mut self, threads: usize) -> Config {
         self.occupancy = threads;
         self
@@ -215,6 +229,9 @@ impl std::fmt::Display for Config {
         }
         if self.occupancy != 0 {
             write!(f, ", occupancy={}", self.occupancy)?;
+        }
+        if self.general {
+            write!(f, ", general")?;
         }
         if self.split > 1 {
             write!(f, ", split={}", self.split)?;

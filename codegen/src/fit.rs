@@ -44,7 +44,8 @@ pub fn fit_whole_dims(kernel: &Planned, config: Config, extents: &[Option<usize>
             *b = 1;
         }
     }
-    kernel.chosen().fit_whole_dims(kernel, &config, c)
+    let kernel = kernel.for_config(&config);
+    kernel.chosen().fit_whole_dims(&kernel, &config, c)
 }
 
 /// `config` with its tile-order groups (`group_m`) capped so that bands of at

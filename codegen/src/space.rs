@@ -223,7 +223,10 @@ impl ConfigSpace {
     /// `quick` keeps the few that won most often on H100/H200 class GPUs.
     pub fn seeds(&self, spec: &Spec, quick: bool) -> Vec<Config> {
         let mut out = vec![self.default.clone()];
-        let proposals = self.kernel.chosen().seeds(self, spec, quick);
+        let mut proposals = self.kernel.chosen().seeds(self, spec, quick);
+        if self.kernel.chosen().compare_general() {
+            proposals.push(self.general_default());
+        }
         for c in proposals {
             if !out.contains(&c) && self.fits(&c, spec).is_ok() {
                 out.push(c);
@@ -233,6 +236,17 @@ impl ConfigSpace {
             out.remove(0);
         }
         out
+    }
+
+    /// The general lowering's untuned config for this space's launch
+    /// ([`Config::general`]), fitted as [`ConfigSpace::with_extents`] fits the
+    /// default.
+    pub fn general_default(&self) -> Config {
+        let marker = Config::new(&[]).general(true);
+        let g = self.kernel.for_config(&marker);
+        let d = default_config_at(&g, &self.spec, self.target, &self.extents);
+        let d = crate::fit::fit_default(&g, d, &self.extents);
+        crate::fit::fit_whole_dims(&g, d.general(true), &self.extents)
     }
 
     /// The configs one step away from `c` along one axis (a pattern search's moves),

@@ -23,6 +23,9 @@ pub(crate) fn configs() -> Vec<Option<Config>> {
         Some(Config::new(&[2, 4096, 2048]).num_warps(16)),
         Some(Config::new(&[16, 256, 512]).num_warps(4)),
         Some(Config::new(&[8, 2048, 1024]).num_warps(8)),
+        // The general lowering, which the tuner weighs against the row one.
+        Some(Config::new(&[1, 8192, 8192]).num_warps(8).general(true)),
+        Some(Config::new(&[4, 1024, 1024]).num_warps(4).general(true)),
     ]
 }
 

@@ -200,7 +200,8 @@ pub struct Lowered {
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`, by the
 /// lowering it takes.
 pub fn lower(kernel: &Planned, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
-    let kernel = &*kernel.specialize(&spec.constexprs)?;
+    let planned = kernel.for_config(config);
+    let kernel = &*planned.specialize(&spec.constexprs)?;
     let (spec, staged) = crate::staging::staged_spec(kernel, spec, config);
     let spec = &spec;
     let checked = check(kernel, spec)?;

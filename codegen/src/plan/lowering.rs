@@ -114,6 +114,13 @@ pub(crate) trait Lowering: Sync + 'static {
     /// out those that do not fit and puts its default before them).
     fn seeds(&self, p: &Self::Plan, space: &ConfigSpace, spec: &Spec, quick: bool) -> Vec<Config>;
 
+    /// Whether the tuner also tries the general lowering's default on this
+    /// lowering's kernels ([`Config::general`]): a fast path the general
+    /// lowering may beat on some kernels or shapes.
+    fn compare_general(&self) -> bool {
+        false
+    }
+
     /// Refuses the config options this lowering does not take (the options
     /// every lowering checks the same way are checked before).
     fn check_options(&self, k: &Kernel, p: &Self::Plan, c: &Config) -> Result<(), CodegenError>;
@@ -160,6 +167,7 @@ pub(crate) trait Chosen: Debug + Send + Sync {
     fn unaligned_operands(&self, k: &Kernel, spec: &Spec) -> Vec<TensorId>;
     fn axes(&self, k: &Kernel, target: Target) -> Vec<Axis>;
     fn seeds(&self, space: &ConfigSpace, spec: &Spec, quick: bool) -> Vec<Config>;
+    fn compare_general(&self) -> bool;
     fn check_options(&self, k: &Kernel, c: &Config) -> Result<(), CodegenError>;
     fn emit(&self, e: &mut Emitter) -> Result<Lowered, CodegenError>;
 }
@@ -234,6 +242,10 @@ impl<L: Lowering> Chosen for ChosenBy<L> {
 
     fn seeds(&self, space: &ConfigSpace, spec: &Spec, quick: bool) -> Vec<Config> {
         self.lowering.seeds(&self.plan, space, spec, quick)
+    }
+
+    fn compare_general(&self) -> bool {
+        self.lowering.compare_general()
     }
 
     fn check_options(&self, k: &Kernel, c: &Config) -> Result<(), CodegenError> {

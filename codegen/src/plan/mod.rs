@@ -15,6 +15,7 @@ pub(crate) mod lowering;
 #[cfg(test)]
 mod tests;
 
+use crate::config::Config;
 use crate::error::CodegenError;
 use crate::ir::Kernel;
 use crate::rules::SizeRule;
@@ -59,6 +60,19 @@ impl Planned {
     /// general lowering on a kernel of a fast path's form.
     pub fn general(kernel: Kernel) -> Planned {
         Planned::plan_by(kernel, true)
+    }
+
+    /// The kernel as `config` lowers it: planned by the general lowering
+    /// when the config asks for it ([`Config::general`]) and the registry
+    /// chose a fast path, else itself.
+    pub fn for_config(&self, config: &Config) -> Cow<'_, Planned> {
+        if !config.general || self.general {
+            return Cow::Borrowed(self);
+        }
+        Cow::Owned(Planned {
+            consts: self.consts.clone(),
+            ..Planned::plan_by((*self.kernel).clone(), true)
+        })
     }
 
     fn plan_by(kernel: Kernel, general_only: bool) -> Planned {

@@ -121,6 +121,12 @@ impl Lowering for Rows {
         super::space::seeds(space)
     }
 
+    /// The general lowering's blocked layouts run some row kernels faster
+    /// (argmax and row_max_min lower there already): the tuner weighs them.
+    fn compare_general(&self) -> bool {
+        true
+    }
+
     /// `occupancy`, none of the matmul options; loops walk their whole extent.
     fn check_options(&self, k: &Kernel, _p: &(), c: &Config) -> Result<(), CodegenError> {
         no_matmul_options(k, c, false, MATMUL_ONLY)?;
