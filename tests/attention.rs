@@ -315,14 +315,7 @@ fn kernels_that_multiply_default_to_tensor_core_tiles() {
     let cases = [
         (
             attention_dkdv::kernel(),
-            vec![
-                Some(4),
-                Some(16),
-                Some(2048),
-                Some(128),
-                Some(1),
-                Some(2048),
-            ],
+            DKDV_4X16X2048X128.to_vec(),
             vec![1, 1, 32, 128, 1, 32],
         ),
         // Short sequences: the tiles shrink to the extent, not below 16.
@@ -568,14 +561,7 @@ fn the_backwards_dkdv_takes_the_attention_lowering() {
     );
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
-    let ext = [
-        Some(4),
-        Some(16),
-        Some(2048),
-        Some(128),
-        Some(1),
-        Some(2048),
-    ];
+    let ext = DKDV_4X16X2048X128;
     let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
     assert_eq!(
         (c.block_sizes.clone(), c.num_warps, c.wgmma),
@@ -597,6 +583,17 @@ fn the_backwards_dkdv_takes_the_attention_lowering() {
 }
 
 /// The H200's target (for defaults and tuning spaces without a GPU).
+/// dK/dV's extents (tb, th, tn, td, g, tm) at 4 batches, 16 heads, 2048
+/// tokens, head dimension 128, one query head a group.
+const DKDV_4X16X2048X128: [Option<usize>; 6] = [
+    Some(4),
+    Some(16),
+    Some(2048),
+    Some(128),
+    Some(1),
+    Some(2048),
+];
+
 const H200: Target = Target {
     shared_limit: 227 * 1024,
     wgmma: true,
