@@ -650,7 +650,7 @@ fn a_column_sum_shares_its_loop_among_programs() {
     let body = kernel_part(&l);
     for want in [
         "tf_beg1 = (((s1) + B1 - 1) / B1) * tf_part / tf_ways * B1",
-        "atomicAdd(&tf_counters[tf_prog], 1u)",
+        "tf_arrive_last(&tf_counters[tf_prog], (unsigned int)tf_ways)",
         "if (!tf_last) return;",
         "__ldcg(",
     ] {

@@ -253,8 +253,11 @@ impl Device {
     }
 
     /// Device addresses of scratch for `floats` partial sums and `counters`
-    /// counters, the counters zeroed on the launch stream (so a program that gave
-    /// up on a `wait` cannot leave a count behind for the next launch).
+    /// counters. The counters are zero between launches: allocated zeroed, and
+    /// the last program to arrive at one wraps it back to 0 (`tf_arrive_last`),
+    /// so no memset precedes each launch. A program that gave up on a `wait`
+    /// leaves its count behind; [`Device::zero_split_counters`] clears them when
+    /// the status block reports that.
     pub(crate) fn split_scratch(&self, floats: usize, counters: usize) -> Result<(u64, u64)> {
         let mut s = self.split.lock().unwrap_or_else(|p| p.into_inner());
         let grows = s.partials.as_ref().is_none_or(|p| p.len() < floats)
@@ -293,13 +296,24 @@ impl Device {
         else {
             unreachable!("both buffers were just allocated");
         };
-        stream
-            .memset_zeros(c)
-            .map_err(driver("zeroing split-K counters"))?;
         let (pp, g1) = p.device_ptr(stream);
         let (cp, g2) = c.device_ptr(stream);
         drop((g1, g2));
         Ok((pp, cp))
+    }
+
+    /// Zeroes the split counters on the launch stream: after a launch whose
+    /// programs may not all have arrived (one gave up on a `wait`), a count
+    /// left behind would make the wrong program the last at the next launch.
+    pub(crate) fn zero_split_counters(&self) -> Result<()> {
+        let mut s = self.split.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(c) = s.counters.as_mut() else {
+            return Ok(());
+        };
+        let stream = &self.gpu("split-K counters")?.stream;
+        stream
+            .memset_zeros(c)
+            .map_err(driver("zeroing split-K counters"))
     }
 }
 

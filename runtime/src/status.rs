@@ -86,6 +86,8 @@ pub(crate) fn check(dev: &Device) -> Result<()> {
         cudarc::driver::result::memcpy_htod_async(ptr, &zeros, stream.cu_stream())
     }
     .map_err(driver("clearing the kernel status block"))?;
+    // A program that gave up skipped its arrival at a split counter.
+    dev.zero_split_counters()?;
     stream
         .synchronize()
         .map_err(driver("clearing the kernel status block"))?;

@@ -125,3 +125,45 @@ fn stream_k_matches_cublas_and_is_deterministic() {
         "stream-K shared the last wave at {shared} of 6 runs"
     );
 }
+
+/// Column sums: the walk down a tall matrix's rows is shared by several
+/// programs (a split loop), which meet at a counter per column tile.
+#[fused_kernel]
+fn tall_col_sum(x: &Tensor<f32>, out: &Tensor<f32>) {
+    let [m, n] = x.shape();
+    for tn in tile(n) {
+        let mut acc = zeros::<f32>([tn]);
+        for tm in tile(m) {
+            acc = acc + x[(tm, tn)].sum(tm);
+        }
+        out[tn] = acc;
+    }
+}
+
+/// No memset zeroes the meeting counters before a launch: the last program
+/// at each wraps it back to 0. Launches one after another, with fresh inputs
+/// (a count left behind would make an early program the last, which would add
+/// stale shares of the launch before) and grids of different sizes (other
+/// counters in use), each give the float64 sums.
+#[test]
+fn shared_loops_find_their_counters_at_zero_launch_after_launch() {
+    let Some(_dev) = gpu_alone() else { return };
+    let cfg = Config::new(&[128, 16]).num_warps(1).split(64);
+    let mut rng = tilefuse_testkit::Rng::new(33);
+    for (round, (m, n)) in [(4096, 256), (4096, 256), (3001, 1000), (4096, 256)]
+        .into_iter()
+        .enumerate()
+    {
+        let xs: Vec<f32> = tilefuse_testkit::random_vec(&mut rng, m * n, 1.0);
+        let x = Tensor::from_slice(&xs, [m, n]).unwrap();
+        let out = poisoned::<f32>([n]).unwrap();
+        tall_col_sum::kernel()
+            .with_config(cfg.clone(), || tall_col_sum(&x, &out))
+            .unwrap();
+        let want: Vec<f64> = (0..n)
+            .map(|j| (0..m).map(|i| f64::from(xs[i * n + j])).sum())
+            .collect();
+        let err = err_vs(&out, &want);
+        assert!(err <= 1e-5, "launch {round} ({m}x{n}): rel err {err}");
+    }
+}

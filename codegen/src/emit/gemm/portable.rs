@@ -417,7 +417,7 @@ pub(super) fn split_fixup(o: &mut String, mi: usize, ni: usize, nt: usize, site:
     {sync}
     __shared__ int tf_last_of[{groups}];
     int& tf_last = tf_last_of[{group}];
-    if ({tid} == 0) tf_last = atomicAdd(tf_counters + slot, 1u) == (unsigned)(tf_w - 1);
+    if ({tid} == 0) tf_last = tf_arrive_last(tf_counters + slot, (unsigned)tf_w);
     {sync}
     if (!tf_last) {leave}
     __threadfence();

@@ -189,7 +189,7 @@ impl Gen<'_, '_> {
         self.w(d1, "__shared__ bool tf_last;");
         self.w(
             d1,
-            "if (tid == 0) tf_last = atomicAdd(&tf_counters[tf_prog], 1u) == (unsigned int)(tf_ways - 1);",
+            "if (tid == 0) tf_last = tf_arrive_last(&tf_counters[tf_prog], (unsigned int)tf_ways);",
         );
         self.w(d1, "__syncthreads();");
         self.w(d1, "if (!tf_last) return;");
