@@ -82,7 +82,9 @@
 //!   adds the bias to every row;
 //! - types: tensors of bf16, f16, f32, i8, u8, i16, i32, u32, i64; floats compute in
 //!   f32, integers in their type promoted as C promotes them (an integer literal takes
-//!   the other operand's type), wrapping; `.cast::<T>()` and `x as T` convert as Rust's
+//!   the other operand's type, as does a value made of literals only:
+//!   `count + select(m, 1, 0).sum(t)` selects and sums in `count`'s i32), wrapping;
+//!   `.cast::<T>()` and `x as T` convert as Rust's
 //!   `as` does (rounding to nearest even, floats into integers saturating), and
 //!   `.cast()` at a store takes the tensor's type;
 //! - reductions ([`codegen::prims::ReduceOp`]: `x.sum(t)`, `x.max(t)`, `x.min(t)`, …) along any tile of the

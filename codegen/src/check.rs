@@ -6,7 +6,11 @@
 //! and rounded when stored or cast), so float results are `f32`; integers
 //! promote as C's do ([`DType::promote`]); comparisons give masks (`bool`).
 //! An integer literal takes the type of the integer it meets (`x + 1` on an
-//! i32 tile is i32), as Rust infers it.
+//! i32 tile is i32), as Rust infers it; so does a value made of literals
+//! only, through `select`, arithmetic and reductions: in
+//! `count + select(v > 0.0, 1, 0).sum(tm)` with an i32 `count`, the
+//! `select` and its sum are i32 too, computed so on the GPU and in interpret
+//! mode ([`crate::literals`]).
 
 use crate::dtype::DType;
 use crate::error::CodegenError;
@@ -71,15 +75,7 @@ pub fn check_types(kernel: &Kernel, spec: &Spec) -> Result<(Checked, Types), Cod
 }
 
 fn run(kernel: &Kernel, spec: &Spec, record: bool) -> Result<(Checked, Types), CodegenError> {
-    let mut c = Checker {
-        k: kernel,
-        spec,
-        vars: vec![None; kernel.vars.len()],
-        scope: kernel.grid.clone(),
-        loops: Vec::new(),
-        partials: vec![None; kernel.vars.len()],
-        types: record.then(Types::default),
-    };
+    let mut c = Checker::new(kernel, spec, record);
     c.check_args()?;
     c.stmts(&kernel.body)?;
     let types = c.types.take().unwrap_or_default();
@@ -89,6 +85,20 @@ fn run(kernel: &Kernel, spec: &Spec, record: bool) -> Result<(Checked, Types), C
         .map(|t| t.unwrap_or(Ty::scalar(DType::F32)))
         .collect();
     Ok((Checked { vars }, types))
+}
+
+/// The integer literals of `kernel` (specialized for `spec.constexprs`) in
+/// values made of literals only that meet an integer of another type, by
+/// address, with that type ([`crate::literals`]).
+pub(crate) fn literal_types(
+    kernel: &Kernel,
+    spec: &Spec,
+) -> Result<crate::literals::Found, CodegenError> {
+    let mut c = Checker::new(kernel, spec, true);
+    c.find = true;
+    c.check_args()?;
+    c.stmts(&kernel.body)?;
+    Ok(c.found)
 }
 
 /// The type of `e`, an expression of `kernel` (specialized and checked for
@@ -103,6 +113,8 @@ pub fn type_of(kernel: &Kernel, spec: &Spec, checked: &Checked, e: &Expr) -> Opt
         loops: Vec::new(),
         partials: vec![None; kernel.vars.len()],
         types: None,
+        find: false,
+        found: Default::default(),
     };
     c.expr(e, "").ok()
 }
@@ -127,6 +139,26 @@ struct Checker<'a> {
     partials: Vec<Option<DimId>>,
     /// Every expression's type, when asked for ([`check_types`]).
     types: Option<Types>,
+    /// Whether to look for literal-made values meeting an integer of another
+    /// type (types recorded), and their literals found so far.
+    find: bool,
+    found: crate::literals::Found,
+}
+
+impl<'a> Checker<'a> {
+    fn new(k: &'a Kernel, spec: &'a Spec, record: bool) -> Checker<'a> {
+        Checker {
+            k,
+            spec,
+            vars: vec![None; k.vars.len()],
+            scope: k.grid.clone(),
+            loops: Vec::new(),
+            partials: vec![None; k.vars.len()],
+            types: record.then(Types::default),
+            find: false,
+            found: Default::default(),
+        }
+    }
 }
 
 fn union(a: &[DimId], b: &[DimId]) -> Vec<DimId> {
@@ -148,6 +180,22 @@ pub fn meet(a: &Ty, b: &Ty) -> DType {
 }
 
 impl Checker<'_> {
+    /// `a` and `b` meet (arithmetic, `select`): a literal-made integer value
+    /// on one side takes the other side's integer type, computed in it.
+    fn note_meet(&mut self, a: (&Expr, &Ty), b: (&Expr, &Ty)) {
+        let (true, Some(types)) = (self.find, &self.types) else {
+            return;
+        };
+        for ((x, tx), (_, ty)) in [(a, b), (b, a)] {
+            if tx.weak && tx.dtype.is_int() && !ty.weak && ty.dtype.is_int() {
+                let t = DType::arith(ty.dtype);
+                if t != tx.dtype {
+                    crate::literals::resolve(x, t, &|e| types.of(e), &mut self.found);
+                }
+            }
+        }
+    }
+
     /// Tile `d` is bound by an enclosing loop here.
     fn in_scope(&self, d: DimId, at: &str) -> Result<(), CodegenError> {
         if self.scope.contains(&d) {
@@ -609,11 +657,15 @@ impl Checker<'_> {
                 let r = self.expr(rhs, at)?;
                 let dims = union(&l.dims, &r.dims);
                 let dtype = match op.entry().rule {
-                    crate::prims::binary::Rule::Arith => meet(&l, &r),
+                    crate::prims::binary::Rule::Arith => {
+                        self.note_meet((lhs, &l), (rhs, &r));
+                        meet(&l, &r)
+                    }
                     crate::prims::binary::Rule::Bits
                         if l.dtype != DType::Bool || r.dtype != DType::Bool =>
                     {
                         op.result(l.dtype, r.dtype).map_err(|m| self.err(at, m))?;
+                        self.note_meet((lhs, &l), (rhs, &r));
                         meet(&l, &r)
                     }
                     _ => op.result(l.dtype, r.dtype).map_err(|m| self.err(at, m))?,
@@ -647,6 +699,7 @@ impl Checker<'_> {
                 let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool {
                     DType::Bool
                 } else {
+                    self.note_meet((then, &a), (otherwise, &b));
                     meet(&a, &b)
                 };
                 Ty {
@@ -701,10 +754,12 @@ impl Checker<'_> {
                         ),
                     ));
                 }
-                Ty::new(
-                    t.dims.into_iter().filter(|d| d != dim).collect(),
-                    op.result(t.dtype),
-                )
+                Ty {
+                    dims: t.dims.into_iter().filter(|d| d != dim).collect(),
+                    dtype: op.result(t.dtype),
+                    // A sum of literal-made values is one too (`select(m, 1, 0).sum(t)`).
+                    weak: t.weak,
+                }
             }
             Expr::Rand {
                 kind,
@@ -774,6 +829,7 @@ impl Checker<'_> {
                 }
                 let a = self.expr(then, at)?;
                 let b = self.expr(otherwise, at)?;
+                self.note_meet((then, &a), (otherwise, &b));
                 Ty {
                     dims: union(&a.dims, &b.dims),
                     dtype: meet(&a, &b),

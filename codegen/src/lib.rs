@@ -15,6 +15,7 @@ pub mod error;
 pub mod fit;
 pub mod hash;
 pub mod ir;
+pub mod literals;
 mod parse;
 pub mod plan;
 pub mod prims;

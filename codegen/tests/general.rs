@@ -36,18 +36,6 @@ fn kernel(name: &str) -> Kernel {
     Kernel::empty(name)
 }
 
-fn spec_of(k: &Kernel, scalars: &[ScalarKind]) -> Spec {
-    Spec {
-        tensors: k
-            .tensors
-            .iter()
-            .map(|t| TensorSpec::contiguous(t.declared.unwrap_or(DType::F32), t.rank))
-            .collect(),
-        scalars: scalars.to_vec(),
-        constexprs: vec![],
-    }
-}
-
 fn ints(n: usize) -> Vec<ScalarKind> {
     vec![ScalarKind::Int; n]
 }

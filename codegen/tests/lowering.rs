@@ -435,15 +435,7 @@ fn general_takes(k: &Kernel) {
 
 /// A spec with the matmul's dtypes for every tensor of `k`.
 fn matmul_spec(k: &Kernel) -> Spec {
-    Spec {
-        tensors: k
-            .tensors
-            .iter()
-            .map(|t| TensorSpec::contiguous(t.declared.unwrap_or(DType::F32), t.rank))
-            .collect(),
-        scalars: vec![ScalarKind::Int; k.scalars.len()],
-        constexprs: vec![],
-    }
+    spec_of(k, &vec![ScalarKind::Int; k.scalars.len()])
 }
 
 #[test]

@@ -187,6 +187,7 @@ pub fn run_with(
     // What the GPU path checks and lowers, refused here as there.
     let spec = spec_of(tensors, scalars, constexprs);
     let k = &*kernel.specialize(constexprs).map_err(refused)?;
+    let k = &*k.with_literal_types(&spec).map_err(refused)?;
     let lowered = tilefuse_codegen::lower(k, &spec, config).map_err(refused)?;
     let (checked, types) = check_types(k, &spec).map_err(refused)?;
     let mut extents = vec![None; k.dims.len()];

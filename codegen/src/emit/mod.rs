@@ -202,6 +202,7 @@ pub struct Lowered {
 pub fn lower(kernel: &Planned, spec: &Spec, config: &Config) -> Result<Lowered, CodegenError> {
     let planned = kernel.for_config(config);
     let kernel = &*planned.specialize(&spec.constexprs)?;
+    let kernel = &*kernel.with_literal_types(spec)?;
     let (spec, staged) = crate::staging::staged_spec(kernel, spec, config);
     let spec = &spec;
     let checked = check(kernel, spec)?;

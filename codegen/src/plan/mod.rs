@@ -131,6 +131,25 @@ impl Planned {
         })
     }
 
+    /// The kernel with its literal-made values typed as the integers they
+    /// meet ([`crate::literals`]), planned again where that changed it: what
+    /// a launch with `spec` lowers and interpret mode runs. Borrowed when no
+    /// literal changes.
+    pub fn with_literal_types(
+        &self,
+        spec: &crate::spec::Spec,
+    ) -> Result<Cow<'_, Planned>, CodegenError> {
+        Ok(
+            match crate::literals::with_literal_types(&self.kernel, spec)? {
+                Cow::Borrowed(_) => Cow::Borrowed(self),
+                Cow::Owned(k) => Cow::Owned(Planned {
+                    consts: self.consts.clone(),
+                    ..Planned::plan_by(k, self.general)
+                }),
+            },
+        )
+    }
+
     /// The tensor sizes a launch checks ([`crate::rules`]), derived once.
     pub fn size_rules(&self) -> &[SizeRule] {
         self.rules.get_or_init(|| crate::rules::derive(self))

@@ -13,6 +13,20 @@ pub use tilefuse_codegen::{check, default_config, lower, CodegenError, Lowered, 
 mod kernels;
 pub use kernels::*;
 
+/// A spec with `k`'s declared dtypes (f32 where none is declared), contiguous
+/// tensors, and these scalars.
+pub fn spec_of(k: &Kernel, scalars: &[ScalarKind]) -> Spec {
+    Spec {
+        tensors: k
+            .tensors
+            .iter()
+            .map(|t| TensorSpec::contiguous(t.declared.unwrap_or(DType::F32), t.rank))
+            .collect(),
+        scalars: scalars.to_vec(),
+        constexprs: vec![],
+    }
+}
+
 // ---------------------------------------------------------------- IR builders
 
 pub fn tensor(name: &str, rank: usize, declared: Option<DType>) -> TensorParam {
