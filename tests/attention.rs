@@ -202,6 +202,52 @@ fn hopper_configs_the_lowering_cannot_run_say_why() {
     assert!(err(c(128, 256, 128, 8, 2)).contains("accumulator registers"));
     assert!(err(c(128, 128, 128, 8, 5)).contains("2 to 4 stages"));
     assert!(err(c(128, 128, 128, 8, 3).persistent(true)).contains("leave them unset"));
+    // `overlap` needs the Hopper program.
+    let portable = lower(ir, &spec, &c(128, 128, 64, 4, 3).overlap(true));
+    assert!(portable
+        .unwrap_err()
+        .to_string()
+        .contains("set `wgmma` too"));
+}
+
+/// `overlap`: the step's scores and the last tile's `p·v` go in two `wgmma`
+/// groups, the scores first; the step waits for the scores only, runs the
+/// softmax, and waits for `p·v` (releasing its `v`) before it rescales the
+/// output. Other kernels refuse the option.
+#[test]
+fn the_hopper_program_overlaps_the_softmax_with_the_last_product() {
+    let def = attention::attention::kernel();
+    let ir = def.ir().unwrap();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![0];
+    let c = default_wgmma_attention(ir).unwrap().overlap(true);
+    let whole = lower(ir, &spec, &c).unwrap().source;
+    // The kernel, after the helpers' definitions.
+    let src = &whole[whole.find("extern \"C\"").unwrap_or(0)..];
+    let at = |needle: &str| {
+        src.find(needle)
+            .unwrap_or_else(|| panic!("no `{needle}` in\n{src}"))
+    };
+    let (scores, pv) = (at("tf_wgmma_qk(&tf_s"), at("tf_wgmma_pv("));
+    let (one, softmax, zero) = (
+        at("wait_group.sync.aligned 1;"),
+        at("tf_exp_diff("),
+        at("the last tile's p·v"),
+    );
+    assert!(
+        scores < pv && pv < one && one < softmax && softmax < zero,
+        "{src}"
+    );
+    assert!(!src[one..zero].contains("tf_mbar_arrive(tf_ev"), "{src}");
+    // A row kernel refuses it.
+    let def = softmax::softmax::kernel();
+    let (ir, spec) = (def.ir().unwrap(), def.declared_spec().unwrap());
+    let c = default_config(ir).overlap(true);
+    let err = lower(ir, &spec, &c).unwrap_err().to_string();
+    assert!(
+        err.contains("`overlap` is an option of the Hopper attention program"),
+        "{err}"
+    );
 }
 
 #[test]

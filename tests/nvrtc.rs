@@ -543,6 +543,16 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
             hopper(64, 128, 128, 3),
             hopper(128, 256, 64, 2),
         ])
+        // The softmax overlapped with the last tile's `p·v` (two `wgmma`
+        // groups a step): one and two consumer warpgroups.
+        .chain(
+            [(128, 128, 128, 3), (64, 128, 128, 3), (128, 64, 128, 2)].map(
+                |(bm, d, bn, stages)| {
+                    let (c, held) = hopper(bm, d, bn, stages);
+                    (c.overlap(true), held)
+                },
+            ),
+        )
         .collect();
     // The grouped-query kernel (keys and values of a head group) at the two
     // paths' defaults for head dimension 128.

@@ -72,6 +72,12 @@ pub struct Config {
     /// tile (64 rows each) and the tensor cores wait out every epilogue.
     #[serde(default)]
     pub pingpong: bool,
+    /// Hopper attention: a tile's softmax runs while the previous tile's
+    /// `p·v` is still on the tensor cores (two `wgmma` groups a step, the
+    /// output waited for only where the softmax rescales it), as
+    /// FlashAttention-3 overlaps them within a warpgroup.
+    #[serde(default)]
+    pub overlap: bool,
     /// Row kernels (reductions): the resident threads per SM the launch bounds ask
     /// for, which caps each thread's registers at `65536 / occupancy`. More
     /// threads keep more loads in flight; fewer leave registers for wide rows.
@@ -112,6 +118,7 @@ impl Config {
             stream_k: false,
             tma_store: false,
             pingpong: false,
+            overlap: false,
             occupancy: 0,
             split: 0,
             general: false,
@@ -176,6 +183,12 @@ impl Config {
         self
     }
 
+    /// [`Config::overlap`].
+    pub fn overlap(mut self, on: bool) -> Config {
+        self.overlap = on;
+        self
+    }
+
     /// The most programs that share a reduction loop; see [`Config::split`].
     pub fn split(mut self, ways: usize) -> Config {
         self.split = ways;
@@ -226,6 +239,9 @@ impl std::fmt::Display for Config {
         }
         if self.pingpong {
             write!(f, ", pingpong")?;
+        }
+        if self.overlap {
+            write!(f, ", overlap")?;
         }
         if self.occupancy != 0 {
             write!(f, ", occupancy={}", self.occupancy)?;

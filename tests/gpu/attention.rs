@@ -164,31 +164,53 @@ fn attention_matches_f64_under_the_tuners_configs() {
     }
 }
 
-/// The Hopper program (`wgmma`): one and two consumer warpgroups, key blocks
-/// that do not divide the keys (176), 2 to 4 stages, head dimensions that
-/// fill part of a 64-column panel (16, 48, 80) or four panels (200 → 256).
-#[test]
-fn attention_matches_f64_on_the_wgmma_path() {
-    let Some(_dev) = crate::wgmma::hopper() else {
-        return;
-    };
-    // dims: tb, th, tm, td (fitted to the head dimension), tn
-    for (bm, bn, stages) in [(128, 128, 3), (128, 176, 2), (64, 128, 3), (128, 64, 4)] {
+/// The Hopper program's tiles under test: one and two consumer warpgroups
+/// (`bm` 64 or 128), a key block that does not divide the keys (176), 2 to 4
+/// stages: `(bm, bn, stages)`.
+const WGMMA_TILES: [(usize, usize, usize); 4] =
+    [(128, 128, 3), (128, 176, 2), (64, 128, 3), (128, 64, 4)];
+
+/// The float64 checks of the Hopper program under each of [`WGMMA_TILES`]
+/// with `overlap`: causal and not, head dimensions that fill part of a
+/// 64-column panel (48, 80) or two, cross-attention.
+fn wgmma_checks(overlap: bool) {
+    for (bm, bn, stages) in WGMMA_TILES {
         let cfg = Config::new(&[1, 1, bm, 64, bn])
             .num_warps(bm / 16)
             .num_stages(stages)
-            .wgmma(true);
+            .wgmma(true)
+            .overlap(overlap);
         check(1, 2, 300, 300, 64, true, Some(cfg.clone()));
         check(2, 1, 250, 250, 48, false, Some(cfg.clone()));
         check(1, 1, 333, 333, 80, true, Some(cfg.clone()));
         check(1, 2, 100, 300, 128, false, Some(cfg));
     }
+}
+
+/// The Hopper program (`wgmma`) at [`WGMMA_TILES`], and at head dimensions
+/// that fill four panels (200 → 256) or little of one (16).
+#[test]
+fn attention_matches_f64_on_the_wgmma_path() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    wgmma_checks(false);
     let cfg = Config::new(&[1, 1, 128, 64, 64])
         .num_warps(8)
         .num_stages(2)
         .wgmma(true);
     check(1, 1, 200, 200, 200, true, Some(cfg.clone()));
     check(1, 1, 65, 65, 16, false, Some(cfg));
+}
+
+/// `overlap`: each step's softmax runs while the last tile's `p·v` is still
+/// on the tensor cores.
+#[test]
+fn attention_matches_f64_with_the_softmax_overlapping_the_last_product() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    wgmma_checks(true);
 }
 
 /// The Hopper program's other schedule: a key loop that reads the accumulator

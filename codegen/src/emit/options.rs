@@ -76,6 +76,18 @@ pub(crate) fn no_split(k: &Kernel, c: &Config, why: &str) -> Result<(), CodegenE
     Ok(())
 }
 
+/// Refuses [`Config::overlap`], an option of the Hopper attention program.
+pub(crate) fn no_overlap(k: &Kernel, c: &Config) -> Result<(), CodegenError> {
+    if c.overlap {
+        return Err(config_err(
+            k,
+            c,
+            "`overlap` is an option of the Hopper attention program (`wgmma` on an attention kernel); leave it unset here",
+        ));
+    }
+    Ok(())
+}
+
 /// Why the fast paths refuse [`Config::split`].
 pub(crate) const SPLIT_GENERAL_ONLY: &str =
     "only the general lowering splits loops, and this kernel takes another";

@@ -49,6 +49,10 @@ pub(super) struct Geo {
     pub stages: usize,
     /// Hopper: a tile's `p·v` is issued with the next tile's `q·kᵀ` (see `hopper`).
     pub defer_pv: bool,
+    /// Hopper, with `defer_pv`: the two go in separate groups, `q·kᵀ` first, and
+    /// the step waits for `p·v` only where it next touches the output
+    /// ([`crate::Config::overlap`]).
+    pub overlap: bool,
 }
 
 impl Geo {

@@ -88,6 +88,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             .filter(|(i, _)| *i < a.scores || *i > a.update)
             .all(|(_, s)| !stmt_reads(s, a.acc));
     }
+    g.overlap =
+        g.defer_pv && e.cfg.overlap && a.more_scores.is_empty() && a.more_updates.is_empty();
     let threads = 128 * (consumers + 1);
     let q_bytes = g.bm * g.hd * 2;
     let kv_bytes = g.bn * g.hd * 2;
@@ -406,6 +408,7 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         wgmma: true,
         stages: c.num_stages,
         defer_pv: false,
+        overlap: false,
     })
 }
 
@@ -432,33 +435,44 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
         out,
         "{ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"
     );
-    if g.defer_pv {
-        let _ = write!(
-            out,
-            "{ind}const int tf_pst = (tf_it + {s1}) % {stages};  // the last tile's stage\n\
-             {ind}if (tf_it > 0) {{\n\
-             {ind}  const tf_u32 tf_vb = tf_sv + tf_pst * {kv}u;\n\
-             {ind}  tf_mbar_spin(tf_bv + tf_pst * 8, ((tf_it - 1) / {stages}) & 1);\n\
-             {pv}\
-             {ind}}}\n",
-            s1 = g.stages - 1,
-            stages = g.stages,
-            kv = g.bn * g.hd * 2,
-            pv = pv_issue(g, &format!("{ind}  "), acc),
-        );
-    }
-    let _ = write!(
-        out,
+    let last_pv = format!(
+        "{ind}const int tf_pst = (tf_it + {s1}) % {stages};  // the last tile's stage\n\
+         {ind}if (tf_it > 0) {{\n\
+         {ind}  const tf_u32 tf_vb = tf_sv + tf_pst * {kv}u;\n\
+         {ind}  tf_mbar_spin(tf_bv + tf_pst * 8, ((tf_it - 1) / {stages}) & 1);\n\
+         {pv}\
+         {ind}}}\n",
+        s1 = g.stages - 1,
+        stages = g.stages,
+        kv = g.bn * g.hd * 2,
+        pv = pv_issue(g, &format!("{ind}  "), acc),
+    );
+    let qk = format!(
         "{ind}#pragma unroll\n\
          {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks)\n\
          {ind}  tf_wgmma_qk(&tf_s[0][0][0],\n\
          {ind}      tf_wgmma_desc(tf_qw + (tf_ks >> 2) * {qp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u),\n\
-         {ind}      tf_wgmma_desc(tf_kb + (tf_ks >> 2) * {kp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u));\n\
-         {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
+         {ind}      tf_wgmma_desc(tf_kb + (tf_ks >> 2) * {kp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u));\n",
         ks = g.hd / 16,
         qp = panel(g.bm),
         kp = panel(g.bn),
     );
+    let commit =
+        format!("{ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    if g.overlap {
+        // Two groups, this tile's scores first: waiting for one group leaves
+        // the last tile's `p·v` running under the softmax.
+        out.push_str(&qk);
+        out.push_str(&commit);
+        out.push_str(&last_pv);
+        out.push_str(&commit);
+    } else {
+        if g.defer_pv {
+            out.push_str(&last_pv);
+        }
+        out.push_str(&qk);
+        out.push_str(&commit);
+    }
     if pingpong {
         // Every turn one warpgroup takes is one the other gave: the second
         // gives none after its last (the first's initial turn was given before the loop).
@@ -467,6 +481,14 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
             "{ind}if (tf_cw < 4) asm volatile(\"bar.arrive 3, 256;\" ::: \"memory\");\n\
              {ind}else if (tf_it + 1 < tf_nt) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");"
         );
+    }
+    if g.overlap {
+        let _ = writeln!(
+            out,
+            "{ind}asm volatile(\"wgmma.wait_group.sync.aligned 1;\" ::: \"memory\");  // the scores\n\
+             {ind}if (lane == 0) tf_mbar_arrive(tf_ek + tf_st * 8);  // this tile's k is done with"
+        );
+        return out;
     }
     let _ = writeln!(
         out,
@@ -482,6 +504,15 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
         );
     }
     out
+}
+
+/// With [`Geo::overlap`], before the step next touches the output: the last
+/// tile's `p·v` is complete, and its `v` stage is released.
+pub(super) fn last_pv_done(ind: &str) -> String {
+    format!(
+        "{ind}asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");  // the last tile's p·v\n\
+         {ind}if (lane == 0 && tf_it > 0) tf_mbar_arrive(tf_ev + tf_pst * 8);  // its v is done with\n"
+    )
 }
 
 /// The `wgmma`s of `acc += p·v` from the packed `tf_pa` and the stage at `tf_vb`.
@@ -530,7 +561,7 @@ pub(super) fn update_product(g: &Geo, ind: &str, acc: &str) -> String {
 
 /// Whether statement `s` may read variable `v` (anything but a `let`, an
 /// assignment or a store counts as reading it).
-fn stmt_reads(s: &Stmt, v: VarId) -> bool {
+pub(super) fn stmt_reads(s: &Stmt, v: VarId) -> bool {
     match s {
         Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Store { value, .. } => {
             super::super::reads_var(value, v)

@@ -127,6 +127,13 @@ impl Lowering for Attention {
             "`persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
         )?;
         no_occupancy(k, c)?;
+        if c.overlap && !c.wgmma {
+            return Err(crate::emit::config_err(
+                k,
+                c,
+                "`overlap` is an option of the Hopper attention program; set `wgmma` too, or drop `overlap`",
+            ));
+        }
         no_split(k, c, SPLIT_GENERAL_ONLY)
     }
 

@@ -406,6 +406,7 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         wgmma: false,
         stages: 2,
         defer_pv: false,
+        overlap: false,
     };
     // Scores (of each score-like product) and output accumulator, in f32
     // registers a thread; ~60 more go to operand fragments, row state and
@@ -732,10 +733,20 @@ fn loop_body(
         let i = key(t).0;
         (!std::mem::replace(&mut landed[i], true)).then(|| key_wait(keys.len(), i))
     };
+    // With `overlap`, the last tile's `p·v` runs from the scores until the
+    // body next touches the output.
+    let mut pv_running = false;
     for (i, s) in body.iter().enumerate() {
+        let touches_acc =
+            hopper::stmt_reads(s, a.acc) || matches!(s, Stmt::Assign { var, .. } if *var == a.acc);
+        if pv_running && (i == a.update || touches_acc) {
+            e.out.push_str(&hopper::last_pv_done(ind));
+            pv_running = false;
+        }
         if i == a.scores {
             let ops = (RowOp(0), key(a.k), wait_for(a.k));
             scores(e, a, f, s, "tf_s", ops)?;
+            pv_running = f.geo.overlap;
             continue;
         }
         if let Some((j, m)) = a.more_scores.iter().enumerate().find(|(_, m)| m.at == i) {
@@ -768,6 +779,9 @@ fn loop_body(
             }
             _ => {}
         }
+    }
+    if pv_running {
+        e.out.push_str(&hopper::last_pv_done(ind));
     }
     // `let`s of the body are local to it (its C scope ends here).
     for (v, l) in f.layouts.iter_mut().enumerate() {

@@ -5,7 +5,9 @@
 use super::shape::{self, GemmShape};
 use super::tiles::{tiles_of, HopperTiles};
 use crate::config::{Config, Target};
-use crate::emit::options::{no_bounded_loops, no_occupancy, no_split, SPLIT_GENERAL_ONLY};
+use crate::emit::options::{
+    no_bounded_loops, no_occupancy, no_overlap, no_split, SPLIT_GENERAL_ONLY,
+};
 use crate::emit::{lower, Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::{Kernel, Stmt, TensorId};
@@ -158,6 +160,7 @@ impl Lowering for Gemm {
     /// Every matmul option; no `occupancy`, and loops walk their whole extent.
     fn check_options(&self, k: &Kernel, _g: &GemmShape, c: &Config) -> Result<(), CodegenError> {
         no_occupancy(k, c)?;
+        no_overlap(k, c)?;
         no_split(k, c, SPLIT_GENERAL_ONLY)?;
         no_bounded_loops(k)
     }

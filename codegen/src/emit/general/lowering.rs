@@ -5,7 +5,7 @@
 use super::products::{self, Products};
 use super::split::{self, SplitLoop};
 use crate::config::{Config, Target};
-use crate::emit::options::{no_matmul_options, no_split, MATMUL_ONLY};
+use crate::emit::options::{no_matmul_options, no_overlap, no_split, MATMUL_ONLY};
 use crate::emit::{Emitter, Lowered};
 use crate::error::CodegenError;
 use crate::ir::Kernel;
@@ -93,6 +93,7 @@ impl Lowering for General {
     /// None of the matmul's options; `split` where a loop can be shared.
     fn check_options(&self, k: &Kernel, p: &GeneralPlan, c: &Config) -> Result<(), CodegenError> {
         no_matmul_options(k, c, false, MATMUL_ONLY)?;
+        no_overlap(k, c)?;
         if p.split.is_none() {
             no_split(
                 k,

@@ -5,7 +5,7 @@
 
 use crate::config::Config;
 use crate::emit::options::{
-    no_bounded_loops, no_matmul_options, no_split, MATMUL_ONLY, SPLIT_GENERAL_ONLY,
+    no_bounded_loops, no_matmul_options, no_overlap, no_split, MATMUL_ONLY, SPLIT_GENERAL_ONLY,
 };
 use crate::emit::{Emitter, Lowered};
 use crate::error::CodegenError;
@@ -130,6 +130,7 @@ impl Lowering for Rows {
     /// `occupancy`, none of the matmul options; loops walk their whole extent.
     fn check_options(&self, k: &Kernel, _p: &(), c: &Config) -> Result<(), CodegenError> {
         no_matmul_options(k, c, false, MATMUL_ONLY)?;
+        no_overlap(k, c)?;
         no_split(k, c, SPLIT_GENERAL_ONLY)?;
         no_bounded_loops(k)
     }
