@@ -5,7 +5,7 @@
 //! times it next to cuBLAS's GEMM rate.
 //!
 //! ```text
-//! cargo run --release --example attention -- [B H S D] [--causal] [--kv-heads HK | --varlen] [--bench]   (default 2 3 1000 80)
+//! cargo run --release --example attention -- [B H S D] [--causal] [--kv-heads HK | --varlen] [--bench] [--config JSON]   (default 2 3 1000 80)
 //! ```
 //!
 //! `--kv-heads HK` runs grouped-query attention ([`attention_gqa`]): `k` and `v`
@@ -305,6 +305,15 @@ struct Cli {
     /// batch's S·B rows are padding), against the padded run's S.
     #[arg(long, conflicts_with = "kv_heads")]
     varlen: bool,
+    /// Run the kernel at this config (JSON, as `Config` serializes, e.g.
+    /// `{"block_sizes":[1,1,128,128,128],"num_warps":8,"num_stages":3,"group_m":8,"wgmma":true,"overlap":true}`)
+    /// instead of the tuned or default one.
+    #[arg(long, value_name = "JSON", value_parser = config_json)]
+    config: Option<Config>,
+}
+
+fn config_json(s: &str) -> Result<Config, String> {
+    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
 struct Args {
@@ -314,6 +323,7 @@ struct Args {
     kv_heads: Option<usize>,
     bench: bool,
     varlen: bool,
+    config: Option<Config>,
 }
 
 fn parse(cli: Cli) -> Result<Args, String> {
@@ -343,6 +353,7 @@ fn parse(cli: Cli) -> Result<Args, String> {
         kv_heads: cli.kv_heads,
         bench: cli.bench,
         varlen: cli.varlen,
+        config: cli.config,
     })
 }
 
@@ -491,10 +502,16 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     match parse(cli) {
-        Ok(a) => exit_code(run(&a)),
+        Ok(a) => exit_code(match a.config.clone() {
+            // The config goes to the kernel this run launches.
+            Some(c) if a.varlen => attention_varlen::kernel().with_config(c, || run(&a)),
+            Some(c) if a.kv_heads.is_some() => attention_gqa::kernel().with_config(c, || run(&a)),
+            Some(c) => attention::kernel().with_config(c, || run(&a)),
+            None => run(&a),
+        }),
         Err(e) => {
             eprintln!(
-                "usage: attention [B H S D] [--causal] [--kv-heads HK | --varlen] [--bench]: {e}"
+                "usage: attention [B H S D] [--causal] [--kv-heads HK | --varlen] [--bench] [--config JSON]: {e}"
             );
             ExitCode::from(2)
         }

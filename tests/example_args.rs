@@ -103,3 +103,15 @@ fn attention_refuses_kv_heads_that_do_not_divide_the_heads() {
         );
     }
 }
+
+/// Attention's `--config` takes a `Config` as JSON: malformed JSON is a usage
+/// error that shows it and says what was wrong.
+#[test]
+fn attention_refuses_a_malformed_config() {
+    let (code, err) = example("attention", &["--config", "{\"block_sizes\": [1, 1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--config <JSON>") && err.contains("block_sizes"),
+        "{err}"
+    );
+}
