@@ -42,7 +42,7 @@
 use std::process::ExitCode;
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::{AllGather, Chunks, ProcessGroup};
-use tilefuse_testkit::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
+use tilefuse_testkit::{config_json, exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
 /// C = A · B over the gathered A, reading A only where the all-gather's
 /// progress flags say it has arrived (they reach `epoch`). Chunks along rows:
@@ -219,10 +219,6 @@ fn positive(s: &str) -> Result<usize, String> {
         Ok(v) if v > 0 => Ok(v),
         _ => Err(format!("`{s}`: expected a positive integer")),
     }
-}
-
-fn config_json(s: &str) -> Result<Config, String> {
-    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
 impl Args {

@@ -16,7 +16,7 @@
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
-use tilefuse_testkit::{exit_code, poisoned, random_tensor};
+use tilefuse_testkit::{config_json, exit_code, poisoned, random_tensor};
 
 /// `out = softmax(q·kᵀ · scale [+ causal mask]) · v`, per batch and head.
 #[fused_kernel]
@@ -310,10 +310,6 @@ struct Cli {
     /// instead of the tuned or default one.
     #[arg(long, value_name = "JSON", value_parser = config_json)]
     config: Option<Config>,
-}
-
-fn config_json(s: &str) -> Result<Config, String> {
-    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
 struct Args {

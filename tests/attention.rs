@@ -8,8 +8,17 @@ mod common;
 use common::examples::{attention, softmax};
 use tilefuse::codegen::{
     default_config, default_config_for, default_wgmma_attention, emit::AttentionShape,
-    fit_whole_dims, ir::Expr, ir::Stmt, lower, Config, Planned, Target,
+    fit_whole_dims, ir::Expr, ir::Stmt, lower, Config, Planned, Spec, Target,
 };
+
+/// The forward example's planned kernel and its declared spec, causal (1)
+/// or not (0).
+fn forward(causal: i64) -> (&'static Planned, Spec) {
+    let def = attention::attention::kernel();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![causal];
+    (def.ir().unwrap(), spec)
+}
 
 /// dims: tb, th, tm, td, tn
 const TM: usize = 2;
@@ -87,10 +96,7 @@ fn grouped_query_attention_takes_the_attention_lowering() {
 
 #[test]
 fn configs_the_lowering_cannot_run_say_why() {
-    let def = attention::attention::kernel();
-    let ir = def.ir().unwrap();
-    let mut spec = def.declared_spec().unwrap();
-    spec.constexprs = vec![0];
+    let (ir, spec) = forward(0);
     let err = |c: Config| lower(ir, &spec, &c).unwrap_err().to_string();
     assert!(err(Config::new(&[2, 1, 128, 128, 64]).num_warps(4)).contains("block size 1"));
     assert!(err(Config::new(&[1, 1, 128, 96, 64]).num_warps(4)).contains("power of two"));
@@ -149,10 +155,7 @@ fn a_whole_tile_takes_its_extent() {
 /// the next tile's `q·kᵀ`, and the cast of `p` done by the packing alone.
 #[test]
 fn the_hopper_program_lowers() {
-    let def = attention::attention::kernel();
-    let ir = def.ir().unwrap();
-    let mut spec = def.declared_spec().unwrap();
-    spec.constexprs = vec![1];
+    let (ir, spec) = forward(1);
     let h200 = H200;
     let c = default_config_for(ir, &spec, h200);
     assert_eq!(Some(&c), default_wgmma_attention(ir).as_ref());
@@ -191,10 +194,7 @@ fn the_hopper_program_lowers() {
 
 #[test]
 fn hopper_configs_the_lowering_cannot_run_say_why() {
-    let def = attention::attention::kernel();
-    let ir = def.ir().unwrap();
-    let mut spec = def.declared_spec().unwrap();
-    spec.constexprs = vec![0];
+    let (ir, spec) = forward(0);
     let err = |c: Config| lower(ir, &spec, &c.wgmma(true)).unwrap_err().to_string();
     let c = |bm, bd, bn, w, s| Config::new(&[1, 1, bm, bd, bn]).num_warps(w).num_stages(s);
     assert!(err(c(128, 128, 128, 4, 3)).contains("row block of 16 × num_warps"));

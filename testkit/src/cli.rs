@@ -6,6 +6,19 @@ use clap::Parser;
 use std::process::ExitCode;
 use tilefuse_runtime::Result;
 
+/// A config given as JSON on a command line (`--config`, a `clap`
+/// `value_parser`), as `Config` serializes: a malformed one is a usage error
+/// that shows the text and what was wrong.
+///
+/// ```
+/// let c = tilefuse_testkit::config_json(r#"{"block_sizes":[128,16],"num_warps":1,"num_stages":1,"group_m":8}"#).unwrap();
+/// assert_eq!(c.num_warps, 1);
+/// assert!(tilefuse_testkit::config_json("{bad").unwrap_err().contains("{bad"));
+/// ```
+pub fn config_json(s: &str) -> std::result::Result<tilefuse_codegen::Config, String> {
+    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
+}
+
 /// Parses this program's arguments into `A` (a `clap` derive), named `program`
 /// in messages; `Err` holds the exit code after printing the help (0) or the
 /// error and usage (2).

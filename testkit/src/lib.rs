@@ -22,6 +22,8 @@ mod compare;
 mod rng;
 
 pub use bench::{bench_bandwidth, print_versus};
-pub use cli::{args, exit_code, mnk_main, rows_main, sizes, INTERPRET_MNK, INTERPRET_ROWS};
+pub use cli::{
+    args, config_json, exit_code, mnk_main, rows_main, sizes, INTERPRET_MNK, INTERPRET_ROWS,
+};
 pub use compare::{erf_f64, gelu_f64, matmul_f64, rel_error, rel_error_tensors};
 pub use rng::{poisoned, random_tensor, random_vec, Rng};

@@ -33,14 +33,10 @@ struct Args {
     /// `Config` serializes: block_sizes, num_warps, num_stages, group_m, and
     /// optional fields such as split), not the default or tuned one. Repeatable.
     /// With --source: print the case's first kernel at the first one.
-    #[arg(long, value_parser = config_json)]
+    #[arg(long, value_parser = tilefuse_testkit::config_json)]
     config: Vec<Config>,
     /// Only the cases whose name contains one of these comma-separated parts.
     filter: Option<String>,
-}
-
-fn config_json(s: &str) -> Result<Config, String> {
-    serde_json::from_str(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
 fn main() -> ExitCode {
