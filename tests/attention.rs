@@ -210,6 +210,27 @@ fn hopper_configs_the_lowering_cannot_run_say_why() {
         .contains("set `wgmma` too"));
 }
 
+/// The Hopper default overlaps the softmax with the last `p·v` in a forward
+/// kernel up to head dimension 128 (measured there); the backward's kernels,
+/// with more products a step, and head dimensions past 128 go without.
+#[test]
+fn the_hopper_default_overlaps_where_it_was_measured() {
+    use common::examples::attention_backward::{attention_dkdv, attention_dq};
+    let forward = attention::attention::kernel().ir().unwrap();
+    let c = default_wgmma_attention(forward).unwrap();
+    assert!(c.overlap && c.wgmma);
+    let wide = fit_whole_dims(forward, c, &[None, None, None, Some(256), None]);
+    assert!(!wide.overlap, "{wide}");
+    for ir in [
+        attention_dq::kernel().ir().unwrap(),
+        attention_dkdv::kernel().ir().unwrap(),
+    ] {
+        if let Some(c) = default_wgmma_attention(ir) {
+            assert!(!c.overlap, "{c}");
+        }
+    }
+}
+
 /// `overlap`: the step's scores and the last tile's `p·v` go in two `wgmma`
 /// groups, the scores first; the step waits for the scores only, runs the
 /// softmax, and waits for `p·v` (releasing its `v`) before it rescales the

@@ -555,8 +555,11 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
         )
         .collect();
     // The grouped-query kernel (keys and values of a head group) at the two
-    // paths' defaults for head dimension 128.
+    // paths' defaults for head dimension 128 (the Hopper one overlaps).
     let grouped = attention::attention_gqa::kernel();
+    let grouped_hopper = tilefuse::codegen::default_wgmma_attention(grouped.ir().expect("the IR"))
+        .expect("a Hopper config");
+    assert!(grouped_hopper.overlap);
     let runs = configs
         .iter()
         .map(|(c, held)| (def, c.clone(), *held))
@@ -566,7 +569,7 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
                 Config::new(&[1, 1, 128, 128, 64]).num_warps(4),
                 192,
             ),
-            (grouped, hopper(128, 128, 128, 3).0, 0),
+            (grouped, grouped_hopper, 0),
         ]);
     for (def, cfg, held) in runs {
         for causal in [0, 1] {

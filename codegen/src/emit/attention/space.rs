@@ -23,7 +23,8 @@ pub(super) fn axes(a: &AttentionShape) -> Vec<Axis> {
 
 /// On Hopper, the wgmma program's (rows, keys a step, stages),
 /// FlashAttention-3's shapes first (176 keys: its non-causal choice at head
-/// dimension 128); then the `mma.sync` program's (rows, keys a step, warps),
+/// dimension 128), each with the default's `overlap`, and the default's tile
+/// without it; then the `mma.sync` program's (rows, keys a step, warps),
 /// FlashAttention-2's shapes first.
 pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
     const HOPPER: [(usize, usize, usize); 6] = [
@@ -43,9 +44,11 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
         (256, 64, 8),
         (64, 128, 4),
     ];
+    let overlap = space.default_config().overlap;
     let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
         let mut c = Config {
             wgmma,
+            overlap: wgmma && overlap,
             ..space.default_config().clone()
         }
         .num_warps(warps);
@@ -58,6 +61,14 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
         .iter()
         .filter(|_| space.target().wgmma)
         .map(|&(bm, bn, stages)| seed(bm, bn, bm / 16, true).num_stages(stages));
+    let (bm, bn, stages) = HOPPER[0];
+    let without_overlap = overlap
+        .then(|| {
+            seed(bm, bn, bm / 16, true)
+                .num_stages(stages)
+                .overlap(false)
+        })
+        .filter(|_| space.target().wgmma);
     let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
-    hopper.chain(portable).collect()
+    hopper.chain(without_overlap).chain(portable).collect()
 }
