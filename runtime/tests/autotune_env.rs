@@ -21,3 +21,24 @@ fn the_tuning_budget_comes_from_the_level_or_a_valid_override() {
     }
     std::env::remove_var("TILEFUSE_AUTOTUNE_BUDGET_S");
 }
+
+#[test]
+fn the_level_comes_from_the_variable_and_a_bad_one_is_named() {
+    use tilefuse_runtime::autotune::effort;
+    for (v, want) in [
+        ("off", Effort::Off),
+        ("cached", Effort::Cached),
+        ("Quick", Effort::Quick),
+        ("full", Effort::Full),
+    ] {
+        std::env::set_var("TILEFUSE_AUTOTUNE", v);
+        assert_eq!(effort().unwrap(), want, "{v}");
+    }
+    std::env::set_var("TILEFUSE_AUTOTUNE", "sometimes");
+    let e = effort().unwrap_err().to_string();
+    assert!(
+        e.contains("TILEFUSE_AUTOTUNE") && e.contains("cached"),
+        "{e}"
+    );
+    std::env::remove_var("TILEFUSE_AUTOTUNE");
+}

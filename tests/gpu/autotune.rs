@@ -51,6 +51,21 @@ fn quick_tuning_picks_a_checked_config_and_caches_it() {
         assert!(files_under(&cache.join("tuned")) >= 1);
         assert!(files_under(&cache.join("cubins")) >= 4);
 
+        // `cached`: the tuned bucket takes its result, an untuned one the
+        // default; neither tunes.
+        autotune::set_effort(Some(Effort::Cached));
+        let before = autotune::counters();
+        let c3 = matmul(&a2, &b).unwrap();
+        assert!(err_vs(&c3, &r2) <= 1e-2);
+        assert_eq!(autotune::last_was_tuned("matmul"), Some(true));
+        assert_eq!(autotune::last_choice("matmul").as_ref(), Some(&t.config));
+        let (a4, b4, r4) = crate::common::gemm_operands::<bf16>(300, 200, 100);
+        let c4 = matmul(&a4, &b4).unwrap();
+        assert!(err_vs(&c4, &r4) <= 1e-2);
+        assert_eq!(autotune::last_was_tuned("matmul"), Some(false));
+        assert_eq!(autotune::counters().bench_runs, before.bench_runs);
+        autotune::set_effort(Some(Effort::Quick));
+
         // Explicit candidates, one of which cannot be lowered: dropped, not fatal.
         matmul::kernel().tune_over(vec![
             Config::new(&[64, 64, 32]).num_warps(4).num_stages(3),

@@ -3,8 +3,11 @@
 //! kernel, specialization, shape bucket and GPU; results persist in the tuning
 //! cache ([`crate::cache::tuned`]), so later processes launch at once.
 //!
-//! - `TILEFUSE_AUTOTUNE=off|quick|full` (default `quick`): `off` uses the default
-//!   config; a config pinned on the attribute or set with
+//! - `TILEFUSE_AUTOTUNE=off|cached|quick|full` (default `quick`): `off` uses the
+//!   default config; `cached` a result already tuned (in this process, the
+//!   tuning cache or on rank 0; any effort), else the default, and never tunes
+//!   (a deployment that tuned ahead of time, or timings that must not wait on a
+//!   tuning); a config pinned on the attribute or set with
 //!   [`KernelDef::with_config`] is never tuned.
 //! - `quick` measures a few proven configs and one round of their neighbours
 //!   within 20 s; `full` more seeds and rounds, within 300 s
@@ -40,6 +43,8 @@ use tilefuse_codegen::{Config, Spec};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Effort {
     Off,
+    /// Tuned results only: from this process or the cache, never a tuning.
+    Cached,
     Quick,
     Full,
 }
@@ -48,6 +53,7 @@ impl Effort {
     pub fn name(self) -> &'static str {
         match self {
             Effort::Off => "off",
+            Effort::Cached => "cached",
             Effort::Quick => "quick",
             Effort::Full => "full",
         }
@@ -72,6 +78,7 @@ impl Effort {
     fn parse(v: &str) -> Option<Effort> {
         match v.trim().to_ascii_lowercase().as_str() {
             "off" | "0" | "none" => Some(Effort::Off),
+            "cached" => Some(Effort::Cached),
             "quick" | "1" => Some(Effort::Quick),
             "full" | "2" => Some(Effort::Full),
             _ => None,
@@ -97,7 +104,7 @@ pub fn effort() -> Result<Effort> {
         Ok(v) => Effort::parse(&v).ok_or_else(|| Error::Argument {
             context: "environment".into(),
             arg: "TILEFUSE_AUTOTUNE".into(),
-            message: format!("`{v}`: expected off, quick or full"),
+            message: format!("`{v}`: expected off, cached, quick or full"),
         }),
     }
 }
@@ -205,12 +212,28 @@ pub(crate) fn set_candidates(name: &str, configs: Vec<Config>) {
 }
 
 /// The config each kernel got when the autotuner last chose one (tuned now, from
-/// the cache, or from rank 0), by kernel name.
-static LAST: Mutex<Option<HashMap<String, Config>>> = Mutex::new(None);
+/// the cache, or from rank 0), by kernel name, and whether it was a tuning's
+/// result (else the default: none cached under `cached`, or a tuning failed).
+static LAST: Mutex<Option<HashMap<String, (Config, bool)>>> = Mutex::new(None);
 
 /// The config the autotuner last chose for kernel `name` in this process (a
 /// launch answered from this process's memo does not change it).
 pub fn last_choice(name: &str) -> Option<Config> {
+    last(name).map(|(c, _)| c)
+}
+
+/// Whether [`last_choice`] for kernel `name` was a tuning's result (now, from
+/// the cache or from rank 0; `false`: the default, as when `cached` found
+/// none). `None` where the autotuner has not chosen for it (tuning off).
+///
+/// ```
+/// assert_eq!(tilefuse_runtime::autotune::last_was_tuned("never_launched"), None);
+/// ```
+pub fn last_was_tuned(name: &str) -> Option<bool> {
+    last(name).map(|(_, tuned)| tuned)
+}
+
+fn last(name: &str) -> Option<(Config, bool)> {
     LAST.lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
@@ -358,11 +381,12 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
             t
         }
     };
+    let was_tuned = tuned.is_some();
     let config = tuned.map_or(default, |t| t.config);
     LAST.lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert_with(HashMap::new)
-        .insert(launch.kernel.name.clone(), config.clone());
+        .insert(launch.kernel.name.clone(), (config.clone(), was_tuned));
     CHOSEN
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -371,7 +395,8 @@ pub(crate) fn config_for(def: &KernelDef, launch: &Launch) -> Result<Config> {
     Ok(config)
 }
 
-/// A cached result good enough for `effort`, or a fresh tuning (then cached).
+/// A cached result good enough for `effort`, or a fresh tuning (then cached);
+/// under [`Effort::Cached`] a cached result of any effort or none.
 fn find_or_tune(
     def: &KernelDef,
     launch: &Launch,
@@ -381,6 +406,13 @@ fn find_or_tune(
     key: &str,
 ) -> Option<Tuned> {
     let force = std::env::var("TILEFUSE_FORCE_AUTOTUNE").is_ok_and(|v| v == "1");
+    if effort == Effort::Cached {
+        let t = tuned::load(key);
+        if t.is_none() {
+            tracing::info!(kernel = %launch.kernel.name, "no tuned config cached (TILEFUSE_AUTOTUNE=cached): the default");
+        }
+        return t;
+    }
     if !force {
         if let Some(t) = tuned::load(key) {
             // A quick result does not answer a request for full effort.

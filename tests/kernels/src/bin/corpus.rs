@@ -2,7 +2,8 @@
 //! against float64; `corpus --bench` times each at its benchmark shape on the
 //! GPU (CUDA events, warm-up, median of 50, L2 flushed) and prints one line
 //! per case: milliseconds, GB/s and the share of the device-to-device copy
-//! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says.
+//! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says
+//! (then with the config each kernel ran at, tuned or the default).
 //! A name filter may follow (`corpus --bench softmax`; several, comma-separated:
 //! `corpus --bench add,rope`, a case matching any). `--config JSON` (repeatable)
 //! times the case's first kernel at each config given instead
@@ -123,11 +124,15 @@ fn main() -> ExitCode {
             });
             // A given config is named in the line (which the table script skips).
             let at = cfg.as_ref().map(|c| format!(" at {c}")).unwrap_or_default();
+            let chosen = match cfg {
+                Some(_) => String::new(),
+                None => chosen_configs(&(case.kernels)()),
+            };
             match run {
                 Ok((shape, bytes, t)) => {
                     let gbs = bytes as f64 / t.median_ms / 1e6;
                     println!(
-                        "bench {} {shape}{at}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy",
+                        "bench {} {shape}{at}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy{chosen}",
                         case.name,
                         t.median_ms,
                         100.0 * gbs / copy
@@ -144,6 +149,29 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// The configs the autotuner chose for a case's kernels, as ` [name: config,
+/// tuned|default; …]`: `default` where a tuning gave none (under
+/// `TILEFUSE_AUTOTUNE=cached`, none in the cache; the table script then
+/// leaves the case's tuned cell empty). Empty with tuning off.
+fn chosen_configs(kernels: &[&tilefuse::KernelDef]) -> String {
+    use tilefuse::runtime::autotune::{last_choice, last_was_tuned};
+    let parts: Vec<String> = kernels
+        .iter()
+        .filter_map(|k| {
+            let (c, tuned) = (last_choice(k.name())?, last_was_tuned(k.name())?);
+            Some(format!(
+                "{}: {c}, {}",
+                k.name(),
+                if tuned { "tuned" } else { "default" }
+            ))
+        })
+        .collect();
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(" [{}]", parts.join("; ")),
     }
 }
 
