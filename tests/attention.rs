@@ -325,6 +325,74 @@ fn the_hopper_program_keeps_p_v_in_its_tile_when_the_loop_reads_the_accumulator(
     }
 }
 
+/// Programs whose key loop grows with their row tile (causal attention, dQ)
+/// take the longest row tiles first, in groups of slices; causal dK/dV (its
+/// loop starts at the row tile) the first row tiles first; programs of one
+/// length (not causal) the last row tiles first, as before.
+#[test]
+fn causal_programs_take_their_longest_row_tiles_first() {
+    use common::examples::attention_backward::{attention_dkdv, attention_dq};
+    let longest = "longest first across groups of slices";
+    for causal in [0, 1] {
+        let (ir, spec) = forward(causal);
+        for c in [default_config(ir), default_wgmma_attention(ir).unwrap()] {
+            let src = lower(ir, &spec, &c).unwrap().source;
+            assert_eq!(src.contains(longest), causal == 1, "{c}");
+            assert_eq!(
+                src.contains("(tf_mt - 1 - tf_u % tf_mt) * B2"),
+                causal == 1,
+                "{c}"
+            );
+        }
+    }
+    for (def, grouped, rank) in [
+        (
+            attention_dq::kernel(),
+            true,
+            "(tf_mt - 1 - tf_u % tf_mt) * B2",
+        ),
+        (attention_dkdv::kernel(), false, "(tf_pid % tf_mt) * B2"),
+    ] {
+        let ir = def.ir().unwrap();
+        let mut spec = def.declared_spec().unwrap();
+        spec.constexprs = vec![1];
+        let src = lower(ir, &spec, &default_config(ir)).unwrap().source;
+        assert_eq!(src.contains(longest), grouped, "{}", def.name());
+        assert!(src.contains(rank), "{}", def.name());
+    }
+}
+
+/// The order above, as the generated code computes it: every program index
+/// takes one (slice, row tile) and every pair is taken; within a group the
+/// row tiles go in rank order, and a group holds `2^lg` slices (a power of two
+/// dividing their number, at most 8).
+#[test]
+fn the_longest_first_order_takes_every_program_once() {
+    for (slices, mt, fit) in [
+        (128i64, 32i64, 8i64),
+        (3, 5, 8),
+        (12, 4, 8),
+        (7, 1, 2),
+        (1, 9, 1),
+        (64, 3, 2),
+    ] {
+        let lg = 3.min(slices.trailing_zeros()).min(63 - fit.leading_zeros());
+        let mut seen = vec![false; (slices * mt) as usize];
+        let mut last_rank = vec![-1i64; slices as usize];
+        for pid in 0..slices * mt {
+            let u = pid >> lg;
+            let (rank, slice) = (u % mt, ((u / mt) << lg) | (pid & ((1 << lg) - 1)));
+            assert!(rank < mt && slice < slices, "{pid}: {rank} {slice}");
+            assert!(rank > last_rank[slice as usize], "{pid}: ranks in order");
+            last_rank[slice as usize] = rank;
+            let i = (slice * mt + rank) as usize;
+            assert!(!seen[i], "{slices} {mt}: ({slice}, {rank}) twice");
+            seen[i] = true;
+        }
+        assert!(seen.iter().all(|&x| x));
+    }
+}
+
 /// Attention's dK/dV kernel planned by the general lowering
 /// ([`Planned::general`]), for the general lowering's tests.
 fn dkdv_on_the_general_lowering() -> Planned {

@@ -214,23 +214,76 @@ impl KeyOp {
     }
 }
 
-/// The program's tiles: shared memory, `tid`, then the row tile (the last ones
-/// first: under a causal mask they have the most keys) and the other grid
-/// tiles of `blockIdx.x` ([`AttentionShape::programs`]).
+/// The program's tiles: shared memory, `tid`, then the row tile and the other
+/// grid tiles of `blockIdx.x` ([`AttentionShape::programs`]). Where the last
+/// row tiles walk the most keys ([`work_order`]: causal attention and dQ),
+/// the longest go first, a few slices at a time, so the launch ends on short
+/// ones; where the first do (causal dK/dV), the first row tiles first, slice by
+/// slice (grouping slices there cost ptxas a spill); else the last first.
 fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
     let (r, d) = (a.row_tile(), a.d);
-    let _ = write!(
-        e.out,
-        "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
-         \x20 const int tid = threadIdx.x;\n\
-         \x20 long long tf_pid = blockIdx.x;\n\
-         \x20 const long long tf_mt = ({mext} + B{r} - 1) / B{r};\n\
-         \x20 const long long tb{r} = (tf_mt - 1 - tf_pid % tf_mt) * B{r};\n\
-         \x20 tf_pid /= tf_mt;\n",
-        mext = e.end(r),
-    );
-    for &b in a.programs(e.k).iter().rev() {
-        let ext = e.end(b);
+    let programs = a.programs(e.k);
+    let order = work_order(e.k, a).filter(|_| a.packed.is_none());
+    let longest_first = order == Some(true) && !programs.is_empty();
+    match longest_first {
+        false => {
+            // The first row tiles first where they walk the most keys (causal
+            // dK/dV), else the last.
+            let rank = match order {
+                Some(false) => "tf_pid % tf_mt",
+                _ => "tf_mt - 1 - tf_pid % tf_mt",
+            };
+            let _ = write!(
+                e.out,
+                "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
+                 \x20 const int tid = threadIdx.x;\n\
+                 \x20 long long tf_pid = blockIdx.x;\n\
+                 \x20 const long long tf_mt = ({mext} + B{r} - 1) / B{r};\n\
+                 \x20 const long long tb{r} = ({rank}) * B{r};\n\
+                 \x20 tf_pid /= tf_mt;\n",
+                mext = e.end(r),
+            );
+        }
+        true => {
+            // Longest first: the slices (a batch's head) in groups whose keys
+            // and values stay in L2 together, each group's row tiles from the
+            // longest, so the launch ends on short programs.
+            let slices = programs
+                .iter()
+                .map(|&b| format!("({})", e.end(b)))
+                .collect::<Vec<_>>()
+                .join(" * ");
+            let rank = "tf_mt - 1 - tf_u % tf_mt";
+            let _ = write!(
+                e.out,
+                "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
+                 \x20 const int tid = threadIdx.x;\n\
+                 \x20 // Programs take their row tiles longest first across groups of slices\n\
+                 \x20 // whose keys and values fit {l2} MiB of L2 together: 2^tf_lg slices\n\
+                 \x20 // (at most {most}; a power of two that divides their number, so a shift\n\
+                 \x20 // and a mask find a program's). A launch's programs number below 2^31:\n\
+                 \x20 // ints hold the arithmetic (in 64 bits it cost ptxas registers in the loop).\n\
+                 \x20 const int tf_mt = (int)(({mext} + B{r} - 1) / B{r});\n\
+                 \x20 const long long tf_fit = tf_max_i(1ll, ({l2}ll << 20) / tf_max_i(1ll, t{k}_n{axis} * (long long)B{d} * 4ll));\n\
+                 \x20 const int tf_lg = min(min({most_lg}, __ffsll({slices}) - 1), 63 - __clzll(tf_fit));\n\
+                 \x20 const int tf_u = (int)(blockIdx.x >> tf_lg);\n\
+                 \x20 const long long tb{r} = (long long)({rank}) * B{r};\n\
+                 \x20 int tf_pid = ((tf_u / tf_mt) << tf_lg) | (int)(blockIdx.x & ((1u << tf_lg) - 1u));\n",
+                mext = e.end(r),
+                slices = slices,
+                k = a.k,
+                axis = a.row_axis,
+                l2 = LPT_L2_MIB,
+                most = LPT_MOST_SLICES,
+                most_lg = LPT_MOST_SLICES.ilog2(),
+            );
+        }
+    }
+    for &b in programs.iter().rev() {
+        let ext = match longest_first {
+            true => format!("(int)({})", e.end(b)),
+            false => e.end(b),
+        };
         let _ = writeln!(
             e.out,
             "  const long long tb{b} = tf_pid % {ext};  // tile `{}`\n  tf_pid /= {ext};",
@@ -239,6 +292,46 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
     }
     // The head dim is one whole tile; the body may not name its offset.
     let _ = writeln!(e.out, "  [[maybe_unused]] const long long tb{d} = 0;");
+}
+
+/// The keys and values of this many MiB of slices a group of programs shares
+/// (a quarter of an H100's or H200's L2), and at most this many slices a group.
+const LPT_L2_MIB: usize = 12;
+const LPT_MOST_SLICES: usize = 8;
+
+/// How a program's key loop grows with its row tile: `Some(true)` where the
+/// loop ends at the row tile (causal attention and dQ: the last rows read the
+/// most keys), `Some(false)` where it starts there (causal dK/dV: the first key
+/// tiles meet the most queries), `None` where every program walks as far.
+fn work_order(k: &Kernel, a: &AttentionShape) -> Option<bool> {
+    let rows = a.row_tile();
+    let names_rows = |x: &Expr| {
+        let mut found = false;
+        x.walk(&mut |y| {
+            found |= matches!(y, Expr::TileBegin(t) | Expr::TileEnd(t) | Expr::TileIndex(t) if *t == rows)
+        });
+        found
+    };
+    let mut order = None;
+    k.walk_stmts(&mut |s| {
+        if let Stmt::Loop {
+            dim, until, range, ..
+        } = s
+        {
+            if *dim != a.n {
+                return;
+            }
+            let grows = until.as_ref().is_some_and(names_rows)
+                || range.as_deref().is_some_and(|r| names_rows(&r.end));
+            let shrinks = range.as_deref().is_some_and(|r| names_rows(&r.begin));
+            order = match (grows, shrinks) {
+                (true, false) => Some(true),
+                (false, true) => Some(false),
+                _ => None,
+            };
+        }
+    });
+    order
 }
 
 /// A packed kernel's rows ([`super::Packed`]): the block of its sequence this
