@@ -118,3 +118,29 @@ fn value_ifs_inside_a_wait_are_decided() {
         wait_line(&lowered(0))
     );
 }
+
+/// A tuning result is keyed by the code it timed
+/// (`tilefuse::autotune::code_digest`): each specialization's own, the same
+/// for the same code, another for other candidates.
+#[test]
+fn each_specialization_is_tuned_under_its_own_code() {
+    use tilefuse::autotune::code_digest;
+    use tilefuse::codegen::{Config, Target};
+    let def = bias_act::kernel();
+    let ir = def.ir().unwrap();
+    let h200 = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    let ext = [Some(1000), Some(3000)];
+    let digest = |act: i64, explicit: Option<&[Config]>| {
+        let mut spec: Spec = def.declared_spec().unwrap();
+        spec.constexprs = vec![act, 0];
+        code_digest(ir, &spec, h200, &ext, explicit)
+    };
+    assert_eq!(digest(1, None), digest(1, None));
+    assert_ne!(digest(1, None), digest(2, None));
+    let one = [Config::new(&[4, 1024]).num_warps(4)];
+    assert_ne!(digest(1, Some(&one)), digest(1, None));
+}

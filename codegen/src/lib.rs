@@ -26,10 +26,6 @@ pub mod spec;
 mod specialize;
 pub mod staging;
 
-/// A digest of this crate's sources, made at build time: the tuning cache
-/// keys a winner by it, as the code it was measured with came from them.
-pub const SOURCE_HASH: &str = env!("TILEFUSE_CODEGEN_HASH");
-
 pub use check::check;
 pub use config::{
     default_config, default_config_at, default_config_for, default_config_within, Config, Target,

@@ -291,8 +291,44 @@ fn driver_version() -> i32 {
     v
 }
 
+/// A digest of the code a tuning would time on `target` at these extents: the
+/// CUDA C of the default config and of each quick seed (or of each `explicit`
+/// candidate), an error's text where one does not lower. Tuning results are
+/// keyed by it: a tilefuse build that generates other code for a kernel tunes
+/// it again, one that changed only other kernels' code keeps their winners (a
+/// digest of the codegen crate's sources tuned every kernel again after any
+/// change to it). About 20 lowerings, once a process per kernel and shape
+/// bucket, before the cache is read.
+pub fn code_digest(
+    k: &Planned,
+    spec: &Spec,
+    target: tilefuse_codegen::Target,
+    extents: &[Option<usize>],
+    explicit: Option<&[Config]>,
+) -> u64 {
+    let configs: Vec<Config> = match explicit {
+        Some(c) => c.to_vec(),
+        None => {
+            let space = tilefuse_codegen::ConfigSpace::new(k, spec, target).with_extents(extents);
+            let mut c = vec![space.default_config().clone()];
+            c.extend(space.seeds(spec, true));
+            c
+        }
+    };
+    let mut text = String::new();
+    for c in &configs {
+        text.push_str(&c.to_string());
+        text.push('\n');
+        match tilefuse_codegen::lower(k, spec, c) {
+            Ok(l) => text.push_str(&l.source),
+            Err(e) => text.push_str(&e.to_string()),
+        }
+    }
+    tilefuse_codegen::hash::fnv1a64(text.as_bytes())
+}
+
 /// The tuning key of a launch: everything a winner depends on (the generated
-/// code through the codegen crate's source digest).
+/// code through [`code_digest`]).
 fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<String> {
     let k = launch.kernel;
     let (cc, nvrtc) = (
@@ -308,7 +344,7 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
             .join("; ")
     });
     Ok(format!(
-        "tune\nkernel {}\nir {ir}\nspec {spec}\nshape buckets {buckets:?}\ndevice {} sm_{}{}\ndriver {}\nnvrtc {}.{}\ntilefuse {} (codegen {})\ncandidates {}",
+        "tune\nkernel {}\nir {ir}\nspec {spec}\nshape buckets {buckets:?}\ndevice {} sm_{}{}\ndriver {}\nnvrtc {}.{}\ntilefuse {} (code {:016x})\ncandidates {}",
         k.name,
         launch.dev.name(),
         cc.0,
@@ -317,7 +353,13 @@ fn key(launch: &Launch, buckets: &[u64], explicit: Option<&[Config]>) -> Result<
         nvrtc.0,
         nvrtc.1,
         env!("CARGO_PKG_VERSION"),
-        tilefuse_codegen::SOURCE_HASH,
+        code_digest(
+            launch.kernel,
+            launch.spec,
+            launch.dev.target(),
+            &extents(launch.kernel, launch.scalars),
+            explicit
+        ),
         cands.as_deref().unwrap_or("(the space)")
     ))
 }

@@ -1,6 +1,7 @@
 //! Tuning results, keyed by the kernel's IR, its specialization (dtypes,
 //! alignment, contiguity), the bucketed shapes, the GPU (name and compute
-//! capability), the driver and NVRTC versions, and tilefuse's version.
+//! capability), the driver and NVRTC versions, tilefuse's version and a digest
+//! of the code the tuning times (the default's and the seeds' CUDA C).
 
 use serde::{Deserialize, Serialize};
 use tilefuse_codegen::Config;
