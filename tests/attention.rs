@@ -393,6 +393,56 @@ fn the_longest_first_order_takes_every_program_once() {
     }
 }
 
+/// The scores `x = q·kᵀ * scale` stay unscaled (FlashAttention-3's softmax):
+/// the row max is taken over them and scaled once (where the scale is
+/// positive and finite; else over the scaled values), and `exp(x - m)` takes
+/// the scale in its FMA, on both programs and in the backward's products.
+/// A causal kernel's tiles off the diagonal too; a kernel that reassigns the
+/// scores multiplies them as written.
+#[test]
+fn the_scores_scale_folds_into_the_max_and_the_exponent() {
+    use common::examples::attention_backward::attention_dq;
+    let folded = "tf_exp_diff_scaled(tf_s[tf_mi][tf_j][tf_h * 2 + tf_e]";
+    let guard = "> 0.0f && ";
+    for causal in [0, 1] {
+        let (ir, spec) = forward(causal);
+        for c in [default_config(ir), default_wgmma_attention(ir).unwrap()] {
+            let src = lower(ir, &spec, &c).unwrap().source;
+            assert!(src.contains(folded) && src.contains(guard), "{c}\n{src}");
+        }
+    }
+    let def = attention_dq::kernel();
+    let ir = def.ir().unwrap();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![0];
+    let src = lower(ir, &spec, &default_config(ir)).unwrap().source;
+    assert!(src.contains(folded), "{src}");
+    // `let mut x` and `x = x` in the key loop: reassigned, so computed as written.
+    let (planned, spec) = forward(0);
+    let a = planned.plan::<AttentionShape>().cloned().unwrap();
+    let mut k = planned.kernel().clone();
+    let Some(Stmt::Loop { body, .. }) = k.body.get_mut(a.kv_loop) else {
+        panic!("the key loop");
+    };
+    let Stmt::Let { var, .. } = body[a.scores].clone() else {
+        panic!("the scores' let");
+    };
+    k.vars[var].mutable = true;
+    body.insert(
+        a.scores + 1,
+        Stmt::Assign {
+            var,
+            value: Expr::Var(var),
+            at: "x = x".into(),
+        },
+    );
+    let ir = Planned::new(k);
+    let src = lower(&ir, &spec, &default_wgmma_attention(&ir).unwrap())
+        .unwrap()
+        .source;
+    assert!(!src.contains(folded) && !src.contains(guard), "{src}");
+}
+
 /// Attention's dK/dV kernel planned by the general lowering
 /// ([`Planned::general`]), for the general lowering's tests.
 fn dkdv_on_the_general_lowering() -> Planned {

@@ -30,6 +30,11 @@ pub struct ElemCtx<'a> {
     /// Sub-expressions already computed into C values here (a row lowering's
     /// reductions and vector loads), with the C expression of this element.
     pub precomputed: Vec<(Expr, String)>,
+    /// Variables held unscaled (attention's scores, `x = q·kᵀ * scale`): this
+    /// element's raw value and the uniform scale (C expressions). A use reads
+    /// `(raw * scale)` (its `named_vars` entry); `exp(x - b)` folds the scale
+    /// into the exponent's FMA.
+    pub scaled_vars: HashMap<VarId, (String, String)>,
 }
 
 /// The C expression of `tensor[i0, i1, …]`'s address offset.
@@ -345,8 +350,18 @@ impl ElemCtx<'_> {
                 ) = (op, &**arg)
                 {
                     if self.dtype_of(arg) == DType::F32 {
-                        let (a, ta) = self.emit(lhs, at)?;
                         let (b, tb) = self.emit(rhs, at)?;
+                        if let Some((raw, scale)) = match &**lhs {
+                            Expr::Var(v) => self.scaled_vars.get(v),
+                            _ => None,
+                        } {
+                            let code = format!(
+                                "tf_exp_diff_scaled({raw}, {scale}, {})",
+                                convert(&b, tb, CTy::F32)
+                            );
+                            return Ok((code, CTy::F32));
+                        }
+                        let (a, ta) = self.emit(lhs, at)?;
                         let code = format!(
                             "tf_exp_diff({}, {})",
                             convert(&a, ta, CTy::F32),

@@ -433,6 +433,7 @@ impl<'a> Emitter<'a> {
             named_vars: self.named_vars.clone(),
             inline_vars: self.inline_vars.clone(),
             precomputed: Vec::new(),
+            scaled_vars: HashMap::new(),
         }
     }
 

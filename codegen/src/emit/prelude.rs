@@ -89,6 +89,8 @@ __device__ __forceinline__ float tf_exp(float x) { float r; asm("ex2.approx.ftz.
 // exp(a - b) as 2^(a·log2e - b·log2e): one FFMA before the ex2 (b·log2e is
 // shared where b is, e.g. a row's max), as FlashAttention computes softmax.
 __device__ __forceinline__ float tf_exp_diff(float a, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
+// exp(a * s - b), the scale folded into the FMA (attention's unscaled scores).
+__device__ __forceinline__ float tf_exp_diff_scaled(float a, float s, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, s * 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
 // `div.full.f32` spelled out as ptxas expands it (b scaled by a power of two into
 // the range where `rcp.approx` is exact to 1 ulp, the quotient scaled back), but
 // with the reciprocal and its scale depending on b alone: a divisor shared by many

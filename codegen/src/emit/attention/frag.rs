@@ -10,9 +10,10 @@
 //! `[MI][2]`, the same in the four threads of a quad. Row reductions add a
 //! thread's elements, then the quad's with two shuffles.
 
-use super::super::expr::ElemCtx;
+use super::super::expr::{convert, ElemCtx};
 use super::super::Emitter;
 use crate::dtype::CTy;
+use crate::dtype::DType;
 use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
@@ -144,6 +145,9 @@ pub(super) struct Frags<'g> {
     pub batch: &'g [DimId],
     /// The layout of each variable that has been given a value.
     pub layouts: Vec<Option<Layout>>,
+    /// Variables held unscaled ([`Frags::scale_later`]): the scores array
+    /// that holds their raw values and the scale's C expression.
+    pub scaled: Vec<Option<(String, String)>>,
     /// Counter for temporaries.
     pub temps: usize,
     /// The code being emitted may see columns past the tensor's edge (an edge
@@ -203,11 +207,16 @@ impl Frags<'_> {
         let mut c = e.ctx(&self.geo.coords(l, self.batch));
         for (v, lay) in self.layouts.iter().enumerate() {
             let Some(of) = lay else { continue };
-            match self.geo.index(*of, l) {
-                Some(ix) => {
+            match (self.geo.index(*of, l), &self.scaled[v]) {
+                (Some(ix), None) => {
                     c.named_vars.insert(v, format!("v{v}{ix}"));
                 }
-                None => {
+                (Some(ix), Some((raw, scale))) => {
+                    let raw = format!("{raw}{ix}");
+                    c.named_vars.insert(v, format!("({raw} * ({scale}))"));
+                    c.scaled_vars.insert(v, (raw, scale.clone()));
+                }
+                (None, _) => {
                     c.named_vars.remove(&v);
                 }
             }
@@ -256,7 +265,15 @@ impl Frags<'_> {
                     ),
                 ));
             };
-            let (x, _) = self.ctx(e, l, pre).emit(arg, at)?;
+            let ctx = self.ctx(e, l, pre);
+            let (x, _) = ctx.emit(arg, at)?;
+            // The extreme of unscaled scores, scaled once a row: the same
+            // value where the scale is positive and finite (rounding keeps
+            // order), the scaled elements' otherwise.
+            let unscaled = match (&**arg, op) {
+                (Expr::Var(v), ReduceOp::Max | ReduceOp::Min) => ctx.scaled_vars.get(v).cloned(),
+                _ => None,
+            };
             let init = op.identity_c(CTy::F32);
             let fold = op.combine_c("tf_a", "tf_b");
             let name = format!("tf_r{}", self.temps);
@@ -266,15 +283,16 @@ impl Frags<'_> {
                 Layout::Scores => (e.end(g.n), g.col(l)),
                 _ => (e.end(g.d), g.col(l)),
             };
-            let take = if masked || l == Layout::Out {
-                format!("({col} < {ext}) ? ({x}) : {init}")
-            } else {
-                x
+            let take = |x: &str| {
+                if masked || l == Layout::Out {
+                    format!("({col} < {ext}) ? ({x}) : {init}")
+                } else {
+                    x.to_string()
+                }
             };
-            let _ = write!(
-                e.out,
-                "{ind}float {name}[{mi}][2];  // {at}\n\
-                 {ind}#pragma unroll\n\
+            let reduce = |take: &str, scale: &str, ind: &str| {
+                format!(
+                "{ind}#pragma unroll\n\
                  {ind}for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
                  {ind}#pragma unroll\n\
                  {ind}for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
@@ -294,12 +312,30 @@ impl Frags<'_> {
                  {ind}  for (int tf_q = 1; tf_q < {parts}; ++tf_q) {{ const float tf_b = tf_acc[tf_q]; tf_a = {fold}; }}\n\
                  {ind}  float tf_b = __shfl_xor_sync(0xffffffffu, tf_a, 1); tf_a = {fold};\n\
                  {ind}  tf_b = __shfl_xor_sync(0xffffffffu, tf_a, 2); tf_a = {fold};\n\
-                 {ind}  {name}[tf_mi][tf_h] = tf_a;\n\
+                 {ind}  {name}[tf_mi][tf_h] = tf_a{scale};\n\
                  {ind}}}\n",
                 mi = g.mi,
                 parts = (2 * cols).min(4),
-                at = super::super::one_line(at),
+                )
+            };
+            let _ = writeln!(
+                e.out,
+                "{ind}float {name}[{mi}][2];  // {}",
+                super::super::one_line(at),
+                mi = g.mi
             );
+            match unscaled {
+                None => e.out.push_str(&reduce(&take(&x), "", &ind)),
+                Some((raw, scale)) => {
+                    let inner = format!("{ind}  ");
+                    let _ = write!(
+                        e.out,
+                        "{ind}if ({scale} > 0.0f && {scale} < __int_as_float(0x7f800000)) {{\n{}{ind}}} else {{\n{}{ind}}}\n",
+                        reduce(&take(&raw), &format!(" * ({scale})"), &inner),
+                        reduce(&take(&x), "", &inner),
+                    );
+                }
+            }
             pre.push((r.clone(), format!("{name}[tf_mi][tf_h]")));
         }
         Ok(())
@@ -319,6 +355,17 @@ impl Frags<'_> {
         let ind = ind.as_str();
         let ty = e.checked.vars[var].clone();
         let l = self.layout_of(e, &ty.dims, at)?;
+        // `let y = x` of unscaled scores: `y` the same raw values and scale.
+        if let (true, Expr::Var(w)) = (declare, value) {
+            if let Some(raw) = self.scaled[*w].clone() {
+                if l == Layout::Scores && !assigned(e.k, var) {
+                    self.scaled[var] = Some(raw);
+                    self.layouts[var] = Some(l);
+                    return Ok(());
+                }
+            }
+        }
+        self.scaled[var] = None;
         if let (false, Some(old)) = (declare, self.layouts[var]) {
             if old != l {
                 return Err(Self::unsupported(
@@ -344,6 +391,43 @@ impl Frags<'_> {
         let (open, close) = self.geo.loop_open(l, ind);
         let _ = write!(e.out, "{open}{ind}  v{var}{ix} = {c};\n{close}");
         Ok(())
+    }
+
+    /// `let var = value` where `value` is `product * scale` (or `scale *
+    /// product`) of the scores array `raw`, a uniform f32 `scale`, and `var`
+    /// never reassigned: `var` is held
+    /// unscaled (see [`ElemCtx::scaled_vars`]), the multiply left to its uses,
+    /// where a max folds it into one per row and `exp(var - m)` into the
+    /// exponent's FMA (FlashAttention-3's softmax: 64 multiplies a step fewer
+    /// for a thread's 64 scores). Whether it was taken.
+    pub fn scale_later(
+        &mut self,
+        e: &Emitter,
+        (var, value): (VarId, &Expr),
+        (product, raw): (&Expr, &str),
+        pre: &[(Expr, String)],
+        at: &str,
+    ) -> Result<bool, CodegenError> {
+        let Expr::Binary {
+            op: BinOp::Mul,
+            lhs,
+            rhs,
+            ..
+        } = value
+        else {
+            return Ok(false);
+        };
+        let scale = match (&**lhs, &**rhs) {
+            (p, s) | (s, p) if p == product && uniform(s) => s,
+            _ => return Ok(false),
+        };
+        if e.checked.vars[var].dtype != DType::F32 || assigned(e.k, var) {
+            return Ok(false);
+        }
+        let (c, ty) = self.ctx(e, Layout::Scores, pre).emit(scale, at)?;
+        self.scaled[var] = Some((raw.to_string(), convert(&c, ty, CTy::F32)));
+        self.layouts[var] = Some(Layout::Scores);
+        Ok(true)
     }
 
     /// `tensor[index] = value` for a value over the rows (and the head dimension):
@@ -418,5 +502,23 @@ fn strip_store_cast(v: &Expr) -> Expr {
     match v {
         Expr::Cast { arg, dtype: None } => (**arg).clone(),
         other => other.clone(),
+    }
+}
+
+/// Whether `var` is assigned (not only bound by `let`) anywhere in `k`.
+fn assigned(k: &Kernel, var: VarId) -> bool {
+    let mut found = false;
+    k.walk_stmts(&mut |s| found |= matches!(s, Stmt::Assign { var: v, .. } if *v == var));
+    found
+}
+
+/// Whether `x` is the same for every element and program: literals, scalar
+/// arguments and `#[constexpr]` values, and arithmetic and casts of them.
+fn uniform(x: &Expr) -> bool {
+    match x {
+        Expr::Int(_) | Expr::Float(_) | Expr::Scalar(_) | Expr::Const(_) => true,
+        Expr::Cast { arg, .. } | Expr::Unary { arg, .. } => uniform(arg),
+        Expr::Binary { lhs, rhs, .. } => uniform(lhs) && uniform(rhs),
+        _ => false,
     }
 }

@@ -270,6 +270,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         geo: &g,
         batch: &a.batch,
         layouts: vec![None; e.k.vars.len()],
+        scaled: vec![None; e.k.vars.len()],
         temps: 0,
         masked: true,
         ind: "    ".into(),

@@ -98,6 +98,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         geo: &geo,
         batch: &a.batch,
         layouts: vec![None; e.k.vars.len()],
+        scaled: vec![None; e.k.vars.len()],
         temps: 0,
         masked: true,
         ind: "  ".into(),
@@ -965,8 +966,11 @@ fn scores(
         ni = g.ni,
         at = super::one_line(at),
     );
-    pre.push((mm, format!("{out}[tf_mi][tf_j][tf_h * 2 + tf_e]")));
     let declare = matches!(s, Stmt::Let { .. });
+    if declare && f.scale_later(e, (*var, value), (&mm, out), &pre, at)? {
+        return Ok(());
+    }
+    pre.push((mm, format!("{out}[tf_mi][tf_j][tf_h * 2 + tf_e]")));
     f.assign(e, *var, value, declare, &mut pre, at)
 }
 
@@ -1221,15 +1225,22 @@ fn affine(e: &Emitter, x: &Expr) -> Option<(Option<DimId>, String)> {
 /// `s` with each of `compares` replaced by 1 (it holds on the whole tile).
 fn without(s: &Stmt, compares: &[Expr]) -> Stmt {
     let mut f = |x: &Expr| compares.contains(x).then_some(Expr::Int(1));
+    // Then a `select` on a compare that holds is its first value: `let x =
+    // select(true, x, -inf)` is `x`, which keeps unscaled scores unscaled.
+    let mut taken = |x: &Expr| match x {
+        Expr::Select { mask, then, .. } if **mask == Expr::Int(1) => Some((**then).clone()),
+        _ => None,
+    };
+    let mut both = |x: &Expr| rewrite(&rewrite(x, &mut f), &mut taken);
     match s {
         Stmt::Let { var, value, at } => Stmt::Let {
             var: *var,
-            value: rewrite(value, &mut f),
+            value: both(value),
             at: at.clone(),
         },
         Stmt::Assign { var, value, at } => Stmt::Assign {
             var: *var,
-            value: rewrite(value, &mut f),
+            value: both(value),
             at: at.clone(),
         },
         other => other.clone(),
