@@ -395,11 +395,11 @@ impl Frags<'_> {
 
     /// `let var = value` where `value` is `product * scale` (or `scale *
     /// product`) of the scores array `raw`, a uniform f32 `scale`, and `var`
-    /// never reassigned: `var` is held
-    /// unscaled (see [`ElemCtx::scaled_vars`]), the multiply left to its uses,
-    /// where a max folds it into one per row and `exp(var - m)` into the
-    /// exponent's FMA (FlashAttention-3's softmax: 64 multiplies a step fewer
-    /// for a thread's 64 scores). Whether it was taken.
+    /// never reassigned: `var` is held unscaled (see
+    /// [`ElemCtx::scaled_vars`]), the multiply left to its uses, where a max
+    /// folds it into one per row and `exp(var - m)` into the exponent's FMA
+    /// (FlashAttention-3's softmax: 64 multiplies a step fewer for a thread's
+    /// 64 scores). Whether it was taken.
     pub fn scale_later(
         &mut self,
         e: &Emitter,
