@@ -10,8 +10,8 @@
 //! each share long enough to keep its loads streaming. Never more than one
 //! wave: the shares are equal, so a second, partial wave of them doubles
 //! the time (64 column tiles 44 ways on 2772 slots ran a col_max_count 30%
-//! slower than 33 ways on 2112 slots; docs/perf-history.md, "Split loops
-//! stay within one wave").
+//! slower than 33 ways on 2112 slots; docs/perf-history.md, "The whole
+//! corpus again; … split loops stay within one wave; …", 2026-11-29).
 
 /// Each share keeps at least this many of the loop's tiles: shorter shares
 /// spend more on writing and re-reading their partial results than they

@@ -358,7 +358,7 @@ impl Frags<'_> {
         // `let y = x` of unscaled scores: `y` the same raw values and scale.
         if let (true, Expr::Var(w)) = (declare, value) {
             if let Some(raw) = self.scaled[*w].clone() {
-                if l == Layout::Scores && !assigned(e.k, var) {
+                if l == Layout::Scores && !e.k.vars[var].mutable {
                     self.scaled[var] = Some(raw);
                     self.layouts[var] = Some(l);
                     return Ok(());
@@ -395,7 +395,7 @@ impl Frags<'_> {
 
     /// `let var = value` where `value` is `product * scale` (or `scale *
     /// product`) of the scores array `raw`, a uniform f32 `scale`, and `var`
-    /// never reassigned: `var` is held unscaled (see
+    /// not `mut` (never reassigned): `var` is held unscaled (see
     /// [`ElemCtx::scaled_vars`]), the multiply left to its uses, where a max
     /// folds it into one per row and `exp(var - m)` into the exponent's FMA
     /// (FlashAttention-3's softmax: 64 multiplies a step fewer for a thread's
@@ -421,7 +421,7 @@ impl Frags<'_> {
             (p, s) | (s, p) if p == product && uniform(s) => s,
             _ => return Ok(false),
         };
-        if e.checked.vars[var].dtype != DType::F32 || assigned(e.k, var) {
+        if e.checked.vars[var].dtype != DType::F32 || e.k.vars[var].mutable {
             return Ok(false);
         }
         let (c, ty) = self.ctx(e, Layout::Scores, pre).emit(scale, at)?;
@@ -503,13 +503,6 @@ fn strip_store_cast(v: &Expr) -> Expr {
         Expr::Cast { arg, dtype: None } => (**arg).clone(),
         other => other.clone(),
     }
-}
-
-/// Whether `var` is assigned (not only bound by `let`) anywhere in `k`.
-fn assigned(k: &Kernel, var: VarId) -> bool {
-    let mut found = false;
-    k.walk_stmts(&mut |s| found |= matches!(s, Stmt::Assign { var: v, .. } if *v == var));
-    found
 }
 
 /// Whether `x` is the same for every element and program: literals, scalar
