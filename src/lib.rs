@@ -97,6 +97,13 @@
 //!   every step of the loop over that block, or one program's reduction over a grid
 //!   tile to a place every program shares, is a compile error that says what to write
 //!   instead (accumulate across the loop, or `atomic_add`);
+//! - scans (the reductions' inclusive prefixes: `x.cumsum(t)`, `x.cummax(t)`,
+//!   `x.cummin(t)`, `x.cumprod(t)`) along a tile of the value, the same tiles as
+//!   `x`: each element combined with those before it in the block. A scan sees a
+//!   `whole(…)` tile entire; along a loop's tile it covers one block a step, and the
+//!   loop carries the total of the blocks before (`out[(tm, tn)] = carry +
+//!   v.cumsum(tn); carry = carry + v.sum(tn);`). A scan over one block of a grid
+//!   tile, or in a loop that carries nothing, is a compile error;
 //! - masks: `t.index()` is each element's index along tile `t`; `select(mask, a, b)`
 //!   picks `a` where the mask holds, else `b` (`select(tn.index() == label, v, 0.0)`,
 //!   `examples/cross_entropy.rs`); both sides are computed, as `torch.where` does;

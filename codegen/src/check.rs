@@ -111,6 +111,7 @@ pub fn type_of(kernel: &Kernel, spec: &Spec, checked: &Checked, e: &Expr) -> Opt
         vars: checked.vars.iter().cloned().map(Some).collect(),
         scope: (0..kernel.dims.len()).collect(),
         loops: Vec::new(),
+        carrying: Vec::new(),
         partials: vec![None; kernel.vars.len()],
         types: None,
         find: false,
@@ -134,6 +135,9 @@ struct Checker<'a> {
     scope: Vec<DimId>,
     /// The enclosing inner loops' dimensions, outermost first.
     loops: Vec<DimId>,
+    /// Those of them whose body assigns a variable (can carry a scan's
+    /// running value from one block to the next).
+    carrying: Vec<DimId>,
     /// Per variable bound in the innermost loop around it: the loop dimension
     /// its value reduces over (one block's partial result).
     partials: Vec<Option<DimId>>,
@@ -153,6 +157,7 @@ impl<'a> Checker<'a> {
             vars: vec![None; k.vars.len()],
             scope: k.grid.clone(),
             loops: Vec::new(),
+            carrying: Vec::new(),
             partials: vec![None; k.vars.len()],
             types: record.then(Types::default),
             find: false,
@@ -464,7 +469,15 @@ impl Checker<'_> {
                 }
                 self.scope.push(*dim);
                 self.loops.push(*dim);
+                let mut carries = false;
+                walk_stmts(body, &mut |s| carries |= matches!(s, Stmt::Assign { .. }));
+                if carries {
+                    self.carrying.push(*dim);
+                }
                 self.stmts(body)?;
+                if carries {
+                    self.carrying.pop();
+                }
                 self.loops.pop();
                 self.scope.pop();
             }
@@ -540,6 +553,68 @@ impl Checker<'_> {
             )
         };
         Err(self.err(at, message))
+    }
+
+    /// A scan `.{name}(d)` of a value of type `t`: `d` is one of its tiles,
+    /// and the scan sees the whole extent along it, or a loop carries the
+    /// running value from block to block. A scan over one block of a grid
+    /// tile, or of a loop that carries nothing, restarts at every block: not
+    /// what a prefix sum over the row means.
+    fn scan_along(&self, op: ReduceOp, dim: DimId, t: &Ty, at: &str) -> Result<(), CodegenError> {
+        let name = op.scan_name();
+        let d = &self.k.dims[dim];
+        let n = &d.name;
+        if self.k.is_each(dim) {
+            return Err(self.err(
+                at,
+                format!(
+                    "`{n}` takes one index at a time, so there is nothing to scan along it; carry a running \
+                     value across its loop instead"
+                ),
+            ));
+        }
+        if !t.dims.contains(&dim) {
+            return Err(self.err(
+                at,
+                format!(
+                    "`.{name}({n})` scans along tile `{n}`, but the value has tiles {}",
+                    self.dim_names(&t.dims)
+                ),
+            ));
+        }
+        if d.whole {
+            return Ok(());
+        }
+        if self.k.grid.contains(&dim) {
+            return Err(self.err(
+                at,
+                format!(
+                    "`.{name}({n})` scans one block of the grid tile `{n}`: each program would restart the scan \
+                     at its own block; give the scan the whole extent (`whole(…)` in the `tile([…])`) or walk \
+                     `{n}` in a loop that carries the running value"
+                ),
+            ));
+        }
+        if self.loops.contains(&dim) && !self.carrying.contains(&dim) {
+            let bin = op.binary();
+            let with = |a: &str, b: &str| match bin.function() {
+                Some(f) => format!("{f}({a}, {b})"),
+                None => format!("{a} {} {b}", bin.symbol()),
+            };
+            let (first, rest) = (
+                with("carry", &format!("x.{name}({n})")),
+                with("carry", &format!("x.{}({n})", op.name())),
+            );
+            return Err(self.err(
+                at,
+                format!(
+                    "`.{name}({n})` scans one block of the loop over `{n}` at a time, and the loop carries \
+                     nothing from block to block, so every block restarts the scan; carry the running value \
+                     (`out[…] = {first}; carry = {rest};`), or make one block cover the extent (`whole(…)`)"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The `parts` of statement `stmt` (`wait`, `signal`) must be integer scalars.
@@ -758,6 +833,15 @@ impl Checker<'_> {
                     dims: t.dims.into_iter().filter(|d| d != dim).collect(),
                     dtype: op.result(t.dtype),
                     // A sum of literal-made values is one too (`select(m, 1, 0).sum(t)`).
+                    weak: t.weak,
+                }
+            }
+            Expr::Scan { op, arg, dim, at } => {
+                let t = self.expr(arg, at)?;
+                self.scan_along(*op, *dim, &t, at)?;
+                Ty {
+                    dims: t.dims,
+                    dtype: op.result(t.dtype),
                     weak: t.weak,
                 }
             }

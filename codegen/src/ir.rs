@@ -270,6 +270,15 @@ pub enum Expr {
         dim: DimId,
         at: Src,
     },
+    /// `x.cumsum(t)`, `x.cummax(t)`, …: the inclusive scan of `x` along tile `t`
+    /// by a reduction's operation (each element combined with those before it
+    /// in the tile), the same tiles as `x`.
+    Scan {
+        op: ReduceOp,
+        arg: Box<Expr>,
+        dim: DimId,
+        at: Src,
+    },
     /// `t.index()`: each element's index along tile `t` (an integer tile over `t`),
     /// e.g. for a causal mask `tm.index() >= tn.index()`.
     TileIndex(DimId),
@@ -494,6 +503,7 @@ macro_rules! expr_at {
             | Expr::Binary { at, .. }
             | Expr::Rand { at, .. }
             | Expr::Reduce { at, .. }
+            | Expr::Scan { at, .. }
             | Expr::Compare { at, .. }
             | Expr::Select { at, .. }
             | Expr::IfConst { at, .. } => Some(at),
@@ -657,9 +667,10 @@ impl Expr {
                 otherwise,
                 ..
             } => vec![mask, then, otherwise],
-            Expr::Unary { arg, .. } | Expr::Cast { arg, .. } | Expr::Reduce { arg, .. } => {
-                vec![arg]
-            }
+            Expr::Unary { arg, .. }
+            | Expr::Cast { arg, .. }
+            | Expr::Reduce { arg, .. }
+            | Expr::Scan { arg, .. } => vec![arg],
             Expr::Rand { seed, offset, .. } => vec![seed, offset],
             Expr::IfConst {
                 cond,
@@ -743,6 +754,12 @@ impl Expr {
                 dtype: *dtype,
             },
             Expr::Reduce { op, arg, dim, at } => Expr::Reduce {
+                op: *op,
+                arg: b(arg)?,
+                dim: *dim,
+                at: at.clone(),
+            },
+            Expr::Scan { op, arg, dim, at } => Expr::Scan {
                 op: *op,
                 arg: b(arg)?,
                 dim: *dim,

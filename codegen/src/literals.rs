@@ -112,7 +112,9 @@ fn collect<'e, 'a>(e: &'e Expr, ty: &impl Fn(&Expr) -> Option<&'a Ty>, out: &mut
                 collect(rhs, ty, out);
             }
         }
-        Expr::Unary { arg, .. } | Expr::Reduce { arg, .. } => collect(arg, ty, out),
+        Expr::Unary { arg, .. } | Expr::Reduce { arg, .. } | Expr::Scan { arg, .. } => {
+            collect(arg, ty, out)
+        }
         _ => {}
     }
 }

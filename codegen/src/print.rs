@@ -352,6 +352,14 @@ impl Printer<'_> {
                     self.dim_name(*dim)
                 )
             }
+            Expr::Scan { op, arg, dim, .. } => {
+                format!(
+                    "{}.{}({})",
+                    self.receiver(arg, bare),
+                    op.scan_name(),
+                    self.dim_name(*dim)
+                )
+            }
             Expr::Compare { op, lhs, rhs, .. } => {
                 format!("({} {} {})", sub(lhs), op.symbol(), sub(rhs))
             }

@@ -198,6 +198,10 @@ impl Program<'_> {
                 let a = self.eval(arg)?;
                 self.reduce(*op, &a, *dim, ty, at)?
             }
+            Expr::Scan { op, arg, dim, at } => {
+                let a = self.eval(arg)?;
+                self.scan(*op, &a, *dim, ty, at)?
+            }
             Expr::Compare { op, lhs, rhs, at } => {
                 let t = tilefuse_codegen::check::meet(self.ty(lhs)?, self.ty(rhs)?);
                 let (l, r) = (self.eval(lhs)?, self.eval(rhs)?);
@@ -358,12 +362,7 @@ impl Program<'_> {
         ty: &Ty,
         at: &str,
     ) -> Result<Tile, InterpretError> {
-        let Some(axis) = a.dims.iter().position(|&d| d == dim) else {
-            return Err(self.unsupported(format!(
-                "`{at}` reduces along tile `{}`, which the value does not have",
-                self.k.dims[dim].name
-            )));
-        };
+        let axis = self.axis(a, dim, at, "reduces")?;
         let mut st = vec![0usize; a.dims.len()];
         let mut s = 1;
         for i in (0..a.dims.len()).rev() {
@@ -403,6 +402,65 @@ impl Program<'_> {
         Ok(Tile {
             dims: ty.dims.clone(),
             lens: out_lens,
+            dtype: t,
+            data,
+            poison: bad.finish(),
+        })
+    }
+
+    /// The position of `dim` among `a`'s tiles, which `at` (it `verb` along
+    /// it) needs.
+    fn axis(&self, a: &Tile, dim: DimId, at: &str, verb: &str) -> Result<usize, InterpretError> {
+        a.dims.iter().position(|&d| d == dim).ok_or_else(|| {
+            self.unsupported(format!(
+                "`{at}` {verb} along tile `{}`, which the value does not have",
+                self.k.dims[dim].name
+            ))
+        })
+    }
+
+    /// The inclusive scan of `a` along `dim` by `op`, in index order over the
+    /// tile's in-bounds elements (a prefix is poisoned from its first
+    /// poisoned element on).
+    fn scan(
+        &self,
+        op: ReduceOp,
+        a: &Tile,
+        dim: DimId,
+        ty: &Ty,
+        at: &str,
+    ) -> Result<Tile, InterpretError> {
+        let axis = self.axis(a, dim, at, "scans")?;
+        let step: usize = a.lens[axis + 1..].iter().product();
+        let count = a.lens[axis];
+        let t = ty.dtype;
+        let entry = op.entry();
+        let n = a.data.len();
+        let mut data = vec![Num::I(0); n];
+        let mut bad = BadSet::new(n);
+        // Every line along the axis starts at an index whose axis coordinate is 0.
+        for start in (0..n).filter(|i| (i / step) % count == 0) {
+            let mut acc = op.identity(t);
+            let mut poisoned = None;
+            for j in 0..count {
+                let i = start + j * step;
+                if let Some(p) = a.bad(i) {
+                    poisoned.get_or_insert(p);
+                }
+                let x = conv(a.data[i], t);
+                acc = match (acc, x) {
+                    (Num::I(s), Num::I(x)) => Num::I(wrap_int(t, (entry.cpu_int)(s, x))),
+                    (s, x) => Num::F(f32r((entry.cpu)(s.as_f64(), x.as_f64()))),
+                };
+                data[i] = acc;
+                if let Some(p) = poisoned {
+                    bad.mark(i, p);
+                }
+            }
+        }
+        Ok(Tile {
+            dims: a.dims.clone(),
+            lens: a.lens.clone(),
             dtype: t,
             data,
             poison: bad.finish(),

@@ -768,6 +768,108 @@ fn integer_reductions_are_exact_and_wrap() {
     assert_eq!(t[5].values_i64(), wrap);
 }
 
+/// Scans along a loop's tile, carried across its blocks: an i32 prefix sum
+/// wraps in its type as the GPU's does, an i64 running maximum is exact past
+/// 2^53, and the last, partial block scans only the elements in the extent.
+#[test]
+fn scans_carried_across_blocks_are_exact_and_wrap() {
+    let (tm, tn) = (0, 1);
+    let scan = |op, t| Expr::Scan {
+        op,
+        arg: b(load(t, vec![ti(tm), ti(tn)])),
+        dim: tn,
+        at: "scan".into(),
+    };
+    let red = |op, t| Expr::Reduce {
+        op,
+        arg: b(load(t, vec![ti(tm), ti(tn)])),
+        dim: tn,
+        at: "reduce".into(),
+    };
+    let k = K {
+        tensors: vec![
+            tensor("small", 2),
+            tensor("big", 2),
+            tensor("sums", 2),
+            tensor("maxima", 2),
+        ],
+        scalars: vec!["m", "n"],
+        dims: vec![dim("tm", Some(0)), dim("tn", Some(1))],
+        grid: vec![tm],
+        vars: vec![("s", true), ("hi", true)],
+    }
+    .build(vec![
+        let_(0, zeros(vec![tm], DType::I32)),
+        let_(
+            1,
+            Expr::Full {
+                dims: vec![tm],
+                dtype: DType::I64,
+                value: -1e18,
+            },
+        ),
+        Stmt::Loop {
+            dim: tn,
+            body: vec![
+                store(
+                    2,
+                    vec![ti(tm), ti(tn)],
+                    bin(BinOp::Add, Expr::Var(0), scan(ReduceOp::Sum, 0)),
+                ),
+                store(
+                    3,
+                    vec![ti(tm), ti(tn)],
+                    bin(BinOp::Max, Expr::Var(1), scan(ReduceOp::Max, 1)),
+                ),
+                assign(0, bin(BinOp::Add, Expr::Var(0), red(ReduceOp::Sum, 0))),
+                assign(1, bin(BinOp::Max, Expr::Var(1), red(ReduceOp::Max, 1))),
+            ],
+            until: None,
+            range: None,
+        },
+    ]);
+    // Blocks of 128 columns: three steps a row, the last partial.
+    let (m, n) = (2usize, 300usize);
+    let p = 1i64 << 60;
+    let mut small: Vec<i64> = (0..m * n).map(|i| (i % 11) as i64 - 5).collect();
+    small[3] = i64::from(i32::MAX);
+    small[n + 200] = i64::from(i32::MIN);
+    let mut big: Vec<i64> = (0..m * n).map(|i| -((i % 13) as i64) * (p / 16)).collect();
+    big[130] = p + 1;
+    big[131] = p + 3;
+    big[n + 299] = p - 1;
+    let t = [
+        ints(DType::I32, &[m, n], &small),
+        ints(DType::I64, &[m, n], &big),
+        ints(DType::I32, &[m, n], &vec![7; m * n]),
+        ints(DType::I64, &[m, n], &vec![7; m * n]),
+    ];
+    let cfg = Config::new(&[2, 128]).num_warps(1);
+    run(
+        &k,
+        &cfg,
+        &[],
+        &t,
+        &[Scalar::Int(m as i64), Scalar::Int(n as i64)],
+    )
+    .unwrap();
+    let mut sums = Vec::new();
+    let mut maxima = Vec::new();
+    for r in 0..m {
+        let (mut s, mut hi) = (0i32, -1_000_000_000_000_000_000i64);
+        for c in 0..n {
+            s = s.wrapping_add(small[r * n + c] as i32);
+            hi = hi.max(big[r * n + c]);
+            sums.push(i64::from(s));
+            maxima.push(hi);
+        }
+    }
+    assert!(sums[10] < 0, "the i32 prefix sum wraps past i32::MAX");
+    assert_eq!(t[2].values_i64(), sums);
+    assert_eq!(maxima[n - 1], p + 3);
+    assert_eq!(t[3].values_i64(), maxima);
+}
+
 // ---- matmul ----------------------------------------------------------------------
 
 /// `addmm` on partial tiles, on the tensor-core path (the loop holds only

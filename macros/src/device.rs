@@ -32,8 +32,8 @@ const LOOPS: &str = "device loops iterate over tiles, `for t in tile(extent)` (o
 fn functions() -> String {
     format!(
         "{} (as functions or methods: `exp(x)` or `x.exp()`, `max(a, b)` or `a.max(b)`; and the methods \
-         .cast::<T>(), .sum(t), .prod(t), .max(t), .min(t) reducing along a tile `t`, and on tiles .begin(), \
-         .end(), .size(), .index())",
+         .cast::<T>(), .sum(t), .prod(t), .max(t), .min(t) reducing along a tile `t`, .cumsum(t), .cumprod(t), \
+         .cummax(t), .cummin(t) scanning along it, and on tiles .begin(), .end(), .size(), .index())",
         prims::function_names()
     )
 }
@@ -1330,6 +1330,30 @@ impl Builder {
                     at: self.at(m),
                 });
             }
+        }
+        // `.cumsum(t)`, `.cummax(t)`, …: an inclusive scan along the tile.
+        if let Some(op) = ReduceOp::from_scan_name(&name) {
+            let [arg] = args.as_slice() else {
+                return Err(err(
+                    m,
+                    format!("`.{name}(t)` takes one tile to scan along: `x.{name}(tn)`"),
+                ));
+            };
+            let Some(dim) = self.tile_ref(arg) else {
+                return Err(err(
+                    arg,
+                    format!(
+                        "`.{name}(t)` scans along a tile `t` of an enclosing `tile()` loop, e.g. `x.{name}(tn)`"
+                    ),
+                ));
+            };
+            let arg = Box::new(self.expr(&m.receiver)?);
+            return Ok(Expr::Scan {
+                op,
+                arg,
+                dim,
+                at: self.at(m),
+            });
         }
         let turbofish = match &m.turbofish {
             Some(t) => match t.args.first() {

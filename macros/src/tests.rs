@@ -124,6 +124,12 @@ fn no_at(e: &Expr) -> Expr {
             dim,
             at: String::new(),
         },
+        Expr::Scan { op, arg, dim, .. } => Expr::Scan {
+            op,
+            arg,
+            dim,
+            at: String::new(),
+        },
         other => other,
     }
 }

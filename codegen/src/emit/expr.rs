@@ -432,6 +432,15 @@ impl ElemCtx<'_> {
                 ),
                 ))
             }
+            Expr::Scan { op, at, .. } => {
+                return Err(self.unsupported(
+                    at,
+                    format!(
+                        "`.{}()` is computed by the general lowering before the elementwise code that uses it",
+                        op.scan_name()
+                    ),
+                ))
+            }
             Expr::Int(v) => (int_lit(*v, CTy::I64), CTy::I64),
             Expr::Float(v) => (float_lit(*v), CTy::F32),
             Expr::Scalar(s) => match self.spec.scalars[*s] {

@@ -1781,6 +1781,21 @@ impl<'a> Parser<'a> {
                 ));
             }
         }
+        // `.cumsum(t)`: a scan along the tile.
+        if let (Some(op), [arg]) = (ReduceOp::from_scan_name(name), args) {
+            let Some(dim) = self.tile_ref(arg) else {
+                return Err(self.err_at(
+                    arg.start,
+                    format!("`.{name}(t)` scans along a tile `t` of an enclosing `tile()` loop, e.g. `x.{name}(tn)`"),
+                ));
+            };
+            return Ok(Expr::Scan {
+                op,
+                arg: Box::new(self.expr(recv, ix)?),
+                dim,
+                at: self.at(n),
+            });
+        }
         let arg = Box::new(self.expr(recv, ix)?);
         if matches!(name, "cast" | "to") {
             no_args()?;

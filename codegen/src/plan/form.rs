@@ -5,7 +5,7 @@
 use crate::ir::*;
 
 /// Whether every construct of `k` is one the fast paths know: plain tile
-/// indices, loops over host extents, no atomics or runtime `if`s.
+/// indices, loops over host extents, no atomics, runtime `if`s or scans.
 pub(crate) fn fast_form(k: &Kernel) -> bool {
     let mut ok = fast_statements(k) && k.dims.iter().all(|d| !d.each && d.extent.is_some());
     k.walk_stmts(&mut |s| {
@@ -22,9 +22,11 @@ pub(crate) fn fast_form(k: &Kernel) -> bool {
 }
 
 /// The statements every fast path takes: stores at plain tile indices, no
-/// atomics, no runtime `if`s (loops and loads are each path's to check).
+/// atomics, no runtime `if`s, no scans (the general lowering's alone; loops
+/// and loads are each path's to check).
 pub(crate) fn fast_statements(k: &Kernel) -> bool {
     let mut ok = true;
+    k.walk_exprs(&mut |e| ok &= !matches!(e, Expr::Scan { .. }));
     k.walk_stmts(&mut |s| match s {
         Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
         // An `if` on `#[constexpr]` values is decided before lowering (an

@@ -71,11 +71,12 @@ pub fn nearest_function(name: &str) -> Option<&'static str> {
 }
 
 /// The method a misspelled `.name()` most likely meant: a function (methods
-/// too), a reduction, `.cast()` or a tile's `.begin()`, `.end()`, `.size()`,
+/// too), a reduction or scan, `.cast()` or a tile's `.begin()`, `.end()`, `.size()`,
 /// `.index()`.
 pub fn nearest_method(name: &str) -> Option<&'static str> {
     let mut names = functions();
     names.extend(reduce::ReduceOp::ALL.iter().map(|o| o.name()));
+    names.extend(reduce::ReduceOp::ALL.iter().map(|o| o.scan_name()));
     names.extend(["cast", "begin", "end", "size", "index"]);
     nearest(name, names)
 }

@@ -1,5 +1,8 @@
 //! Reductions along a tile dimension: `x.sum(tn)`, `x.max(tn)`, `x.min(tn)`,
-//! `x.prod(tn)`: the in-bounds elements combined, the dimension dropped.
+//! `x.prod(tn)`: the in-bounds elements combined, the dimension dropped; and
+//! their inclusive scans `x.cumsum(tn)`, `x.cummax(tn)`, `x.cummin(tn)`,
+//! `x.cumprod(tn)`: each element combined with those before it along the
+//! tile, the dimension kept.
 //!
 //! Everything a lowering, the interpreter or a message needs of a reduction
 //! is its entry here: the C that combines two partials, the binary operation
@@ -28,6 +31,8 @@ pub struct Reduce {
     pub op: ReduceOp,
     /// The method name (`sum`).
     pub name: &'static str,
+    /// The method name of its inclusive scan (`cumsum`).
+    pub scan: &'static str,
     pub doc: &'static str,
     /// C combining two partial results `{a}` and `{b}` (the helpers are
     /// overloaded, so one template serves floats and integers).
@@ -46,7 +51,7 @@ pub struct Reduce {
 }
 
 macro_rules! reduce_table {
-    ($($op:ident: $name:literal, $doc:literal, cuda $cuda:literal, binary $bin:ident,
+    ($($op:ident: $name:literal, scan $scan:literal, $doc:literal, cuda $cuda:literal, binary $bin:ident,
         identity $id:ident, atomic $atomic:expr, cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
         /// Reductions along one tile dimension; see [`TABLE`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -54,7 +59,7 @@ macro_rules! reduce_table {
 
         /// Every reduction, in [`ReduceOp`] order.
         pub static TABLE: &[Reduce] = &[$(Reduce {
-            op: ReduceOp::$op, name: $name, doc: $doc, cuda: $cuda, binary: BinOp::$bin,
+            op: ReduceOp::$op, name: $name, scan: $scan, doc: $doc, cuda: $cuda, binary: BinOp::$bin,
             identity: Identity::$id, atomic: $atomic, cpu: $cpu, cpu_int: $cpui,
         }),*];
 
@@ -66,16 +71,16 @@ macro_rules! reduce_table {
 }
 
 reduce_table! {
-    Sum: "sum", "the sum (floats in f32, in the GPU's order: not bit-identical to a sequential sum)",
+    Sum: "sum", scan "cumsum", "the sum (floats in f32, in the GPU's order: not bit-identical to a sequential sum)",
         cuda "({a} + {b})", binary Add, identity Zero, atomic Some(AtomicOp::Add),
         cpu |a, b| a + b, cpu_int |a, b| a as i128 + b as i128;
-    Max: "max", "the largest element (NaNs lose)",
+    Max: "max", scan "cummax", "the largest element (NaNs lose)",
         cuda "tf_max({a}, {b})", binary Max, identity Lowest, atomic Some(AtomicOp::Max),
         cpu f64::max, cpu_int |a, b| i128::from(a.max(b));
-    Min: "min", "the smallest element (NaNs lose)",
+    Min: "min", scan "cummin", "the smallest element (NaNs lose)",
         cuda "tf_min({a}, {b})", binary Min, identity Highest, atomic Some(AtomicOp::Min),
         cpu f64::min, cpu_int |a, b| i128::from(a.min(b));
-    Prod: "prod", "the product",
+    Prod: "prod", scan "cumprod", "the product",
         cuda "({a} * {b})", binary Mul, identity One, atomic None,
         cpu |a, b| a * b, cpu_int |a, b| a as i128 * b as i128;
 }
@@ -105,6 +110,19 @@ impl ReduceOp {
     /// The reduction a method name stands for.
     pub fn from_name(name: &str) -> Option<ReduceOp> {
         ReduceOp::ALL.iter().copied().find(|o| o.name() == name)
+    }
+
+    /// The DSL method of the inclusive scan (`x.cumsum(tn)`).
+    pub fn scan_name(self) -> &'static str {
+        self.entry().scan
+    }
+
+    /// The reduction whose inclusive scan a method name stands for (`cumsum`: sum).
+    pub fn from_scan_name(name: &str) -> Option<ReduceOp> {
+        ReduceOp::ALL
+            .iter()
+            .copied()
+            .find(|o| o.scan_name() == name)
     }
 
     /// The result type on elements of `t`: floats reduce in f32, integers

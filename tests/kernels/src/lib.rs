@@ -20,6 +20,7 @@ pub mod losses;
 pub mod movement;
 pub mod norms;
 pub mod reductions;
+pub mod scans;
 
 pub use harness::{Bench, Case, Output};
 
@@ -31,6 +32,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(movement::cases());
     all.extend(ints::cases());
     all.extend(reductions::cases());
+    all.extend(scans::cases());
     all.extend(norms::cases());
     all.extend(losses::cases());
     all.extend(jagged::cases());

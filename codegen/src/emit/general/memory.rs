@@ -45,9 +45,11 @@ fn affine_parts(k: &Kernel, c: &Expr) -> Option<(DimId, Option<Expr>)> {
         let mut ok = true;
         x.walk(&mut |y| match y {
             Expr::TileIndex(d) => ok &= k.is_each(*d),
-            Expr::Var(_) | Expr::Load { .. } | Expr::Full { .. } | Expr::Reduce { .. } => {
-                ok = false
-            }
+            Expr::Var(_)
+            | Expr::Load { .. }
+            | Expr::Full { .. }
+            | Expr::Reduce { .. }
+            | Expr::Scan { .. } => ok = false,
             _ => {}
         });
         ok

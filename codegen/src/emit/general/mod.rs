@@ -34,6 +34,7 @@ mod private;
 mod products;
 mod rand;
 mod reduce;
+mod scan;
 pub(crate) mod split;
 
 pub use config::{axes, default_config, seeds};
@@ -813,7 +814,8 @@ impl Gen<'_, '_> {
         for s in level {
             for e in s.exprs() {
                 e.walk(&mut |x| {
-                    if let Expr::Reduce { dim, .. } = x {
+                    // Scans too: across warps they also go through shared memory.
+                    if let Expr::Reduce { dim, .. } | Expr::Scan { dim, .. } = x {
                         if let Some(p) = dims.iter().position(|d| d == dim) {
                             reduced.push(p);
                         }
@@ -857,7 +859,10 @@ impl Gen<'_, '_> {
                 e.walk(&mut |x| {
                     if matches!(
                         x,
-                        Expr::Load { .. } | Expr::Reduce { .. } | Expr::Addmm { .. }
+                        Expr::Load { .. }
+                            | Expr::Reduce { .. }
+                            | Expr::Scan { .. }
+                            | Expr::Addmm { .. }
                     ) {
                         let t = self.ty(x);
                         out.push((t.dims, t.dtype.size()));
@@ -928,6 +933,7 @@ impl Gen<'_, '_> {
                         Expr::Var(_)
                             | Expr::Load { .. }
                             | Expr::Reduce { .. }
+                            | Expr::Scan { .. }
                             | Expr::Addmm { .. }
                             | Expr::Rand { .. }
                     )
@@ -1216,6 +1222,11 @@ impl Gen<'_, '_> {
             Expr::Reduce { op, arg, dim, at } => {
                 self.hoist_into(arg, at, l, depth, pre)?;
                 let v = self.reduce(*op, arg, *dim, at, l, depth, pre)?;
+                pre.push((x.clone(), v));
+            }
+            Expr::Scan { op, arg, dim, at } => {
+                self.hoist_into(arg, at, l, depth, pre)?;
+                let v = self.scan(*op, arg, *dim, at, l, depth, pre)?;
                 pre.push((x.clone(), v));
             }
             Expr::Addmm { acc, a, b, at } => {

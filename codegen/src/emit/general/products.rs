@@ -120,7 +120,9 @@ fn dims(e: &Expr, vars: &HashMap<VarId, Vec<DimId>>) -> Vec<DimId> {
             add(dims(lhs, vars));
             add(dims(rhs, vars));
         }
-        Expr::Unary { arg, .. } | Expr::Cast { arg, .. } => add(dims(arg, vars)),
+        Expr::Unary { arg, .. } | Expr::Cast { arg, .. } | Expr::Scan { arg, .. } => {
+            add(dims(arg, vars))
+        }
         Expr::Rand { offset, .. } => add(dims(offset, vars)),
         Expr::Select {
             mask,
