@@ -949,6 +949,31 @@ impl Checker<'_> {
             .copied()
             .filter(|d| b_t.dims.contains(d) && !acc_t.dims.contains(d))
             .collect();
+        // Several shared tiles, one of them the innermost loop's: the others
+        // are batch tiles, which the accumulator must hold too.
+        let inner = self.loops.last().filter(|d| shared.contains(d));
+        if let (Some(&k), true) = (inner, shared.len() > 1) {
+            let batch: Vec<DimId> = shared.iter().copied().filter(|&d| d != k).collect();
+            let mut dims = batch.clone();
+            dims.extend(acc_t.dims.iter().copied());
+            let names: Vec<&str> = dims.iter().map(|&d| self.k.dims[d].name.as_str()).collect();
+            let each = batch
+                .iter()
+                .map(|&d| self.k.dims[d].name.as_str())
+                .collect::<Vec<_>>()
+                .join("`, `");
+            return Err(self.err(
+                at,
+                format!(
+                    "`addmm` contracts over `{}`, and `a` and `b` also share {}: a batched product, whose \
+                     accumulator holds the batch tiles too (`zeros::<f32>([{}])`); or take one batch index \
+                     per program (`each(…)` for `{each}` in the `tile([…])`)",
+                    self.k.dims[k].name,
+                    self.dim_names(&batch),
+                    names.join(", ")
+                ),
+            ));
+        }
         let [k] = shared.as_slice() else {
             return Err(self.err(
                 at,
