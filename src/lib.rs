@@ -75,7 +75,9 @@
 //!   functions of [`codegen::prims::UnOp`] and [`codegen::prims::BinOp`] (one line
 //!   each: name and meaning) as functions or methods, such as `exp`, `ln` (`log`),
 //!   `sqrt`, `rsqrt`, `tanh`, `erf`, `gelu`, `silu`, `sigmoid` and their derivatives
-//!   (`gelu_grad`, …), `min`, `max`, `powf` (`pow`). As in Triton, `exp` is `2^(x·log2 e)` on the
+//!   (`gelu_grad`, …), the trigonometric and hyperbolic functions and their inverses,
+//!   `min`, `max`, `powf` (`pow`, `powi`), `hypot`, `copysign`, and `clamp(x, lo, hi)`
+//!   (`x.clamp(lo, hi)`: `min(max(x, lo), hi)`). As in Triton, `exp` is `2^(x·log2 e)` on the
 //!   fast exponential unit and f32 `/` is `div.full` (both within 2 ulp), and so are
 //!   the exponentials and divisions inside `sigmoid`, `silu`, `gelu_grad` and their
 //!   kin; the others are CUDA's libm. Tiles broadcast by dimension name: `acc + bias[tn]`

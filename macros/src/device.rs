@@ -1203,6 +1203,11 @@ impl Builder {
                     at: self.at(c),
                 }
             }
+            "clamp" => {
+                arity(3, "clamp(x, lo, hi)")?;
+                let at = self.at(c);
+                self.clamp(args[0], args[1], args[2], at)?
+            }
             "wait" | "signal" => {
                 return Err(err(
                     c,
@@ -1261,6 +1266,24 @@ impl Builder {
                     ));
                 }
             }
+        })
+    }
+
+    /// `clamp(x, lo, hi)` or `x.clamp(lo, hi)`: `min(max(x, lo), hi)` (a NaN
+    /// `x` gives `lo`, as `max` and `min` let NaNs lose; no panic for
+    /// `lo > hi`, unlike Rust's: the result is then `hi`).
+    fn clamp(&mut self, x: &SynExpr, lo: &SynExpr, hi: &SynExpr, at: String) -> syn::Result<Expr> {
+        let low = Expr::Binary {
+            op: BinOp::Max,
+            lhs: Box::new(self.expr(x)?),
+            rhs: Box::new(self.expr(lo)?),
+            at: at.clone(),
+        };
+        Ok(Expr::Binary {
+            op: BinOp::Min,
+            lhs: Box::new(low),
+            rhs: Box::new(self.expr(hi)?),
+            at,
         })
     }
 
@@ -1330,6 +1353,16 @@ impl Builder {
                     at: self.at(m),
                 });
             }
+        }
+        if name == "clamp" {
+            let [lo, hi] = args.as_slice() else {
+                return Err(err(
+                    m,
+                    "`.clamp(lo, hi)` takes two arguments: `x.clamp(lo, hi)`",
+                ));
+            };
+            let at = self.at(m);
+            return self.clamp(&m.receiver, lo, hi, at);
         }
         // `.cumsum(t)`, `.cummax(t)`, …: an inclusive scan along the tile.
         if let Some(op) = ReduceOp::from_scan_name(&name) {

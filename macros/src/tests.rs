@@ -469,6 +469,42 @@ fn functions_operators_and_casts() {
     assert_eq!(assigns, 7);
 }
 
+/// Rust's spellings: `clamp` (as a function and a method) is `min(max(x, lo),
+/// hi)`; `powi` is `powf`; the scans are `Scan`s of their reductions.
+#[test]
+fn clamp_powi_and_scans() {
+    let k = kernel(
+        r#"
+        fn ops(x: &Tensor<f32>, out: &Tensor<f32>) {
+            let [m, n] = x.shape();
+            for (tm, tn) in tile([m, whole(n)]) {
+                let v = x[(tm, tn)];
+                out[(tm, tn)] = v.clamp(-1.0, 2.0) + clamp(v, 0.0, 1.0) + v.powi(3) + v.cumsum(tn) + v.cummin(tn);
+            }
+        }"#,
+    );
+    let (_, value) = first_store(&k.body);
+    let x = Expr::Var(0);
+    let clamped =
+        |lo: Expr, hi: f64| bin(BinOp::Min, bin(BinOp::Max, x.clone(), lo), Expr::Float(hi));
+    let minus_one = Expr::Unary {
+        op: UnOp::Neg,
+        arg: b(Expr::Float(1.0)),
+    };
+    let all = exprs(&k);
+    let has = |e: &Expr| all.iter().any(|x| no_at(x) == *e);
+    assert!(has(&clamped(minus_one, 2.0)), "{value:?}");
+    assert!(has(&clamped(Expr::Float(0.0), 1.0)));
+    assert!(has(&bin(BinOp::Pow, x.clone(), Expr::Int(3))));
+    for op in [ReduceOp::Sum, ReduceOp::Min] {
+        assert!(
+            all.iter()
+                .any(|e| matches!(e, Expr::Scan { op: o, .. } if *o == op)),
+            "{op:?}"
+        );
+    }
+}
+
 #[test]
 fn if_conditions_read_any_scalar() {
     let k = kernel(

@@ -30,6 +30,9 @@ struct Case {
     binary: Option<BinOp>,
     /// A product: inputs near 1.
     product: bool,
+    /// Combines many elements (a reduction, a scan): floats in another
+    /// order than interpret mode's.
+    reorders: bool,
     /// The output's shape.
     out: Vec<usize>,
 }
@@ -50,6 +53,7 @@ fn elementwise(name: &str, ints: bool, body: &str, binary: Option<BinOp>) -> Cas
         ints,
         binary,
         product: false,
+        reorders: false,
         out: vec![M, N],
     }
 }
@@ -93,6 +97,7 @@ fn cases() -> Vec<Case> {
                 ints,
                 binary: None,
                 product: op == ReduceOp::Prod,
+                reorders: true,
                 out: vec![M],
             });
         }
@@ -125,7 +130,62 @@ fn cases() -> Vec<Case> {
                 ints: false,
                 binary: None,
                 product: op == ReduceOp::Prod,
+                reorders: true,
                 out: vec![len],
+            });
+        }
+    }
+    for &op in ReduceOp::ALL {
+        let scan = op.scan_name();
+        // Over whole rows, on floats and integers.
+        for ints in [false, true] {
+            let t = if ints { "i32" } else { "f32" };
+            cases.push(Case {
+                what: format!("{scan} on {t}"),
+                text: format!(
+                    "kernel prim(a: Tensor<{t}, 2>, out: Tensor<{t}, 2>; m, n) {{\n  \
+                     for (tm, tn) in tile([m, whole(n)]) {{\n    \
+                     out[(tm, tn)] = a[(tm, tn)].{scan}(tn).cast();\n  }}\n}}\n"
+                ),
+                ints,
+                binary: None,
+                product: op == ReduceOp::Prod,
+                reorders: true,
+                out: vec![M, N],
+            });
+        }
+        // Block by block with the total carried: along the rows (lanes side
+        // by side) and down the columns (lanes and warps at strides).
+        let id = match op.identity(DType::F32) {
+            Num::F(v) if v.is_infinite() => format!("{}inf", if v < 0.0 { "-" } else { "" }),
+            Num::F(v) => format!("{v:?}"),
+            Num::I(v) => v.to_string(),
+        };
+        let with = |a: &str, b: &str| match op.binary().function() {
+            Some(f) => format!("{f}({a}, {b})"),
+            None => format!("({a} {} {b})", op.binary().symbol()),
+        };
+        for (form, kept, walked) in [
+            ("carried along rows", "tm", "tn"),
+            ("carried down columns", "tn", "tm"),
+        ] {
+            let x = "a[(tm, tn)]";
+            cases.push(Case {
+                what: format!("{scan} {form} on f32"),
+                text: format!(
+                    "kernel prim(a: Tensor<f32, 2>, out: Tensor<f32, 2>; m, n) {{\n  \
+                     for {kept} in tile({}) {{\n    let mut acc = full::<f32>([{kept}], {id});\n    \
+                     for {walked} in tile({}) {{\n      out[(tm, tn)] = {};\n      acc = {};\n    }}\n  }}\n}}\n",
+                    &kept[1..],
+                    &walked[1..],
+                    with("acc", &format!("{x}.{scan}({walked})")),
+                    with("acc", &format!("{x}.{}({walked})", op.name())),
+                ),
+                ints: false,
+                binary: None,
+                product: op == ReduceOp::Prod,
+                reorders: true,
+                out: vec![M, N],
             });
         }
     }
@@ -206,7 +266,7 @@ fn define_text(text: &str, what: &str) -> &'static KernelDef {
 #[test]
 fn every_primitive_compiles() {
     let cases = cases();
-    assert!(cases.len() >= UnOp::ALL.len() + BinOp::ALL.len() + 2 * ReduceOp::ALL.len());
+    assert!(cases.len() >= UnOp::ALL.len() + BinOp::ALL.len() + 4 * ReduceOp::ALL.len());
     let nvrtc = crate::common::nvrtc_or_skip();
     for c in &cases {
         let def = define(c);
@@ -288,9 +348,9 @@ fn every_primitive_on_the_gpu_matches_interpret_mode() {
         // the larger magnitude plus a floor (f32 evaluation of a function that
         // cancels, as `gelu` near −3, against interpret mode's f64 rounded
         // once), NaN where the other has NaN.
-        // A float reduction sums in another order than interpret mode: its
-        // rows' error scales with the largest result, not each one.
-        let floor = if c.out.len() == 1 {
+        // A float reduction or scan sums in another order than interpret
+        // mode: its error scales with the largest result, not each one.
+        let floor = if c.reorders {
             1e-6 * cpu_out.iter().fold(1.0f64, |m, v| m.max(v.abs()))
         } else {
             1e-6

@@ -108,6 +108,12 @@ binary_table! {
     Atan2: "atan2", Some("atan2"), Float, "the angle of the point `(b, a)`, as `a.atan2(b)`",
         cuda "atan2f({a}, {b})", int "", bool "",
         cpu f64::atan2, cpu_int |_, _, _| None;
+    Hypot: "hypot", Some("hypot"), Float, "`sqrt(a² + b²)` without overflow or underflow in between",
+        cuda "hypotf({a}, {b})", int "", bool "",
+        cpu f64::hypot, cpu_int |_, _, _| None;
+    Copysign: "copysign", Some("copysign"), Float, "`|a|` with the sign of `b`",
+        cuda "copysignf({a}, {b})", int "", bool "",
+        cpu f64::copysign, cpu_int |_, _, _| None;
     BitAnd: "&", None, Bits, "bitwise and (masks: both)",
         cuda "", int "({a} & {b})", bool "({a} && {b})",
         cpu refuse_float, cpu_int |a, b, _| Some(i128::from(a & b));
@@ -131,8 +137,9 @@ binary_table! {
         });
 }
 
-/// Function names users also write (C's spellings).
-const ALIASES: &[(&str, BinOp)] = &[("pow", BinOp::Pow)];
+/// Function names users also write (C's spellings; Rust's `powi`, an
+/// integer power, is `powf` with the exponent as a float).
+const ALIASES: &[(&str, BinOp)] = &[("pow", BinOp::Pow), ("powi", BinOp::Pow)];
 
 impl BinOp {
     /// The table entry.

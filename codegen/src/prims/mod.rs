@@ -51,7 +51,7 @@ pub fn f32r(v: f64) -> f64 {
 /// other calls.
 fn functions() -> Vec<&'static str> {
     let mut names: Vec<&str> = vec![
-        "addmm", "zeros", "full", "select", "wait", "signal", "rand", "randn", "randint",
+        "addmm", "zeros", "full", "select", "clamp", "wait", "signal", "rand", "randn", "randint",
     ];
     names.extend(atomic::AtomicOp::ALL.iter().map(|o| o.name()));
     names.extend(binary::BinOp::ALL.iter().filter_map(|o| o.function()));

@@ -142,9 +142,42 @@ unary_table! {
     Cos: "cos", Float, "cosine",
         cuda "cosf({x})", int "", bool "", helpers "",
         cpu f64::cos, cpu_int refuse;
+    Tan: "tan", Float, "tangent",
+        cuda "tanf({x})", int "", bool "", helpers "",
+        cpu f64::tan, cpu_int refuse;
+    Asin: "asin", Float, "arcsine (NaN outside [-1, 1])",
+        cuda "asinf({x})", int "", bool "", helpers "",
+        cpu f64::asin, cpu_int refuse;
+    Acos: "acos", Float, "arccosine (NaN outside [-1, 1])",
+        cuda "acosf({x})", int "", bool "", helpers "",
+        cpu f64::acos, cpu_int refuse;
+    Atan: "atan", Float, "arctangent",
+        cuda "atanf({x})", int "", bool "", helpers "",
+        cpu f64::atan, cpu_int refuse;
+    Sinh: "sinh", Float, "hyperbolic sine",
+        cuda "sinhf({x})", int "", bool "", helpers "",
+        cpu f64::sinh, cpu_int refuse;
+    Cosh: "cosh", Float, "hyperbolic cosine",
+        cuda "coshf({x})", int "", bool "", helpers "",
+        cpu f64::cosh, cpu_int refuse;
     Tanh: "tanh", Float, "hyperbolic tangent",
         cuda "tanhf({x})", int "", bool "", helpers "",
         cpu f64::tanh, cpu_int refuse;
+    Asinh: "asinh", Float, "inverse hyperbolic sine",
+        cuda "asinhf({x})", int "", bool "", helpers "",
+        cpu f64::asinh, cpu_int refuse;
+    Acosh: "acosh", Float, "inverse hyperbolic cosine (NaN below 1)",
+        cuda "acoshf({x})", int "", bool "", helpers "",
+        cpu f64::acosh, cpu_int refuse;
+    Atanh: "atanh", Float, "inverse hyperbolic tangent (NaN outside [-1, 1])",
+        cuda "atanhf({x})", int "", bool "", helpers "",
+        cpu f64::atanh, cpu_int refuse;
+    Log10: "log10", Float, "base-10 logarithm",
+        cuda "log10f({x})", int "", bool "", helpers "",
+        cpu f64::log10, cpu_int refuse;
+    Cbrt: "cbrt", Float, "cube root (negative for negative `x`)",
+        cuda "cbrtf({x})", int "", bool "", helpers "",
+        cpu f64::cbrt, cpu_int refuse;
     Erf: "erf", Float, "the error function",
         cuda "erff({x})", int "", bool "", helpers "",
         cpu libm::erf, cpu_int refuse;
