@@ -497,6 +497,31 @@ fn general_addmm_takes_the_tensor_cores_where_the_blocks_allow() {
     }
 }
 
+/// A reduction of the accumulator after the loop (a matmul fused with a
+/// row norm: `acc.sum(tn)`) is no epilogue of the GEMM lowering's.
+#[test]
+fn a_matmul_whose_epilogue_reduces_takes_the_general_lowering() {
+    let mut k = matmul();
+    k.vars.push(var("mean", false));
+    let mean = k.vars.len() - 1;
+    let at = k.body.len() - 1;
+    k.body.insert(
+        at,
+        let_(
+            mean,
+            Expr::Reduce {
+                op: ReduceOp::Sum,
+                arg: Box::new(Expr::Var(ACC)),
+                dim: TN,
+                at: "acc.sum(tn)".into(),
+            },
+            "let mean = acc.sum(tn);",
+        ),
+    );
+    k.dims[TN].whole = true;
+    general_takes(&k);
+}
+
 #[test]
 fn matmul_with_other_accumulator_takes_the_general_lowering() {
     let mut k = matmul();

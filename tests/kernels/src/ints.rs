@@ -150,7 +150,12 @@ fn histogram_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
 
 fn histogram_bench(dev: &Arc<Device>) -> Result<Bench> {
     let (n, nbins) = (1 << 27, 256);
-    let (x, _) = input::<f32>(dev, &mut Rng::new(1), &[n], 1.0)?;
+    // Uniform in [0, 1), as `torch.rand` in the PyTorch script: every bin
+    // about as full. (Values in [-1, 1) put half of them in bin 0, one
+    // shared-memory word every warp's atomics queue on.)
+    let mut rng = Rng::new(1);
+    let data: Vec<f32> = (0..n).map(|_| (0.5 + 0.5 * rng.uniform()) as f32).collect();
+    let x = Tensor::from_slice_on(dev, &data, [n])?;
     let counts = zeros::<u32>(dev, &[nbins])?;
     Ok(Bench {
         shape: format!("{n}/{nbins}"),

@@ -1,7 +1,8 @@
 //! The GEMM form ([`GemmShape`]): a 2-D grid `(tm, tn)`, an f32 accumulator,
 //! exactly one inner loop whose only statement is
 //! `acc = addmm(acc, a[(tm, tk)], b[(tk, tn)])` (after `wait`s, maybe switched by
-//! a `#[constexpr]`), and elementwise statements (the fused epilogue) around it.
+//! a `#[constexpr]`), and elementwise statements (the fused epilogue, no
+//! reductions) around it.
 
 use crate::ir::*;
 use crate::plan::form::{addmm_stmts, fast_form};
@@ -95,6 +96,19 @@ fn gemm(k: &Kernel, loops: &[usize]) -> Option<GemmShape> {
         return None;
     }
     for (j, s) in k.body.iter().enumerate() {
+        // The epilogue is elementwise: a reduction of the accumulator (a
+        // matmul + LayerNorm over a `whole(n)` row) is the general lowering's.
+        if j != *i {
+            let mut reduces = false;
+            walk_stmts(std::slice::from_ref(s), &mut |t| {
+                for e in t.exprs() {
+                    e.walk(&mut |x| reduces |= matches!(x, Expr::Reduce { .. }));
+                }
+            });
+            if reduces {
+                return None;
+            }
+        }
         match s {
             Stmt::Loop { .. } if j != *i => return None,
             Stmt::Store { index, .. } => {
