@@ -9,7 +9,7 @@
 //!   [`HostMemory`]), whatever was asked for.
 
 use crate::device::Device;
-use crate::error::{driver, Result};
+use crate::error::{argument, driver, Error, Result};
 use cudarc::driver::result as cu;
 use std::sync::Arc;
 use tilefuse_interpret::HostMemory;
@@ -88,6 +88,33 @@ impl Buffer {
             _keep_alive: None,
             host: None,
         })
+    }
+
+    /// Queues a fill of `len` bytes from byte `at` with `byte` on the launch
+    /// stream (errors if the range leaves the buffer).
+    pub fn fill_range(&self, at: usize, len: usize, byte: u8) -> Result<()> {
+        if at.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(argument(
+                "filling memory",
+                "range",
+                format!("bytes {at}..{at}+{len} leave the buffer of {}", self.bytes),
+            ));
+        }
+        if let Some(mem) = &self.host {
+            return mem
+                .write_bytes(at, &vec![byte; len])
+                .map_err(|e| Error::Interpret(Box::new(e)));
+        }
+        // SAFETY: `ptr + at..ptr + at + len` lies in this live allocation (checked above).
+        unsafe {
+            cu::memset_d8_async(
+                self.ptr + at as u64,
+                byte,
+                len,
+                self.dev.stream()?.cu_stream(),
+            )
+        }
+        .map_err(driver("filling device memory"))
     }
 
     /// Queues a byte fill of the whole buffer on the launch stream.

@@ -181,6 +181,30 @@ impl<T: Element> Tensor<T> {
         Tensor::zeros_on(&Device::current()?, shape)
     }
 
+    /// Sets every element to zero (every byte 0: `0.0`, `0`, `false`), queued on
+    /// the device's launch stream: what an accumulator needs before a kernel
+    /// adds into it with `atomic_add`. The tensor must be contiguous.
+    ///
+    /// ```ignore
+    /// counts.zero()?;
+    /// histogram(&x, &counts)?;
+    /// ```
+    pub fn zero(&self) -> Result<()> {
+        if !self.is_contiguous() {
+            return Err(argument(
+                "Tensor::zero",
+                "self",
+                format!(
+                    "is a strided view (shape {:?}, strides {:?}); zero a contiguous tensor",
+                    self.shape, self.strides
+                ),
+            ));
+        }
+        let size = std::mem::size_of::<T>();
+        self.buf
+            .fill_range(self.offset * size, self.numel() * size, 0)
+    }
+
     /// A zeroed contiguous tensor on `device`.
     pub fn zeros_on(device: &Arc<Device>, shape: impl AsRef<[usize]>) -> Result<Tensor<T>> {
         let t = Tensor::empty_on(device, shape)?;

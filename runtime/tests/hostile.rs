@@ -310,3 +310,18 @@ fn refused_store<T>(r: Result<T, Error>) {
         Ok(_) => panic!("a client without the secret was served"),
     }
 }
+
+/// `zero` resets exactly the tensor's elements: a row of a larger tensor
+/// leaves its neighbours alone, and a strided view is refused by name.
+#[test]
+fn zero_resets_its_own_elements_and_refuses_a_strided_view() {
+    let dev = Device::interpreter();
+    let data: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+    let t = Tensor::<f32>::from_slice_on(&dev, &data, [3, 4]).expect("a tensor");
+    t.narrow(0, 1, 1).expect("row 1").zero().expect("zeroed");
+    let got = t.to_vec().expect("read back");
+    assert_eq!(got, [1., 2., 3., 4., 0., 0., 0., 0., 9., 10., 11., 12.]);
+    refused(t.t().expect("a transpose").zero(), "self", "strided view");
+    t.zero().expect("zeroed");
+    assert!(t.to_vec().expect("read back").iter().all(|&v| v == 0.0));
+}

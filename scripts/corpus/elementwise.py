@@ -45,9 +45,9 @@ def transpose():
 
 
 def where_mask():
-    mask = torch.randint(0, 2, (16384, 8192), device="cuda", dtype=torch.uint8)
+    mask = torch.randint(0, 2, (16384, 8192), device="cuda", dtype=torch.uint8).bool()
     a, b = torch.randn(16384, 8192, **BF16), torch.randn(16384, 8192, **BF16)
-    return "16384x8192", lambda: torch.where(mask != 0, a, b)
+    return "16384x8192", lambda: torch.where(mask, a, b)
 
 
 CASES = {

@@ -30,9 +30,9 @@ def rope():
     x = torch.randn(b, s, h, d, **BF16)
     inv_freq = 10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
     ang = torch.outer(torch.arange(s, device="cuda", dtype=torch.float32), inv_freq)
-    # Hugging Face's form: full-width tables, and x rotated by halves.
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
+    # Hugging Face's form: full-width tables in x's dtype, and x rotated by halves.
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :].to(torch.bfloat16)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :].to(torch.bfloat16)
 
     def rotate_half(t):
         return torch.cat([-t[..., d // 2:], t[..., : d // 2]], -1)

@@ -11,22 +11,21 @@ def _bf16(*shape):
 
 def col_sum():
     x = _bf16(M, N)
-    return f"{M}x{N}", lambda: x.float().sum(0)
+    return f"{M}x{N}", lambda: x.sum(0, dtype=torch.float32)
 
 
 def col_max_count():
     x = _bf16(M, N)
 
     def run():
-        xf = x.float()
-        return xf.amax(0), (xf > 0).sum(0, dtype=torch.int32)
+        return x.amax(0).float(), (x > 0).sum(0, dtype=torch.int32)
 
     return f"{M}x{N}", run
 
 
 def total_sum():
     x = _bf16(M, N)
-    return f"{M}x{N}", lambda: x.float().sum()
+    return f"{M}x{N}", lambda: x.sum(dtype=torch.float32)
 
 
 def row_sum():

@@ -15,10 +15,15 @@ def cummax():
 
 def position_ids():
     b, s = 8192, 4096
-    mask = (torch.rand(b, s, device="cuda") > 0.1).long()
+    # As the Rust benchmark's: left padding of up to s/3, then 10% holes.
+    pad = torch.randint(0, s // 3 + 1, (b, 1), device="cuda")
+    cols = torch.arange(s, device="cuda")[None, :]
+    mask = ((cols >= pad) & (torch.rand(b, s, device="cuda") > 0.1)).long()
 
     def run():
-        return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        # Hugging Face's form (`masked_fill_` in place).
+        ids = mask.cumsum(-1) - 1
+        return ids.masked_fill_(mask == 0, 1)
 
     return f"{b}x{s}", run
 

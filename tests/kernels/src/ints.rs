@@ -160,7 +160,11 @@ fn histogram_bench(dev: &Arc<Device>) -> Result<Bench> {
     Ok(Bench {
         shape: format!("{n}/{nbins}"),
         bytes: n * 4 + nbins * 4,
-        run: Box::new(move || histogram(&x, &counts)),
+        // From zero at every call, as `torch.bincount`'s counts.
+        run: Box::new(move || {
+            counts.zero()?;
+            histogram(&x, &counts)
+        }),
     })
 }
 

@@ -323,7 +323,12 @@ fn segment_sum_bench(dev: &Arc<Device>) -> Result<Bench> {
     Ok(Bench {
         shape: b.shape,
         bytes: b.bytes,
-        run: Box::new(move || segment_sum(&b.values, &b.ids, &out)),
+        // The sums start from zero at every call, as PyTorch's `zeros` +
+        // `index_add_` do.
+        run: Box::new(move || {
+            out.zero()?;
+            segment_sum(&b.values, &b.ids, &out)
+        }),
     })
 }
 
@@ -353,11 +358,18 @@ fn segment_max_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
 
 fn segment_max_bench(dev: &Arc<Device>) -> Result<Bench> {
     let (b, [nseg, d]) = segment_bench_inputs(dev)?;
-    let out = Tensor::from_slice_on(dev, &vec![f32::NEG_INFINITY; nseg * d], [nseg, d])?;
+    let init = Tensor::from_slice_on(dev, &vec![f32::NEG_INFINITY; nseg * d], [nseg, d])?;
+    let out = Tensor::<f32>::empty_on(dev, [nseg, d])?;
     Ok(Bench {
         shape: b.shape,
         bytes: b.bytes,
-        run: Box::new(move || segment_max(&b.values, &b.ids, &out)),
+        // The maxima start from -inf at every call, as PyTorch's `full` +
+        // `scatter_reduce_` do: kept from the last call, every value would
+        // already be in place and `atomic_max` would skip its update.
+        run: Box::new(move || {
+            out.copy_from(&init)?;
+            segment_max(&b.values, &b.ids, &out)
+        }),
     })
 }
 

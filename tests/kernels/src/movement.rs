@@ -114,12 +114,16 @@ fn embedding_bench(dev: &Arc<Device>) -> Result<Bench> {
     let (v, d, t) = EMB;
     let mut rng = Rng::new(1);
     let (w, _) = input::<bf16>(dev, &mut rng, &[v, d], 1.0)?;
-    let (ids, _) = token_ids(dev, &mut rng, t, v)?;
+    let (ids, idh) = token_ids(dev, &mut rng, t, v)?;
     let out = Tensor::<bf16>::empty_on(dev, [t, d])?;
+    let mut rows = idh;
+    rows.sort_unstable();
+    rows.dedup();
     Ok(Bench {
         shape: format!("{t}x{d}/V{v}"),
-        // Each token's row read and written, and its id.
-        bytes: t * (2 * d * 2 + 8),
+        // Each distinct row read once (a repeated id's row comes from L2),
+        // each token's row written, and the ids.
+        bytes: rows.len() * d * 2 + t * (d * 2 + 8),
         run: Box::new(move || embedding(&w, &ids, &out)),
     })
 }
@@ -144,18 +148,19 @@ fn embedding_bwd_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
 fn embedding_bwd_bench(dev: &Arc<Device>) -> Result<Bench> {
     let (v, d, t) = EMB;
     let mut rng = Rng::new(1);
-    let (ids, idh) = token_ids(dev, &mut rng, t, v)?;
+    let (ids, _) = token_ids(dev, &mut rng, t, v)?;
     let (dout, _) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
     let dw = zeros::<f32>(dev, &[v, d])?;
-    let mut rows = idh;
-    rows.sort_unstable();
-    rows.dedup();
     Ok(Bench {
         shape: format!("{t}x{d}/V{v}"),
-        // dout and the ids read, each row of dweight that a token touches
-        // written once.
-        bytes: t * (d * 2 + 8) + rows.len() * d * 4,
-        run: Box::new(move || embedding_bwd(&dout, &ids, &dw)),
+        // dout and the ids read, the dense gradient written once (f32 here;
+        // PyTorch's `embedding_dense_backward` writes it in bf16).
+        bytes: t * (d * 2 + 8) + v * d * 4,
+        // The gradient starts from zero at every call, as PyTorch's does.
+        run: Box::new(move || {
+            dw.zero()?;
+            embedding_bwd(&dout, &ids, &dw)
+        }),
     })
 }
 
@@ -200,8 +205,11 @@ fn index_select_bench(dev: &Arc<Device>) -> Result<Bench> {
     let out = Tensor::<bf16>::empty_on(dev, [m, k])?;
     Ok(Bench {
         shape: format!("{m}x{n}->{k}"),
-        // The gathered elements read, the output written, the index.
-        bytes: 2 * m * k * 2 + k * 4,
+        // All of x read: 4096 random columns of 8192 leave almost no 32-byte
+        // sector (16 columns) of a row untouched (each column is missed with
+        // odds e^-1/2, a sector with e^-8), so the memory moves every byte
+        // of it; the output written, the index.
+        bytes: m * n * 2 + m * k * 2 + k * 4,
         run: Box::new(move || index_select(&x, &idx, &out)),
     })
 }

@@ -344,7 +344,11 @@ fn total_sum_bench(dev: &Arc<Device>) -> Result<Bench> {
     Ok(Bench {
         shape: format!("{m}x{n}"),
         bytes: m * n * 2,
-        run: Box::new(move || total_sum(&x, &out)),
+        // From zero at every call (the programs add into it).
+        run: Box::new(move || {
+            out.zero()?;
+            total_sum(&x, &out)
+        }),
     })
 }
 
@@ -415,7 +419,11 @@ fn long_row_sum_bench(dev: &Arc<Device>) -> Result<Bench> {
     Ok(Bench {
         shape: format!("{m}x{n}"),
         bytes: m * n * 2 + m * 4,
-        run: Box::new(move || long_row_sum(&x, &out, 32768)),
+        // From zero at every call (the chunks add into it).
+        run: Box::new(move || {
+            out.zero()?;
+            long_row_sum(&x, &out, 32768)
+        }),
     })
 }
 
