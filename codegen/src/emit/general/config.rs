@@ -15,6 +15,9 @@ use crate::space::Axis;
 
 /// Elements of one scope's tile a program aims at.
 const BUDGET: usize = 4096;
+/// Elements a thread holds of a `whole` tile wider than [`BUDGET`], untuned:
+/// what a tile of 4096 over 4 warps gives.
+const WHOLE_PER_THREAD: usize = 32;
 /// The largest block a contiguous dimension takes untuned.
 const MAX_CONTIGUOUS: usize = 4096;
 /// Programs a launch should have at least (about two per SM of an H100 or
@@ -272,7 +275,12 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
         if dim.each {
             bs[d] = 1;
         } else if dim.whole {
-            bs[d] = cap(d, 16).max(16);
+            // The block the launch fits it to (`fit_whole_dims`), where the
+            // extent is known: the other tiles share the budget with it.
+            bs[d] = match extents.get(d).copied().flatten() {
+                Some(e) => e.max(16).next_power_of_two(),
+                None => 16,
+            };
         }
     }
     let paths = paths(k);
@@ -451,6 +459,12 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             let fit = (widest / 256).clamp(4, warps);
             1 << fit.ilog2()
         }
+        // A `whole` tile wider than the budget: warps enough for about
+        // `WHOLE_PER_THREAD` elements a thread (cummax over 8192-wide rows
+        // held 2048 a thread at 4 warps and 32 rows, and spilled 35 KB).
+        false if widest > budget => (widest / (32 * WHOLE_PER_THREAD))
+            .next_power_of_two()
+            .clamp(warps, STARVED_WARPS),
         false => warps,
     };
     let ways = match (split.is_some(), down_rows) {
@@ -601,5 +615,46 @@ mod tests {
         }];
         let c = default_config(&k, &[Some(16384), Some(8192)]);
         assert_eq!(c.block_sizes, vec![4, 1024]);
+    }
+
+    /// A `whole` row takes the block its launch fits it to, and the budget
+    /// with it: one row a program, warps for about 32 elements a thread. Without
+    /// extents it keeps the 16 `fit_whole_dims` widens at the launch.
+    #[test]
+    fn a_whole_row_shares_the_budget_and_gets_warps_for_it() {
+        let mut whole = dim("tn", 1);
+        whole.whole = true;
+        let k = Kernel {
+            name: "scan".into(),
+            tensors: vec![TensorParam {
+                name: "x".into(),
+                rank: 2,
+                declared: None,
+            }],
+            scalars: vec![
+                ScalarParam { name: "m".into() },
+                ScalarParam { name: "n".into() },
+            ],
+            constexprs: vec![],
+            dims: vec![dim("tm", 0), whole],
+            grid: vec![0, 1],
+            grid_start: vec![],
+            vars: vec![],
+            body: vec![Stmt::Store {
+                tensor: 0,
+                index: tile_index(&[0, 1]),
+                value: Expr::Float(1.0),
+                at: String::new(),
+            }],
+        };
+        for (n, warps) in [(4096, 4), (8192, 8), (16384, 16), (3000, 4)] {
+            let c = default_config(&k, &[Some(16384), Some(n)]);
+            assert_eq!(c.block_sizes, vec![1, n.next_power_of_two()], "{n}");
+            assert_eq!(c.num_warps, warps, "{n}");
+        }
+        // Narrow rows: several a program, as an elementwise tile.
+        let c = default_config(&k, &[Some(16384), Some(100)]);
+        assert_eq!(c.block_sizes, vec![32, 128]);
+        assert_eq!(default_config(&k, &[None, None]).block_sizes[1], 16);
     }
 }
