@@ -141,6 +141,37 @@ fn contiguous_dims(k: &Kernel) -> Vec<DimId> {
 /// other indices do not use. The kernel stages such rows in shared memory
 /// (see `gather.rs`): the wider its tile along them, the fewer programs copy
 /// the same row.
+/// 2 where some load or store moves a tile of 8-byte elements (by its
+/// declared dtype) along a contiguous dimension, else 1: such tiles take
+/// twice the registers an element. (An index tile `ids[tt]` beside the rows
+/// it gathers is not one.)
+fn wide_factor(k: &Kernel, contiguous: &[DimId]) -> usize {
+    let mut wide = false;
+    let mut note = |t: usize, index: &[Expr]| {
+        let eight = k.tensors[t].declared.is_some_and(|d| d.size() == 8);
+        let along = index
+            .last()
+            .and_then(|c| affine_dim(k, c))
+            .is_some_and(|d| contiguous.contains(&d));
+        wide |= eight && along;
+    };
+    k.walk_stmts(&mut |s| {
+        if let Stmt::Store { tensor, index, .. } | Stmt::Atomic { tensor, index, .. } = s {
+            note(*tensor, index);
+        }
+    });
+    k.walk_exprs(&mut |e| {
+        if let Expr::Load { tensor, index, .. } = e {
+            note(*tensor, index);
+        }
+    });
+    if wide {
+        2
+    } else {
+        1
+    }
+}
+
 fn gathered_dims(k: &Kernel) -> Vec<DimId> {
     let tiles = |x: &Expr, out: &mut Vec<DimId>| {
         x.walk(&mut |y| {
@@ -330,16 +361,20 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
     // the grid's others, then halved until the launch has programs enough to
     // fill the GPU.
     let gathered = gathered_dims(k);
+    // Tiles of 8-byte elements (i64) take half the elements: as many bytes
+    // a thread, so as many registers (position ids at 4 × 1024 i64 spilled
+    // 268 bytes).
+    let full = BUDGET / wide_factor(k, &contiguous);
     for &d in grid.iter().chain(contiguous.iter()) {
         if bs[d] == 0 && contiguous.contains(&d) {
             let share = match sharing(d) {
                 // A gather's rows are copied once a program: its tile takes
                 // the whole budget along them.
-                _ if gathered.contains(&d) => BUDGET,
-                1 => BUDGET / 4,
-                s => 1 << (BUDGET.trailing_zeros() / s),
+                _ if gathered.contains(&d) => full,
+                1 => full / 4,
+                s => 1 << (full.trailing_zeros() / s),
             };
-            bs[d] = cap(d, share.min(room(&bs, d, BUDGET))).max(1);
+            bs[d] = cap(d, share.min(room(&bs, d, full))).max(1);
         }
     }
     // The grid's other tiles share what is left evenly (a tile of about equal
@@ -351,7 +386,7 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
     // tile of equal sides").
     let rest: Vec<DimId> = grid.iter().copied().filter(|&d| bs[d] == 0).collect();
     for (i, &d) in rest.iter().enumerate() {
-        let left = BUDGET.min(room(&bs, d, BUDGET));
+        let left = full.min(room(&bs, d, full));
         let share = 1usize << (left.max(1).ilog2() as usize).div_ceil(rest.len() - i);
         bs[d] = cap(d, share).max(1);
     }
@@ -400,11 +435,11 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
         && count(&k.grid, &bs) < MIN_PROGRAMS;
     let along_row = shares && !down_rows;
     let (warps, budget) = match (starved, down_rows, along_row) {
-        (true, _, _) => (STARVED_WARPS, BUDGET * STARVED_WARPS / 4),
+        (true, _, _) => (STARVED_WARPS, full * STARVED_WARPS / 4),
         (false, true, _) => (SHARED_WARPS, SHARED_BUDGET),
         (false, false, true) => (ALONG_WARPS, ALONG_BUDGET),
-        (false, false, false) if !gathered.is_empty() => (GATHER_WARPS, BUDGET),
-        (false, false, false) => (4, BUDGET),
+        (false, false, false) if !gathered.is_empty() => (GATHER_WARPS, full),
+        (false, false, false) => (4, full),
     };
     let max_contiguous = match along_row {
         true => ALONG_BUDGET,
@@ -553,6 +588,7 @@ pub fn seeds(k: &Kernel, default: &Config) -> Vec<Config> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::DType;
     use crate::ir::*;
 
     fn dim(name: &str, extent: usize) -> TileDim {
@@ -615,6 +651,49 @@ mod tests {
         }];
         let c = default_config(&k, &[Some(16384), Some(8192)]);
         assert_eq!(c.block_sizes, vec![4, 1024]);
+    }
+
+    /// Tiles of i64 take half the elements of bf16 or f32 ones (the same
+    /// bytes a thread); an i64 index tile beside the rows does not count.
+    #[test]
+    fn eight_byte_tiles_take_half_the_elements() {
+        let store = |t: usize, dims: &[DimId]| Stmt::Store {
+            tensor: t,
+            index: tile_index(dims),
+            value: Expr::Float(1.0),
+            at: String::new(),
+        };
+        let k = |dtype: DType, body: Vec<Stmt>| Kernel {
+            name: "k".into(),
+            tensors: vec![
+                TensorParam {
+                    name: "x".into(),
+                    rank: 2,
+                    declared: Some(dtype),
+                },
+                TensorParam {
+                    name: "ids".into(),
+                    rank: 1,
+                    declared: Some(DType::I64),
+                },
+            ],
+            scalars: vec![
+                ScalarParam { name: "m".into() },
+                ScalarParam { name: "n".into() },
+            ],
+            constexprs: vec![],
+            dims: vec![dim("tm", 0), dim("tn", 1)],
+            grid: vec![0, 1],
+            grid_start: vec![],
+            vars: vec![],
+            body,
+        };
+        let ext = [Some(16384), Some(8192)];
+        let c = |k: &Kernel| default_config(k, &ext).block_sizes;
+        assert_eq!(c(&k(DType::BF16, vec![store(0, &[0, 1])])), vec![4, 1024]);
+        assert_eq!(c(&k(DType::I64, vec![store(0, &[0, 1])])), vec![4, 512]);
+        let beside = vec![store(0, &[0, 1]), store(1, &[0])];
+        assert_eq!(c(&k(DType::F32, beside)), vec![4, 1024]);
     }
 
     /// A `whole` row takes the block its launch fits it to, and the budget
