@@ -98,7 +98,9 @@
 //!   and add their parts in a fixed order: `Config::split`). Storing one block's reduction at
 //!   every step of the loop over that block, or one program's reduction over a grid
 //!   tile to a place every program shares, is a compile error that says what to write
-//!   instead (accumulate across the loop, or `atomic_add`);
+//!   instead (accumulate across the loop, or `atomic_add`); `x.argmax(t)` and
+//!   `x.argmin(t)` give the index (i64, as `t.index()` counts) of the first element
+//!   equal to `x.max(t)` (`x.min(t)`), never a NaN's;
 //! - scans (the reductions' inclusive prefixes: `x.cumsum(t)`, `x.cummax(t)`,
 //!   `x.cummin(t)`, `x.cumprod(t)`) along a tile of the value, the same tiles as
 //!   `x`: each element combined with those before it in the block. A scan sees a

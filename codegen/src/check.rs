@@ -512,7 +512,9 @@ impl Checker<'_> {
     fn partial_of(&self, value: &Expr) -> Option<DimId> {
         let mut found = None;
         value.walk(&mut |x| match x {
-            Expr::Reduce { dim, .. } if self.loops.contains(dim) || self.k.grid.contains(dim) => {
+            Expr::Reduce { dim, .. } | Expr::ArgReduce { dim, .. }
+                if self.loops.contains(dim) || self.k.grid.contains(dim) =>
+            {
                 found.get_or_insert(*dim);
             }
             Expr::Var(v) => {
@@ -835,6 +837,41 @@ impl Checker<'_> {
                     // A sum of literal-made values is one too (`select(m, 1, 0).sum(t)`).
                     weak: t.weak,
                 }
+            }
+            Expr::ArgReduce { op, arg, dim, at } => {
+                let t = self.expr(arg, at)?;
+                let name = &self.k.dims[*dim].name;
+                let Some(method) = op.arg_name() else {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`{}` picks no element, so it has no index to give",
+                            op.name()
+                        ),
+                    ));
+                };
+                if self.k.is_each(*dim) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`{name}` takes one index at a time, so `.{method}({name})` has nothing to choose \
+                             from; compare across its loop instead"
+                        ),
+                    ));
+                }
+                if !t.dims.contains(dim) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "`.{method}({name})` picks along tile `{name}`, but the value has tiles {}",
+                            self.dim_names(&t.dims)
+                        ),
+                    ));
+                }
+                Ty::new(
+                    t.dims.into_iter().filter(|d| d != dim).collect(),
+                    DType::I64,
+                )
             }
             Expr::Scan { op, arg, dim, at } => {
                 let t = self.expr(arg, at)?;

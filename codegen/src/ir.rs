@@ -279,6 +279,16 @@ pub enum Expr {
         dim: DimId,
         at: Src,
     },
+    /// `x.argmax(t)`, `x.argmin(t)`: the index along tile `t` (as `t.index()`
+    /// counts, i64) of the first element equal to `x.max(t)` (`x.min(t)`), a
+    /// tile without `t`. NaNs are never picked; a block of NaNs only gives
+    /// its first index.
+    ArgReduce {
+        op: ReduceOp,
+        arg: Box<Expr>,
+        dim: DimId,
+        at: Src,
+    },
     /// `t.index()`: each element's index along tile `t` (an integer tile over `t`),
     /// e.g. for a causal mask `tm.index() >= tn.index()`.
     TileIndex(DimId),
@@ -504,6 +514,7 @@ macro_rules! expr_at {
             | Expr::Rand { at, .. }
             | Expr::Reduce { at, .. }
             | Expr::Scan { at, .. }
+            | Expr::ArgReduce { at, .. }
             | Expr::Compare { at, .. }
             | Expr::Select { at, .. }
             | Expr::IfConst { at, .. } => Some(at),
@@ -670,7 +681,8 @@ impl Expr {
             Expr::Unary { arg, .. }
             | Expr::Cast { arg, .. }
             | Expr::Reduce { arg, .. }
-            | Expr::Scan { arg, .. } => vec![arg],
+            | Expr::Scan { arg, .. }
+            | Expr::ArgReduce { arg, .. } => vec![arg],
             Expr::Rand { seed, offset, .. } => vec![seed, offset],
             Expr::IfConst {
                 cond,
@@ -760,6 +772,12 @@ impl Expr {
                 at: at.clone(),
             },
             Expr::Scan { op, arg, dim, at } => Expr::Scan {
+                op: *op,
+                arg: b(arg)?,
+                dim: *dim,
+                at: at.clone(),
+            },
+            Expr::ArgReduce { op, arg, dim, at } => Expr::ArgReduce {
                 op: *op,
                 arg: b(arg)?,
                 dim: *dim,

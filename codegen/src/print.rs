@@ -352,6 +352,14 @@ impl Printer<'_> {
                     self.dim_name(*dim)
                 )
             }
+            Expr::ArgReduce { op, arg, dim, .. } => {
+                format!(
+                    "{}.{}({})",
+                    self.receiver(arg, bare),
+                    op.arg_name().unwrap_or("argmax"),
+                    self.dim_name(*dim)
+                )
+            }
             Expr::Scan { op, arg, dim, .. } => {
                 format!(
                     "{}.{}({})",

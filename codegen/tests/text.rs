@@ -616,7 +616,7 @@ impl Gen {
         }
         let tiles = self.visible(true);
         let at = String::new();
-        match self.rng.below(12) {
+        match self.rng.below(13) {
             0 => {
                 let tensor = self.rng.below(self.k.tensors.len());
                 let n = 1 + self.rng.below(2);
@@ -655,6 +655,12 @@ impl Gen {
             },
             6 if !tiles.is_empty() => Expr::Reduce {
                 op: *self.rng.pick(ReduceOp::ALL),
+                arg: self.sub(depth),
+                dim: *self.rng.pick(&tiles),
+                at,
+            },
+            11 if !tiles.is_empty() => Expr::ArgReduce {
+                op: *self.rng.pick(&[ReduceOp::Max, ReduceOp::Min]),
                 arg: self.sub(depth),
                 dim: *self.rng.pick(&tiles),
                 at,

@@ -202,6 +202,10 @@ impl Program<'_> {
                 let a = self.eval(arg)?;
                 self.scan(*op, &a, *dim, ty, at)?
             }
+            Expr::ArgReduce { op, arg, dim, at } => {
+                let a = self.eval(arg)?;
+                self.arg_reduce(*op, &a, *dim, ty, at)?
+            }
             Expr::Compare { op, lhs, rhs, at } => {
                 let t = tilefuse_codegen::check::meet(self.ty(lhs)?, self.ty(rhs)?);
                 let (l, r) = (self.eval(lhs)?, self.eval(rhs)?);
@@ -416,6 +420,67 @@ impl Program<'_> {
                 "`{at}` {verb} along tile `{}`, which the value does not have",
                 self.k.dims[dim].name
             ))
+        })
+    }
+
+    /// The index along `dim` (from the tile's first, as `t.index()`) of the
+    /// first element equal to `a`'s reduction by `op` (max or min) along it:
+    /// the GPU's pair reduction, in index order. NaNs are never picked; a
+    /// line of NaNs only gives its first index.
+    fn arg_reduce(
+        &self,
+        op: ReduceOp,
+        a: &Tile,
+        dim: DimId,
+        ty: &Ty,
+        at: &str,
+    ) -> Result<Tile, InterpretError> {
+        let axis = self.axis(a, dim, at, "picks")?;
+        let (begin, _) = self.range(dim)?;
+        let step: usize = a.lens[axis + 1..].iter().product();
+        let count = a.lens[axis];
+        let vt = op.result(a.dtype);
+        let out_lens: Vec<usize> = (0..a.lens.len())
+            .filter(|&i| i != axis)
+            .map(|i| a.lens[i])
+            .collect();
+        let n: usize = out_lens.iter().product();
+        let mut data = Vec::with_capacity(n);
+        let mut bad = BadSet::new(n);
+        for (i, start) in (0..a.data.len())
+            .filter(|i| (i / step) % count == 0)
+            .enumerate()
+        {
+            let mut best: Option<(Num, usize)> = None;
+            for j in 0..count {
+                let at_j = start + j * step;
+                if let Some(p) = a.bad(at_j) {
+                    bad.mark(i, p);
+                }
+                let x = conv(a.data[at_j], vt);
+                let beats = |b: Num| match (x, b) {
+                    (Num::I(x), Num::I(b)) => match op {
+                        ReduceOp::Min => x < b,
+                        _ => x > b,
+                    },
+                    (x, b) => match op {
+                        ReduceOp::Min => x.as_f64() < b.as_f64(),
+                        _ => x.as_f64() > b.as_f64(),
+                    },
+                };
+                let nan = matches!(x, Num::F(v) if v.is_nan());
+                if !nan && best.is_none_or(|(b, _)| beats(b)) {
+                    best = Some((x, j));
+                }
+            }
+            data.push(Num::I(begin + best.map_or(0, |(_, j)| j) as i64));
+        }
+        Ok(Tile {
+            dims: ty.dims.clone(),
+            lens: out_lens,
+            dtype: ty.dtype,
+            data,
+            poison: bad.finish(),
         })
     }
 

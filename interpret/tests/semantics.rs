@@ -870,6 +870,48 @@ fn scans_carried_across_blocks_are_exact_and_wrap() {
     assert_eq!(t[3].values_i64(), maxima);
 }
 
+/// `argmax`/`argmin` give the first index of the best value (ties are
+/// common), never a NaN's; a block of NaNs only gives its first index.
+#[test]
+fn arg_reductions_pick_the_first_best_and_skip_nans() {
+    let (tm, tn) = (0, 1);
+    let pick = |op| Expr::ArgReduce {
+        op,
+        arg: b(load(0, vec![ti(tm), ti(tn)])),
+        dim: tn,
+        at: "pick".into(),
+    };
+    let mut row = dim("tn", Some(1));
+    row.whole = true;
+    let k = K {
+        tensors: vec![tensor("x", 2), tensor("hi", 1), tensor("lo", 1)],
+        scalars: vec!["m", "n"],
+        dims: vec![dim("tm", Some(0)), row],
+        grid: vec![tm, tn],
+        vars: vec![],
+    }
+    .build(vec![
+        store(1, vec![ti(tm)], pick(ReduceOp::Max)),
+        store(2, vec![ti(tm)], pick(ReduceOp::Min)),
+    ]);
+    let nan = f64::NAN;
+    #[rustfmt::skip]
+    let x = [
+        nan, 1.0, 3.0, 3.0, nan, -2.0, 5.0, -2.0,
+        nan, nan, nan, nan, nan, nan, nan, nan,
+        0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5,
+    ];
+    let t = [
+        f32s(&[3, 8], &x),
+        ints(DType::I64, &[3], &[-1; 3]),
+        ints(DType::I64, &[3], &[-1; 3]),
+    ];
+    let cfg = Config::new(&[1, 8]).num_warps(1);
+    run(&k, &cfg, &[], &t, &[Scalar::Int(3), Scalar::Int(8)]).unwrap();
+    assert_eq!(t[1].values_i64(), [6, 0, 0]);
+    assert_eq!(t[2].values_i64(), [5, 0, 0]);
+}
+
 // ---- matmul ----------------------------------------------------------------------
 
 /// `addmm` on partial tiles, on the tensor-core path (the loop holds only

@@ -33,7 +33,8 @@ fn functions() -> String {
     format!(
         "{} (as functions or methods: `exp(x)` or `x.exp()`, `max(a, b)` or `a.max(b)`; and the methods \
          .cast::<T>(), .sum(t), .prod(t), .max(t), .min(t) reducing along a tile `t`, .cumsum(t), .cumprod(t), \
-         .cummax(t), .cummin(t) scanning along it, and on tiles .begin(), .end(), .size(), .index())",
+         .cummax(t), .cummin(t) scanning along it, .argmax(t), .argmin(t) the index they pick, and on tiles \
+         .begin(), .end(), .size(), .index())",
         prims::function_names()
     )
 }
@@ -1363,6 +1364,30 @@ impl Builder {
             };
             let at = self.at(m);
             return self.clamp(&m.receiver, lo, hi, at);
+        }
+        // `.argmax(t)`, `.argmin(t)`: the index a reduction picks along the tile.
+        if let Some(op) = ReduceOp::from_arg_name(&name) {
+            let [arg] = args.as_slice() else {
+                return Err(err(
+                    m,
+                    format!("`.{name}(t)` takes one tile to pick along: `x.{name}(tn)`"),
+                ));
+            };
+            let Some(dim) = self.tile_ref(arg) else {
+                return Err(err(
+                    arg,
+                    format!(
+                        "`.{name}(t)` picks along a tile `t` of an enclosing `tile()` loop, e.g. `x.{name}(tn)`"
+                    ),
+                ));
+            };
+            let arg = Box::new(self.expr(&m.receiver)?);
+            return Ok(Expr::ArgReduce {
+                op,
+                arg,
+                dim,
+                at: self.at(m),
+            });
         }
         // `.cumsum(t)`, `.cummax(t)`, …: an inclusive scan along the tile.
         if let Some(op) = ReduceOp::from_scan_name(&name) {

@@ -130,6 +130,12 @@ fn no_at(e: &Expr) -> Expr {
             dim,
             at: String::new(),
         },
+        Expr::ArgReduce { op, arg, dim, .. } => Expr::ArgReduce {
+            op,
+            arg,
+            dim,
+            at: String::new(),
+        },
         other => other,
     }
 }
@@ -470,16 +476,18 @@ fn functions_operators_and_casts() {
 }
 
 /// Rust's spellings: `clamp` (as a function and a method) is `min(max(x, lo),
-/// hi)`; `powi` is `powf`; the scans are `Scan`s of their reductions.
+/// hi)`; `powi` is `powf`; the scans are `Scan`s of their reductions, and
+/// `argmax`/`argmin` the indices theirs pick.
 #[test]
-fn clamp_powi_and_scans() {
+fn clamp_powi_scans_and_argmax() {
     let k = kernel(
         r#"
         fn ops(x: &Tensor<f32>, out: &Tensor<f32>) {
             let [m, n] = x.shape();
             for (tm, tn) in tile([m, whole(n)]) {
                 let v = x[(tm, tn)];
-                out[(tm, tn)] = v.clamp(-1.0, 2.0) + clamp(v, 0.0, 1.0) + v.powi(3) + v.cumsum(tn) + v.cummin(tn);
+                out[(tm, tn)] = v.clamp(-1.0, 2.0) + clamp(v, 0.0, 1.0) + v.powi(3) + v.cumsum(tn) + v.cummin(tn)
+                    + v.argmax(tn).cast::<f32>() + v.argmin(tn).cast::<f32>();
             }
         }"#,
     );
@@ -500,6 +508,13 @@ fn clamp_powi_and_scans() {
         assert!(
             all.iter()
                 .any(|e| matches!(e, Expr::Scan { op: o, .. } if *o == op)),
+            "{op:?}"
+        );
+    }
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        assert!(
+            all.iter()
+                .any(|e| matches!(e, Expr::ArgReduce { op: o, .. } if *o == op)),
             "{op:?}"
         );
     }

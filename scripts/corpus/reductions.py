@@ -83,6 +83,11 @@ def argmax():
     return f"{M}x{N}", lambda: torch.argmax(x, dim=1)
 
 
+def col_argmin():
+    x = _bf16(M, N)
+    return f"{M}x{N}", lambda: torch.argmin(x, dim=0)
+
+
 CASES = {
     "col_sum": col_sum,
     "col_max_count": col_max_count,
@@ -97,4 +102,5 @@ CASES = {
     "logsumexp": logsumexp,
     "row_max_min": row_max_min,
     "argmax": argmax,
+    "col_argmin": col_argmin,
 }

@@ -135,6 +135,27 @@ fn cases() -> Vec<Case> {
             });
         }
     }
+    // The index a reduction picks, over whole rows (ties are common among
+    // integers in (−1000, 1000): the first counts).
+    for &op in ReduceOp::ALL {
+        let Some(pick) = op.arg_name() else { continue };
+        for ints in [false, true] {
+            let t = if ints { "i32" } else { "f32" };
+            cases.push(Case {
+                what: format!("{pick} on {t}"),
+                text: format!(
+                    "kernel prim(a: Tensor<{t}, 2>, out: Tensor<{t}, 1>; m, n) {{\n  \
+                     for (tm, tn) in tile([m, whole(n)]) {{\n    \
+                     out[tm] = a[(tm, tn)].{pick}(tn).cast();\n  }}\n}}\n"
+                ),
+                ints,
+                binary: None,
+                product: false,
+                reorders: false,
+                out: vec![M],
+            });
+        }
+    }
     for &op in ReduceOp::ALL {
         let scan = op.scan_name();
         // Over whole rows, on floats and integers.

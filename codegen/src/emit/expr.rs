@@ -432,6 +432,15 @@ impl ElemCtx<'_> {
                 ),
                 ))
             }
+            Expr::ArgReduce { op, at, .. } => {
+                return Err(self.unsupported(
+                    at,
+                    format!(
+                        "`.{}()` is computed by the general lowering before the elementwise code that uses it",
+                        op.arg_name().unwrap_or("argmax")
+                    ),
+                ))
+            }
             Expr::Scan { op, at, .. } => {
                 return Err(self.unsupported(
                     at,

@@ -1781,6 +1781,21 @@ impl<'a> Parser<'a> {
                 ));
             }
         }
+        // `.argmax(t)`: the index a reduction picks along the tile.
+        if let (Some(op), [arg]) = (ReduceOp::from_arg_name(name), args) {
+            let Some(dim) = self.tile_ref(arg) else {
+                return Err(self.err_at(
+                    arg.start,
+                    format!("`.{name}(t)` picks along a tile `t` of an enclosing `tile()` loop, e.g. `x.{name}(tn)`"),
+                ));
+            };
+            return Ok(Expr::ArgReduce {
+                op,
+                arg: Box::new(self.expr(recv, ix)?),
+                dim,
+                at: self.at(n),
+            });
+        }
         // `.cumsum(t)`: a scan along the tile.
         if let (Some(op), [arg]) = (ReduceOp::from_scan_name(name), args) {
             let Some(dim) = self.tile_ref(arg) else {

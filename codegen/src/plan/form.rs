@@ -22,11 +22,11 @@ pub(crate) fn fast_form(k: &Kernel) -> bool {
 }
 
 /// The statements every fast path takes: stores at plain tile indices, no
-/// atomics, no runtime `if`s, no scans (the general lowering's alone; loops
+/// atomics, no runtime `if`s, no scans or `argmax` (the general lowering's alone; loops
 /// and loads are each path's to check).
 pub(crate) fn fast_statements(k: &Kernel) -> bool {
     let mut ok = true;
-    k.walk_exprs(&mut |e| ok &= !matches!(e, Expr::Scan { .. }));
+    k.walk_exprs(&mut |e| ok &= !matches!(e, Expr::Scan { .. } | Expr::ArgReduce { .. }));
     k.walk_stmts(&mut |s| match s {
         Stmt::Store { index, .. } => ok &= plain_index(index).is_some(),
         // An `if` on `#[constexpr]` values is decided before lowering (an

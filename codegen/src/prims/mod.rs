@@ -77,6 +77,7 @@ pub fn nearest_method(name: &str) -> Option<&'static str> {
     let mut names = functions();
     names.extend(reduce::ReduceOp::ALL.iter().map(|o| o.name()));
     names.extend(reduce::ReduceOp::ALL.iter().map(|o| o.scan_name()));
+    names.extend(reduce::ReduceOp::ALL.iter().filter_map(|o| o.arg_name()));
     names.extend(["cast", "begin", "end", "size", "index"]);
     nearest(name, names)
 }

@@ -2,7 +2,8 @@
 //! `x.prod(tn)`: the in-bounds elements combined, the dimension dropped; and
 //! their inclusive scans `x.cumsum(tn)`, `x.cummax(tn)`, `x.cummin(tn)`,
 //! `x.cumprod(tn)`: each element combined with those before it along the
-//! tile, the dimension kept.
+//! tile, the dimension kept; and, for the reductions that pick an element,
+//! the index they pick: `x.argmax(tn)`, `x.argmin(tn)`.
 //!
 //! Everything a lowering, the interpreter or a message needs of a reduction
 //! is its entry here: the C that combines two partials, the binary operation
@@ -33,6 +34,9 @@ pub struct Reduce {
     pub name: &'static str,
     /// The method name of its inclusive scan (`cumsum`).
     pub scan: &'static str,
+    /// The method name of the index it selects (`argmax`), for reductions
+    /// that pick an element.
+    pub arg: Option<&'static str>,
     pub doc: &'static str,
     /// C combining two partial results `{a}` and `{b}` (the helpers are
     /// overloaded, so one template serves floats and integers).
@@ -51,7 +55,7 @@ pub struct Reduce {
 }
 
 macro_rules! reduce_table {
-    ($($op:ident: $name:literal, scan $scan:literal, $doc:literal, cuda $cuda:literal, binary $bin:ident,
+    ($($op:ident: $name:literal, scan $scan:literal, arg $arg:expr, $doc:literal, cuda $cuda:literal, binary $bin:ident,
         identity $id:ident, atomic $atomic:expr, cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
         /// Reductions along one tile dimension; see [`TABLE`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -59,7 +63,7 @@ macro_rules! reduce_table {
 
         /// Every reduction, in [`ReduceOp`] order.
         pub static TABLE: &[Reduce] = &[$(Reduce {
-            op: ReduceOp::$op, name: $name, scan: $scan, doc: $doc, cuda: $cuda, binary: BinOp::$bin,
+            op: ReduceOp::$op, name: $name, scan: $scan, arg: $arg, doc: $doc, cuda: $cuda, binary: BinOp::$bin,
             identity: Identity::$id, atomic: $atomic, cpu: $cpu, cpu_int: $cpui,
         }),*];
 
@@ -71,16 +75,16 @@ macro_rules! reduce_table {
 }
 
 reduce_table! {
-    Sum: "sum", scan "cumsum", "the sum (floats in f32, in the GPU's order: not bit-identical to a sequential sum)",
+    Sum: "sum", scan "cumsum", arg None, "the sum (floats in f32, in the GPU's order: not bit-identical to a sequential sum)",
         cuda "({a} + {b})", binary Add, identity Zero, atomic Some(AtomicOp::Add),
         cpu |a, b| a + b, cpu_int |a, b| a as i128 + b as i128;
-    Max: "max", scan "cummax", "the largest element (NaNs lose)",
+    Max: "max", scan "cummax", arg Some("argmax"), "the largest element (NaNs lose)",
         cuda "tf_max({a}, {b})", binary Max, identity Lowest, atomic Some(AtomicOp::Max),
         cpu f64::max, cpu_int |a, b| i128::from(a.max(b));
-    Min: "min", scan "cummin", "the smallest element (NaNs lose)",
+    Min: "min", scan "cummin", arg Some("argmin"), "the smallest element (NaNs lose)",
         cuda "tf_min({a}, {b})", binary Min, identity Highest, atomic Some(AtomicOp::Min),
         cpu f64::min, cpu_int |a, b| i128::from(a.min(b));
-    Prod: "prod", scan "cumprod", "the product",
+    Prod: "prod", scan "cumprod", arg None, "the product",
         cuda "({a} * {b})", binary Mul, identity One, atomic None,
         cpu |a, b| a * b, cpu_int |a, b| a as i128 * b as i128;
 }
@@ -115,6 +119,20 @@ impl ReduceOp {
     /// The DSL method of the inclusive scan (`x.cumsum(tn)`).
     pub fn scan_name(self) -> &'static str {
         self.entry().scan
+    }
+
+    /// The DSL method of the index this reduction selects (`x.argmax(tn)`), if
+    /// it selects one.
+    pub fn arg_name(self) -> Option<&'static str> {
+        self.entry().arg
+    }
+
+    /// The reduction whose selected index a method name stands for (`argmax`: max).
+    pub fn from_arg_name(name: &str) -> Option<ReduceOp> {
+        ReduceOp::ALL
+            .iter()
+            .copied()
+            .find(|o| o.arg_name() == Some(name))
     }
 
     /// The reduction whose inclusive scan a method name stands for (`cumsum`: sum).

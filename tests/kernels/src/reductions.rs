@@ -239,6 +239,25 @@ pub fn argmax(x: &Tensor<bf16>, out: &Tensor<i64>) {
     }
 }
 
+/// Per column, the row of its smallest element (the first of ties): each
+/// block of rows picks with `.argmin(tm)`, kept where its minimum beats the
+/// carried one.
+#[fused_kernel]
+pub fn col_argmin(x: &Tensor<bf16>, out: &Tensor<i64>) {
+    let [m, n] = x.shape();
+    for tn in tile(n) {
+        let mut best = full::<f32>([tn], f32::INFINITY);
+        let mut best_row = zeros::<i64>([tn]);
+        for tm in tile(m) {
+            let v = x[(tm, tn)].cast::<f32>();
+            let lo = v.min(tm);
+            best_row = select(lo < best, v.argmin(tm), best_row);
+            best = min(best, lo);
+        }
+        out[tn] = best_row;
+    }
+}
+
 /// The rows of an `m` × `n` matrix, each mapped to one value.
 fn per_row(x: &[f64], m: usize, n: usize, f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
     (0..m).map(|i| f(&x[i * n..(i + 1) * n])).collect()
@@ -617,6 +636,41 @@ fn argmax_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
     Ok(vec![Output::new("index", host(&out)?, want, 0.0)])
 }
 
+fn col_argmin_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let mut outs = Vec::new();
+    // bf16 values in [-4, 4) repeat often: the first of tied minima counts.
+    for (m, n, name) in [(3001, 77, "row"), (5, 300, "row (few rows)")] {
+        let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 4.0)?;
+        let out = poisoned::<i64>(dev, &[n])?;
+        col_argmin(&x, &out)?;
+        let want: Vec<f64> = (0..n)
+            .map(|c| {
+                let mut best = 0;
+                for r in 1..m {
+                    if xf[r * n + c] < xf[best * n + c] {
+                        best = r;
+                    }
+                }
+                best as f64
+            })
+            .collect();
+        outs.push(Output::new(name, host(&out)?, want, 0.0));
+    }
+    Ok(outs)
+}
+
+fn col_argmin_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n) = (16384, 8192);
+    let x = bench_input(dev, m, n)?;
+    let out = Tensor::<i64>::empty_on(dev, [n])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}"),
+        bytes: m * n * 2 + n * 8,
+        run: Box::new(move || col_argmin(&x, &out)),
+    })
+}
+
 fn argmax_bench(dev: &Arc<Device>) -> Result<Bench> {
     let (m, n) = (16384, 8192);
     let x = bench_input(dev, m, n)?;
@@ -720,6 +774,13 @@ pub fn cases() -> Vec<Case> {
             kernels: || vec![argmax::kernel()],
             check: argmax_check,
             bench: argmax_bench,
+        },
+        Case {
+            name: "col_argmin",
+            covers: "argmin down columns (`.argmin(tm)` a block, carried with the block's minimum)",
+            kernels: || vec![col_argmin::kernel()],
+            check: col_argmin_check,
+            bench: col_argmin_bench,
         },
     ]
 }

@@ -102,7 +102,9 @@ fn gemm(k: &Kernel, loops: &[usize]) -> Option<GemmShape> {
             let mut reduces = false;
             walk_stmts(std::slice::from_ref(s), &mut |t| {
                 for e in t.exprs() {
-                    e.walk(&mut |x| reduces |= matches!(x, Expr::Reduce { .. }));
+                    e.walk(&mut |x| {
+                        reduces |= matches!(x, Expr::Reduce { .. } | Expr::ArgReduce { .. })
+                    });
                 }
             });
             if reduces {

@@ -49,7 +49,8 @@ fn affine_parts(k: &Kernel, c: &Expr) -> Option<(DimId, Option<Expr>)> {
             | Expr::Load { .. }
             | Expr::Full { .. }
             | Expr::Reduce { .. }
-            | Expr::Scan { .. } => ok = false,
+            | Expr::Scan { .. }
+            | Expr::ArgReduce { .. } => ok = false,
             _ => {}
         });
         ok

@@ -21,6 +21,7 @@
 //! lanes by shuffles, then warps through shared memory. `addmm` multiplies
 //! through shared memory with FMAs (the fast matmul paths are elsewhere).
 
+mod argreduce;
 mod atomic;
 mod config;
 mod defer;
@@ -815,7 +816,10 @@ impl Gen<'_, '_> {
             for e in s.exprs() {
                 e.walk(&mut |x| {
                     // Scans too: across warps they also go through shared memory.
-                    if let Expr::Reduce { dim, .. } | Expr::Scan { dim, .. } = x {
+                    if let Expr::Reduce { dim, .. }
+                    | Expr::Scan { dim, .. }
+                    | Expr::ArgReduce { dim, .. } = x
+                    {
                         if let Some(p) = dims.iter().position(|d| d == dim) {
                             reduced.push(p);
                         }
@@ -862,6 +866,7 @@ impl Gen<'_, '_> {
                         Expr::Load { .. }
                             | Expr::Reduce { .. }
                             | Expr::Scan { .. }
+                            | Expr::ArgReduce { .. }
                             | Expr::Addmm { .. }
                     ) {
                         let t = self.ty(x);
@@ -934,6 +939,7 @@ impl Gen<'_, '_> {
                             | Expr::Load { .. }
                             | Expr::Reduce { .. }
                             | Expr::Scan { .. }
+                            | Expr::ArgReduce { .. }
                             | Expr::Addmm { .. }
                             | Expr::Rand { .. }
                     )
@@ -1222,6 +1228,11 @@ impl Gen<'_, '_> {
             Expr::Reduce { op, arg, dim, at } => {
                 self.hoist_into(arg, at, l, depth, pre)?;
                 let v = self.reduce(*op, arg, *dim, at, l, depth, pre)?;
+                pre.push((x.clone(), v));
+            }
+            Expr::ArgReduce { op, arg, dim, at } => {
+                self.hoist_into(arg, at, l, depth, pre)?;
+                let v = self.arg_reduce(*op, arg, *dim, at, l, depth, pre)?;
                 pre.push((x.clone(), v));
             }
             Expr::Scan { op, arg, dim, at } => {

@@ -113,7 +113,7 @@ fn dims(e: &Expr, vars: &HashMap<VarId, Vec<DimId>>) -> Vec<DimId> {
         Expr::Full { dims, .. } => add(dims.clone()),
         Expr::Load { index, .. } => index.iter().for_each(|i| add(dims(i, vars))),
         Expr::Addmm { acc, .. } => add(dims(acc, vars)),
-        Expr::Reduce { arg, dim, .. } => {
+        Expr::Reduce { arg, dim, .. } | Expr::ArgReduce { arg, dim, .. } => {
             add(dims(arg, vars).into_iter().filter(|d| d != dim).collect())
         }
         Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => {

@@ -1,0 +1,193 @@
+//! `x.argmax(t)`, `x.argmin(t)` in the general lowering: a reduction of
+//! (value, index) pairs, in the order of a plain reduction (a thread's
+//! registers, then lanes by butterfly shuffles, then warps through shared
+//! memory). A pair beats another with a better value, or an equal one at a
+//! smaller index, so every order of combining picks the first index of the
+//! best value; NaNs compare false and are never picked. Elements past the
+//! extent and copies of a wrapped layout take no part.
+
+use super::{Gen, Val};
+use crate::emit::expr::{convert, CTy};
+use crate::error::CodegenError;
+use crate::ir::*;
+use std::fmt::Write;
+
+/// The index no element has: where it survives (a block of NaNs only), the
+/// block's first index is given instead.
+const NONE: &str = "9223372036854775807ll";
+
+impl Gen<'_, '_> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn arg_reduce(
+        &mut self,
+        op: ReduceOp,
+        arg: &Expr,
+        dim: DimId,
+        at: &str,
+        l: usize,
+        depth: usize,
+        pre: &[(Expr, Val)],
+    ) -> Result<Val, CodegenError> {
+        let t = self.ty(arg);
+        let vt = op.result(t.dtype).cty();
+        let out: Vec<DimId> = t.dims.iter().copied().filter(|&d| d != dim).collect();
+        let cmp = match op {
+            ReduceOp::Max => ">",
+            ReduceOp::Min => "<",
+            _ => {
+                return Err(self.unsupported(
+                    at,
+                    format!(
+                        "`{}` picks no element, so it has no index to give",
+                        op.name()
+                    ),
+                ))
+            }
+        };
+        let better = |v: &str, i: &str, bv: &str, bi: &str| {
+            format!("({v} {cmp} {bv} || ({v} == {bv} && {i} < {bi}))")
+        };
+        let idx = Val {
+            name: self.temp("tf_ai"),
+            dims: out.clone(),
+            cty: CTy::I64,
+            layout: l,
+            raw: None,
+            view: None,
+        };
+        let val = Val {
+            name: self.temp("tf_av"),
+            cty: vt,
+            ..idx.clone()
+        };
+        let lay = self.layouts[l].clone();
+        let Some(p) = lay.pos(dim) else {
+            return Err(self.unsupported(
+                at,
+                "internal: the reduced tile is not in the scope's layout",
+            ));
+        };
+        let identity = op.identity_c(vt);
+        let (decl_i, decl_v) = (self.decl(&idx), self.decl(&val));
+        self.w(
+            depth,
+            format!("{decl_i};  // {}", crate::emit::one_line(at)),
+        );
+        // The values travel only where other threads hold part of the dimension.
+        let shared = lay.tpw[p] > 1 || lay.wpc[p] > 1;
+        if shared {
+            self.w(depth, format!("{decl_v};"));
+        }
+        self.w(depth, "{");
+        let depth = depth + 1;
+        // 1. This thread's elements along `dim`.
+        let n = self.open(l, &out, depth);
+        let d1 = depth + n;
+        let ty = vt.c();
+        self.w(
+            d1,
+            format!("{ty} tf_v = {identity}; long long tf_i = {NONE};"),
+        );
+        let count = lay.per_thread(p);
+        self.w(
+            d1,
+            format!(
+                "#pragma unroll\n{}for (int r{dim} = 0; r{dim} < {count}; ++r{dim}) {{",
+                super::indent(d1)
+            ),
+        );
+        let (x, xt) = self.ctx(l, pre).emit(arg, at)?;
+        let x = convert(&x, xt, vt);
+        let live = self.live_c(l, &[dim]);
+        let coord = self.coord_c(l, dim);
+        self.w(
+            d1 + 1,
+            format!(
+                "{{ const {ty} tf_x = {x}; const long long tf_k = {coord}; if (({live}) && {}) {{ tf_v = tf_x; tf_i = tf_k; }} }}",
+                better("tf_x", "tf_k", "tf_v", "tf_i")
+            ),
+        );
+        self.w(d1, "}");
+        let (ai, av) = (self.access(&idx), self.access(&val));
+        if shared {
+            self.w(d1, format!("{ai} = tf_i; {av} = tf_v;"));
+        } else {
+            self.w(d1, format!("{ai} = tf_i;"));
+        }
+        self.close(n, depth);
+        // 2. Across the lanes along `dim`: every lane ends with the best pair.
+        if lay.tpw[p] > 1 {
+            let n = self.open(l, &out, depth);
+            let stride = lay.lane_stride(p);
+            let mut line = String::new();
+            let mut off = 1;
+            while off < lay.tpw[p] {
+                let s = off * stride;
+                let _ = write!(
+                    line,
+                    "{{ const {ty} tf_x = __shfl_xor_sync(0xffffffffu, {av}, {s}); const long long tf_k = __shfl_xor_sync(0xffffffffu, {ai}, {s}); if ({}) {{ {av} = tf_x; {ai} = tf_k; }} }} ",
+                    better("tf_x", "tf_k", &av, &ai)
+                );
+                off *= 2;
+            }
+            self.w(depth + n, line.trim_end());
+            self.close(n, depth);
+        }
+        // 3. Across the warps along `dim`, through shared memory: the values,
+        // then the indices (8-byte aligned after them).
+        if lay.wpc[p] > 1 {
+            let blocks: Vec<usize> = out.iter().map(|&d| self.block(d)).collect();
+            let per: usize = blocks.iter().product();
+            let warps = lay.wpc[p];
+            let at_idx = (warps * per * vt.size()).next_multiple_of(8);
+            self.need_smem(at_idx + warps * per * 8);
+            let mut place = String::from("0");
+            let mut stride = 1;
+            for (&d, &b) in out.iter().zip(&blocks).rev() {
+                let _ = write!(place, " + ({}) * {stride}", self.offset_c(l, d));
+                stride *= b;
+            }
+            let wcoord = format!("((tf_warp / {}) % {warps})", lay.warp_stride(p));
+            let mut first_lane =
+                format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
+            for &d in &out {
+                if let Some(q) = lay.pos(d).filter(|&q| lay.wraps(q)) {
+                    let _ = write!(first_lane, " && tf_u{l}_{q}");
+                }
+            }
+            let vcell = |w: &str| format!("(({ty}*)tf_smem)[{w} * {per} + {place}]");
+            let icell =
+                |w: &str| format!("((long long*)(tf_smem + {at_idx}))[{w} * {per} + {place}]");
+            self.w(depth, "__syncthreads();");
+            let n = self.open(l, &out, depth);
+            self.w(
+                depth + n,
+                format!(
+                    "if ({first_lane}) {{ {} = {av}; {} = {ai}; }}",
+                    vcell(&wcoord),
+                    icell(&wcoord)
+                ),
+            );
+            self.close(n, depth);
+            self.w(depth, "__syncthreads();");
+            let n = self.open(l, &out, depth);
+            self.w(
+                depth + n,
+                format!(
+                    "#pragma unroll\n{}for (int tf_w = 0; tf_w < {warps}; ++tf_w) {{ const {ty} tf_x = {}; const long long tf_k = {}; if ({}) {{ {av} = tf_x; {ai} = tf_k; }} }}",
+                    super::indent(depth + n),
+                    vcell("tf_w"),
+                    icell("tf_w"),
+                    better("tf_x", "tf_k", &av, &ai)
+                ),
+            );
+            self.close(n, depth);
+        }
+        // A block of NaNs only: its first index.
+        let n = self.open(l, &out, depth);
+        self.w(depth + n, format!("if ({ai} == {NONE}) {ai} = tb{dim};"));
+        self.close(n, depth);
+        self.w(depth - 1, "}");
+        Ok(idx)
+    }
+}
