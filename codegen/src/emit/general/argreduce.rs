@@ -136,25 +136,15 @@ impl Gen<'_, '_> {
         // 3. Across the warps along `dim`, through shared memory: the values,
         // then the indices (8-byte aligned after them).
         if lay.wpc[p] > 1 {
-            let blocks: Vec<usize> = out.iter().map(|&d| self.block(d)).collect();
-            let per: usize = blocks.iter().product();
+            let super::reduce::WarpSlots {
+                per,
+                place,
+                warp: wcoord,
+                writer: first_lane,
+            } = self.warp_slots(l, p, &out);
             let warps = lay.wpc[p];
             let at_idx = (warps * per * vt.size()).next_multiple_of(8);
             self.need_smem(at_idx + warps * per * 8);
-            let mut place = String::from("0");
-            let mut stride = 1;
-            for (&d, &b) in out.iter().zip(&blocks).rev() {
-                let _ = write!(place, " + ({}) * {stride}", self.offset_c(l, d));
-                stride *= b;
-            }
-            let wcoord = format!("((tf_warp / {}) % {warps})", lay.warp_stride(p));
-            let mut first_lane =
-                format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
-            for &d in &out {
-                if let Some(q) = lay.pos(d).filter(|&q| lay.wraps(q)) {
-                    let _ = write!(first_lane, " && tf_u{l}_{q}");
-                }
-            }
             let vcell = |w: &str| format!("(({ty}*)tf_smem)[{w} * {per} + {place}]");
             let icell =
                 |w: &str| format!("((long long*)(tf_smem + {at_idx}))[{w} * {per} + {place}]");

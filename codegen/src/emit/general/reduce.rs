@@ -12,7 +12,48 @@ use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
 
+/// Where the warps along a reduced (or scanned) dimension meet in shared
+/// memory: one slot per element of the other dimensions `out`.
+pub(super) struct WarpSlots {
+    /// Slots a warp fills: the product of `out`'s blocks.
+    pub per: usize,
+    /// The current element's slot (C, from the `r{d}` of `out`).
+    pub place: String,
+    /// This thread's warp coordinate along the dimension (C).
+    pub warp: String,
+    /// Whether this thread writes its warp's value (C): the first lane along
+    /// the dimension, and no copy of a wrapped dimension of `out` (its loads
+    /// were masked: its value is the identity's or garbage, and it would race
+    /// the real one for the slot).
+    pub writer: String,
+}
+
 impl Gen<'_, '_> {
+    /// The slots of [`WarpSlots`] for a value over `out` whose dimension at
+    /// position `p` of layout `l` is combined across warps.
+    pub(super) fn warp_slots(&self, l: usize, p: usize, out: &[DimId]) -> WarpSlots {
+        let lay = &self.layouts[l];
+        let blocks: Vec<usize> = out.iter().map(|&d| self.block(d)).collect();
+        let mut place = String::from("0");
+        let mut stride = 1;
+        for (&d, &b) in out.iter().zip(&blocks).rev() {
+            let _ = write!(place, " + ({}) * {stride}", self.offset_c(l, d));
+            stride *= b;
+        }
+        let mut writer = format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
+        for &d in out {
+            if let Some(q) = lay.pos(d).filter(|&q| lay.wraps(q)) {
+                let _ = write!(writer, " && tf_u{l}_{q}");
+            }
+        }
+        WarpSlots {
+            per: blocks.iter().product(),
+            place,
+            warp: format!("((tf_warp / {}) % {})", lay.warp_stride(p), lay.wpc[p]),
+            writer,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn reduce(
         &mut self,
@@ -90,27 +131,14 @@ impl Gen<'_, '_> {
         }
         // 3. Across the warps along `dim`, through shared memory.
         if lay.wpc[p] > 1 {
-            let blocks: Vec<usize> = out.iter().map(|&d| self.block(d)).collect();
-            let per: usize = blocks.iter().product();
+            let WarpSlots {
+                per,
+                place,
+                warp: wcoord,
+                writer: first_lane,
+            } = self.warp_slots(l, p, &out);
             let warps = lay.wpc[p];
             self.need_smem(warps * per * cty.size());
-            let mut place = String::from("0");
-            let mut stride = 1;
-            for (&d, &b) in out.iter().zip(&blocks).rev() {
-                let _ = write!(place, " + ({}) * {stride}", self.offset_c(l, d));
-                stride *= b;
-            }
-            let wcoord = format!("((tf_warp / {}) % {warps})", lay.warp_stride(p));
-            // One lane per warp writes its partial, and no copy of a wrapped
-            // dimension (its loads were masked: its partial is the identity's
-            // or garbage, and it would race the real one for the slot).
-            let mut first_lane =
-                format!("((tf_lane / {}) % {}) == 0", lay.lane_stride(p), lay.tpw[p]);
-            for &d in &out {
-                if let Some(q) = lay.pos(d).filter(|&q| lay.wraps(q)) {
-                    let _ = write!(first_lane, " && tf_u{l}_{q}");
-                }
-            }
             let ty = cty.c();
             self.w(depth, "__syncthreads();");
             let n = self.open(l, &out, depth);

@@ -56,7 +56,7 @@ impl Gen<'_, '_> {
         let (spt, per) = (lay.spt[p], lay.per_thread(p));
         let reps = per / spt;
         let (tpw, wpc) = (lay.tpw[p], lay.wpc[p]);
-        let (ls, ws) = (lay.lane_stride(p), lay.warp_stride(p));
+        let ls = lay.lane_stride(p);
         let identity = op.identity_c(cty);
         let comb = |a: &str, b: &str| fill(op.entry().cuda, &[("a", a), ("b", b)]);
         let ty = cty.c();
@@ -157,24 +157,13 @@ impl Gen<'_, '_> {
         self.close(n, d0);
         // 3. Across the warps along the dimension, through shared memory.
         if wpc > 1 {
-            let blocks: Vec<usize> = others.iter().map(|&d| self.block(d)).collect();
-            let width: usize = blocks.iter().product();
+            let super::reduce::WarpSlots {
+                per: width,
+                place,
+                warp: wc,
+                writer: first,
+            } = self.warp_slots(l, p, &others);
             self.need_smem(reps * wpc * width * cty.size());
-            let mut place = String::from("0");
-            let mut stride = 1;
-            for (&d, &b) in others.iter().zip(&blocks).rev() {
-                let _ = write!(place, " + ({}) * {stride}", self.offset_c(l, d));
-                stride *= b;
-            }
-            let wc = format!("((tf_warp / {ws}) % {wpc})");
-            // One lane of each warp writes (not a copy of a wrapped other
-            // dimension: its loads were masked, it would race the real one).
-            let mut first = format!("((tf_lane / {ls}) % {tpw}) == 0");
-            for &d in &others {
-                if let Some(q) = lay.pos(d).filter(|&q| lay.wraps(q)) {
-                    let _ = write!(first, " && tf_u{l}_{q}");
-                }
-            }
             let cell =
                 |w: &str| format!("(({ty}*)tf_smem)[(tf_j * {wpc} + {w}) * {width} + {place}]");
             self.w(d0, "__syncthreads();");
