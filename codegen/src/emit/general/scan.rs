@@ -66,7 +66,14 @@ impl Gen<'_, '_> {
         let (tot, before) = (self.temp("tf_st"), self.temp("tf_sb"));
         let decl = self.decl(&v);
         self.w(depth, format!("{decl};  // {}", crate::emit::one_line(at)));
-        self.w(depth, format!("{ty} {tot}[{count}], {before}[{count}];"));
+        // Runs' totals are read by a later step only where the dimension has
+        // other lanes, warps or repeats (else NVRTC warns of a value never used).
+        let totals = tpw > 1 || wpc > 1 || reps > 1;
+        if totals {
+            self.w(depth, format!("{ty} {tot}[{count}], {before}[{count}];"));
+        } else {
+            self.w(depth, format!("{ty} {before}[{count}];"));
+        }
         let slot = |g: &Self, rep: &str| -> String {
             let o = g.flat(l, &others);
             let o = o.trim_start_matches('[').trim_end_matches(']');
@@ -103,10 +110,12 @@ impl Gen<'_, '_> {
         }
         self.w(d1 + 1, format!("if ({live}) tf_a = {};", comb("tf_a", &x)));
         self.w(d1 + 1, format!("{access} = tf_a;"));
-        self.w(
-            d1 + 1,
-            format!("if (r{dim} % {spt} == {}) {tot}[{s}] = tf_a;", spt - 1),
-        );
+        if totals {
+            self.w(
+                d1 + 1,
+                format!("if (r{dim} % {spt} == {}) {tot}[{s}] = tf_a;", spt - 1),
+            );
+        }
         self.w(d1, "}");
         self.close(n, d0);
         // 2. Across the lanes along the dimension.
