@@ -670,6 +670,77 @@ fn a_column_sum_shares_its_loop_among_programs() {
     assert!(!kernel_part(&l).contains("tf_ways"));
 }
 
+/// A column argmin (`at = select(lo < best, v.argmin(tm), at)` ahead of
+/// `best = min(best, lo)`) shares its walk down the rows like a column sum:
+/// the last program takes a later share's position only where that share's
+/// minimum is strictly smaller than every share's before it (a tie keeps the
+/// earlier row). `<=` (the last position) or the select after the update
+/// would combine differently from the loop: no sharing there.
+#[test]
+fn a_column_argmin_shares_its_loop_and_keeps_the_first_position() {
+    let text = |cmp: &str, order_min_first: bool| {
+        let select = format!("at = select(lo {cmp} best, v.argmin(tm), at);");
+        let update = "best = min(best, lo);";
+        let (first, second) = if order_min_first {
+            (update, select.as_str())
+        } else {
+            (select.as_str(), update)
+        };
+        format!(
+            "kernel col_argmin(x: Tensor<bf16, 2>, out: Tensor<i64, 1>; m, n) {{
+               for tn in tile(n) {{
+                 let mut best = full::<f32>([tn], inf);
+                 let mut at = zeros::<i64>([tn]);
+                 for tm in tile(m) {{
+                   let v = x[(tm, tn)].cast::<f32>();
+                   let lo = v.min(tm);
+                   {first}
+                   {second}
+                 }}
+                 out[tn] = at;
+               }}
+             }}"
+        )
+    };
+    let k = parse(&text("<", false));
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(8192), Some(16384)]);
+    assert_eq!(c.split, 64);
+    let l = general(&k, &spec_of(&k, &ints(2)), &c);
+    let split = l.split_loop.clone().expect("a shared loop");
+    // Per column: the i64 position, then the f32 minimum, 8-byte aligned.
+    assert_eq!(split.share_bytes, 128 * 8 + 128 * 4);
+    let body = kernel_part(&l);
+    let shares = body.find("for (int tf_q = 1;").unwrap_or(usize::MAX);
+    let take = body
+        .find("if (tf_sb < tf_rb0[r0]) { tf_rb0[r0] = tf_sb;")
+        .unwrap_or(0);
+    let min = body.rfind("fminf(").unwrap_or(0);
+    // Inside the loop over shares, ahead of the minimum's own combine.
+    assert!(shares < take && take < min, "{body}");
+    // `best > lo` reads the same; `lo > best` is the running maximum's.
+    let k = parse(&text("<", false).replace("lo < best", "best > lo"));
+    assert!(general(&k, &spec_of(&k, &ints(2)), &c).split_loop.is_some());
+    let max = parse(
+        &text("<", false)
+            .replace("lo < best", "lo > best")
+            .replace("min(best, lo)", "max(best, lo)")
+            .replace("v.min(tm)", "v.max(tm)"),
+    );
+    let l = general(&max, &spec_of(&max, &ints(2)), &c);
+    assert!(l.split_loop.is_some());
+    assert!(
+        kernel_part(&l).contains("if (tf_sb > tf_rb0"),
+        "{}",
+        kernel_part(&l)
+    );
+    for k in [parse(&text("<=", false)), parse(&text("<", true))] {
+        let e = lower(&plan(&k), &spec_of(&k, &ints(2)), &c)
+            .err()
+            .unwrap_or_else(|| panic!("`split` taken by {:?}", k.body));
+        assert!(e.to_string().contains("no loop to share"), "{e}");
+    }
+}
+
 /// Two stages: the loop loads its first tile before it starts, and each
 /// step issues the next tile's loads, where the loop goes on, before it sums
 /// this one; one stage (the default of a loop the programs share) loads each

@@ -95,6 +95,7 @@ CASES = {
     "row_sum": row_sum,
     "row_mean": row_mean,
     "long_row_sum": long_row_sum,
+    "long_row_sum_split": long_row_sum,
     "welford": welford,
     "softmax": softmax,
     "softmax_bwd": softmax_bwd,

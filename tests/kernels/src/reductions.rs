@@ -98,6 +98,21 @@ pub fn long_row_sum(x: &Tensor<bf16>, out: &Tensor<f32>, chunk: usize) {
     }
 }
 
+/// The same row sums written as one walk along each row: the runtime shares
+/// the walk among programs (`Config::split`) and the last of a row's programs
+/// adds their sums in order. No atomics, so the output needs no zeroing.
+#[fused_kernel]
+pub fn long_row_sum_split(x: &Tensor<bf16>, out: &Tensor<f32>) {
+    let [m, n] = x.shape();
+    for r in tile(each(m)) {
+        let mut acc = zeros::<f32>([]);
+        for tn in tile(n) {
+            acc = acc + x[(r, tn)].cast::<f32>().sum(tn);
+        }
+        out[r] = acc;
+    }
+}
+
 /// Per-row mean and (population) variance in one walk: each column tile's
 /// count, mean and sum of squared deviations are merged into the carried
 /// ones (Welford/Chan), so the variance never subtracts two large sums.
@@ -446,6 +461,27 @@ fn long_row_sum_bench(dev: &Arc<Device>) -> Result<Bench> {
     })
 }
 
+fn long_row_sum_split_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    let (m, n) = (3, 200_003);
+    let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 1.0)?;
+    let out = poisoned::<f32>(dev, &[m])?;
+    long_row_sum_split(&x, &out)?;
+    let want = per_row(&xf, m, n, |r| r.iter().sum());
+    Ok(vec![Output::new("out", host(&out)?, want, 1e-4)])
+}
+
+fn long_row_sum_split_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n) = (4, 4 << 20);
+    let x = bench_input(dev, m, n)?;
+    let out = zeros::<f32>(dev, &[m])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}"),
+        bytes: m * n * 2 + m * 4,
+        run: Box::new(move || long_row_sum_split(&x, &out)),
+    })
+}
+
 fn welford_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
     let mut rng = Rng::new(seed);
     let (m, n) = (77, 3001);
@@ -725,6 +761,13 @@ pub fn cases() -> Vec<Case> {
             kernels: || vec![long_row_sum::kernel()],
             check: long_row_sum_check,
             bench: long_row_sum_bench,
+        },
+        Case {
+            name: "long_row_sum_split",
+            covers: "long rows as one walk each, the walk shared by programs (split along the row, scalar accumulator, no atomics)",
+            kernels: || vec![long_row_sum_split::kernel()],
+            check: long_row_sum_split_check,
+            bench: long_row_sum_split_bench,
         },
         Case {
             name: "welford",

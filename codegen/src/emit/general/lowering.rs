@@ -98,7 +98,7 @@ impl Lowering for General {
             no_split(
                 k,
                 c,
-                "this kernel has no loop to share (the program's first tile loop, over its whole extent, with only `let`s before it, accumulating `acc = acc + …` (or max, min, product, `addmm`), and no tile loop after it)",
+                "this kernel has no loop to share (the program's first tile loop, over its whole extent, with only `let`s before it, accumulating `acc = acc + …` (or max, min, product, `addmm`, or a running best's position: `at = select(x < best, t, at)` ahead of `best = min(best, x)`), and no tile loop after it)",
             )?;
         }
         Ok(())

@@ -141,9 +141,16 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
     let checked = e.checked;
     let split = plan.split.as_ref().filter(|s| {
         e.cfg.split > 1
-            && s.accs
-                .iter()
-                .all(|(v, _)| split::shareable(checked.vars[*v].dtype))
+            && s.accs.iter().all(|(v, c)| {
+                split::shareable(checked.vars[*v].dtype)
+                    && match c {
+                        // A position meets its best value element by element.
+                        split::Combine::ArgOf { best, .. } => {
+                            checked.vars[*best].dims == checked.vars[*v].dims
+                        }
+                        split::Combine::Op(_) => true,
+                    }
+            })
     });
     let mut g = Gen {
         e,
@@ -170,14 +177,14 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
             g.part_dim = Some(s.dim);
             g.stmt(&k.body[s.at], &active, root, 1)?;
             let mut accs = Vec::new();
-            for &(v, op) in &s.accs {
+            for &(v, combine) in &s.accs {
                 let Some(val) = g.vars.get(&v).cloned() else {
                     return Err(g.unsupported(
                         &k.vars[v].name,
                         format!("`{}` is assigned before it has a value", k.vars[v].name),
                     ));
                 };
-                accs.push((val, op));
+                accs.push((v, val, combine));
             }
             share = g.split_meet(&accs, 1)?;
             g.stmts(&k.body[s.at + 1..], &active, root, 1)?;

@@ -3,7 +3,9 @@
 //! A column sum over a tall matrix has few column tiles, each walking every
 //! row: too few programs to keep the GPU's memory busy. When a program's first
 //! tile loop only accumulates (`acc = acc + x[(tm, tn)].sum(tm)`, max, min,
-//! product or `addmm`) and nothing before it writes memory, the runtime may
+//! product or `addmm`, and the position of a running minimum or maximum:
+//! `at = select(lo < best, v.argmin(tm), at)` before `best = min(best, lo)`)
+//! and nothing before it writes memory, the runtime may
 //! launch `ways` programs per grid tile, each walking a contiguous share of
 //! the loop's tiles. Each writes its accumulators to scratch; the last to
 //! arrive (an atomic counter per grid tile) combines the shares in order,
@@ -15,7 +17,7 @@
 use super::{Gen, Val};
 use crate::dtype::{CTy, DType};
 use crate::error::CodegenError;
-use crate::ir::{DimId, Expr, Kernel, ReduceOp, Stmt, VarId};
+use crate::ir::{CmpOp, DimId, Expr, Kernel, ReduceOp, Stmt, VarId};
 
 /// A program's first tile loop, when its programs can share it.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,7 +26,19 @@ pub struct SplitLoop {
     pub at: usize,
     pub dim: DimId,
     /// The variables the loop accumulates, each with how two shares combine.
-    pub accs: Vec<(VarId, ReduceOp)>,
+    pub accs: Vec<(VarId, Combine)>,
+}
+
+/// How the shares of one accumulator combine, in order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Combine {
+    /// `acc = acc ⊕ e`: the shares' `⊕`.
+    Op(ReduceOp),
+    /// `at = select(x < best, t, at)` ahead of `best = min(best, x)` (or `>`
+    /// and `max`): a later share's `at` where its `best` is strictly better
+    /// than every share's before it, as the loop takes a later tile's only
+    /// where it is strictly better (the first position of the best value).
+    ArgOf { best: VarId, op: ReduceOp },
 }
 
 /// The split loop of `k`, if it has one: the first statement of the grid's
@@ -71,24 +85,54 @@ pub fn find(k: &Kernel) -> Option<SplitLoop> {
             _ => None,
         })
         .collect();
-    let mut accs: Vec<(VarId, ReduceOp)> = Vec::new();
+    let mut accs: Vec<(VarId, Combine)> = Vec::new();
     let mut terms: Vec<&Expr> = Vec::new();
+    // Each select's place in `accs` and its readings as `x < best` or `x > best`.
+    let mut args: Vec<(usize, Vec<ArgRead>)> = Vec::new();
     for s in body {
         match s {
             Stmt::Let { value, .. } => terms.push(value),
             Stmt::Assign { var, value, .. } if !local.contains(var) => {
-                let (op, term) = accumulation(*var, value)?;
                 if accs.iter().any(|(v, _)| v == var) {
                     return None;
                 }
-                accs.push((*var, op));
-                terms.extend(term);
+                match accumulation(*var, value) {
+                    Some((op, term)) => {
+                        accs.push((*var, Combine::Op(op)));
+                        terms.extend(term);
+                    }
+                    None => {
+                        args.push((accs.len(), arg_readings(*var, value)));
+                        // Set below, once its `best` is known.
+                        accs.push((*var, Combine::Op(ReduceOp::Sum)));
+                    }
+                }
             }
             _ => return None,
         }
     }
     if accs.is_empty() {
         return None;
+    }
+    // A select reads its `best` before the loop's `best = min(best, x)` of
+    // the same `x` updates it.
+    for (slot, readings) in args {
+        let at = accs[slot].0;
+        let pos = body
+            .iter()
+            .position(|s| matches!(s, Stmt::Assign { var, .. } if *var == at))?;
+        let r = readings.into_iter().find(|r| {
+            accs.contains(&(r.best, Combine::Op(r.op)))
+                && body[pos + 1..].iter().any(|s| {
+                    matches!(s, Stmt::Assign { var, value, .. } if *var == r.best
+                    && accumulation(r.best, value).is_some_and(|(o, t)| o == r.op && t == [r.x]))
+                })
+        })?;
+        accs[slot].1 = Combine::ArgOf {
+            best: r.best,
+            op: r.op,
+        };
+        terms.extend([r.x, r.t]);
     }
     // A share's terms may not read what the loop accumulates.
     let mut reads_acc = false;
@@ -124,6 +168,60 @@ fn accumulation(acc: VarId, value: &Expr) -> Option<(ReduceOp, Vec<&Expr>)> {
     }
 }
 
+/// One reading of `select(mask, t, at)` as the position of a running best.
+struct ArgRead<'a> {
+    best: VarId,
+    op: ReduceOp,
+    x: &'a Expr,
+    t: &'a Expr,
+}
+
+/// The readings of `at = select(x < best, t, at)` (or `best > x`; `>` for a
+/// maximum): both sides of `lo < best` are variables, so it reads as a
+/// minimum of `best` or a maximum of `lo`.
+fn arg_readings(at: VarId, value: &Expr) -> Vec<ArgRead<'_>> {
+    let Expr::Select {
+        mask,
+        then,
+        otherwise,
+        ..
+    } = value
+    else {
+        return vec![];
+    };
+    let Expr::Compare { op, lhs, rhs, .. } = &**mask else {
+        return vec![];
+    };
+    if !matches!(&**otherwise, Expr::Var(v) if *v == at) {
+        return vec![];
+    }
+    // `l < r`: a minimum of `r` taking `l`, or a maximum of `l` taking `r`.
+    let (small, large) = match op {
+        CmpOp::Lt => (&**lhs, &**rhs),
+        CmpOp::Gt => (&**rhs, &**lhs),
+        _ => return vec![],
+    };
+    let mut out = Vec::new();
+    if let Expr::Var(b) = large {
+        out.push(ArgRead {
+            best: *b,
+            op: ReduceOp::Min,
+            x: small,
+            t: then,
+        });
+    }
+    if let Expr::Var(b) = small {
+        out.push(ArgRead {
+            best: *b,
+            op: ReduceOp::Max,
+            x: large,
+            t: then,
+        });
+    }
+    out.retain(|r| r.best != at);
+    out
+}
+
 /// The C of `op` combining two values of type `t`: the binary operation the
 /// loop accumulates with (`fmaxf` for a float `max`, as the loop did).
 fn combine_c(op: ReduceOp, t: CTy, a: &str, b: &str) -> String {
@@ -147,18 +245,19 @@ fn bytes(t: CTy) -> usize {
 }
 
 impl Gen<'_, '_> {
-    /// After a split loop: each share's accumulators (`accs`) go to scratch; the last program of the grid tile to arrive adds the
-    /// shares in order and goes on, the others return. Returns the bytes a
-    /// program's share takes in scratch.
+    /// After a split loop: each share's accumulators (`accs`) go to scratch;
+    /// the last program of the grid tile to arrive combines the shares in
+    /// order and goes on, the others return. Returns the bytes a program's
+    /// share takes in scratch.
     pub(super) fn split_meet(
         &mut self,
-        accs: &[(Val, ReduceOp)],
+        accs: &[(VarId, Val, Combine)],
         depth: usize,
     ) -> Result<usize, CodegenError> {
         // Each accumulator's place in a share, 8-byte aligned.
         let mut offsets = Vec::new();
         let mut share = 0usize;
-        for (v, _) in accs {
+        for (_, v, _) in accs {
             offsets.push(share);
             let tile: usize = v.dims.iter().map(|&d| self.block(d)).product();
             share += (tile * bytes(v.cty)).next_multiple_of(8);
@@ -171,7 +270,7 @@ impl Gen<'_, '_> {
                 "unsigned char* tf_share = (unsigned char*)tf_partials + ((size_t)tf_prog * tf_ways + tf_part) * {share}ull;"
             ),
         );
-        for ((v, _), off) in accs.iter().zip(&offsets) {
+        for ((_, v, _), off) in accs.iter().zip(&offsets) {
             let (n, at) = self.split_element(v, d1);
             let owner = self.owner_c(v.layout, &v.dims);
             let access = self.access(v);
@@ -208,7 +307,7 @@ impl Gen<'_, '_> {
         // loads of one share are in flight together (the last program's
         // meet is the kernel's tail: 63 shares one element at a time took
         // 63 round trips to L2 an element).
-        for ((v, _), off) in accs.iter().zip(&offsets) {
+        for ((_, v, _), off) in accs.iter().zip(&offsets) {
             let (n, at) = self.split_element(v, d1);
             let access = self.access(v);
             self.w(
@@ -217,9 +316,77 @@ impl Gen<'_, '_> {
             );
             self.close(n, d1);
         }
+        // A position takes a later share's where that share's best is
+        // strictly better than the best of the shares before it: a running
+        // best of its own in the position's layout (`best`'s registers may
+        // sit in another), set from share 0 and updated ahead of `best`.
+        let mut args = Vec::new();
+        for (i, ((var, v, combine), off)) in accs.iter().zip(&offsets).enumerate() {
+            let Combine::ArgOf { best, op } = combine else {
+                continue;
+            };
+            let b = accs.iter().position(|(w, _, _)| w == best);
+            let Some((bv, boff)) = b
+                .map(|b| (&accs[b].1, offsets[b]))
+                .filter(|(bv, _)| bv.dims == v.dims)
+            else {
+                let name = self.e.k.vars[*var].name.clone();
+                return Err(self.unsupported(
+                    &name,
+                    format!(
+                        "`{name}` follows a best value over other tiles (split loops check this)"
+                    ),
+                ));
+            };
+            let lay = &self.layouts[v.layout];
+            let count: usize = v
+                .dims
+                .iter()
+                .map(|&d| lay.pos(d).map_or(1, |p| lay.per_thread(p)))
+                .product();
+            let flat = self.flat(v.layout, &v.dims);
+            let running = format!("tf_rb{i}{flat}");
+            let bc = bv.cty.c();
+            let decl = if flat.is_empty() {
+                String::new()
+            } else {
+                format!("[{count}]")
+            };
+            self.w(d1, format!("{bc} tf_rb{i}{decl};"));
+            let (n, at) = self.split_element(v, d1);
+            self.w(d1 + n, format!("{running} = {};", read(bc, "0", boff, &at)));
+            self.close(n, d1);
+            let better = if *op == ReduceOp::Max { ">" } else { "<" };
+            args.push((v, *off, bc, boff, running, better));
+        }
         self.w(d1, "#pragma unroll 4");
         self.w(d1, "for (int tf_q = 1; tf_q < tf_ways; ++tf_q) {");
-        for ((v, op), off) in accs.iter().zip(&offsets) {
+        for (v, off, bc, boff, running, better) in args {
+            let (n, at) = self.split_element(v, d1 + 1);
+            let access = self.access(v);
+            let d = d1 + 1 + n;
+            self.w(
+                d,
+                format!("{{ const {bc} tf_sb = {};", read(bc, "tf_q", boff, &at)),
+            );
+            self.w(
+                d + 1,
+                format!(
+                    "const {} tf_sa = {};",
+                    v.cty.c(),
+                    read(v.cty.c(), "tf_q", off, &at)
+                ),
+            );
+            self.w(
+                d + 1,
+                format!(
+                    "if (tf_sb {better} {running}) {{ {running} = tf_sb; {access} = tf_sa; }} }}"
+                ),
+            );
+            self.close(n, d1 + 1);
+        }
+        for ((_, v, combine), off) in accs.iter().zip(&offsets) {
+            let Combine::Op(op) = combine else { continue };
             let (n, at) = self.split_element(v, d1 + 1);
             let access = self.access(v);
             let next = read(v.cty.c(), "tf_q", *off, &at);
