@@ -4,7 +4,9 @@
 //! memory). A pair beats another with a better value, or an equal one at a
 //! smaller index, so every order of combining picks the first index of the
 //! best value; NaNs compare false and are never picked. Elements past the
-//! extent and copies of a wrapped layout take no part.
+//! extent and copies of a wrapped layout take no part. The pairs carry the
+//! index within the block (32 bits: one shuffle, one compare); the tile's
+//! start is added once at the end.
 
 use super::{Gen, Val};
 use crate::emit::expr::{convert, CTy};
@@ -12,9 +14,9 @@ use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
 
-/// The index no element has: where it survives (a block of NaNs only), the
-/// block's first index is given instead.
-const NONE: &str = "9223372036854775807ll";
+/// The offset in the block no element has: where it survives (a block of
+/// NaNs only), the block's first index is given instead.
+const NONE: &str = "2147483647";
 
 impl Gen<'_, '_> {
     #[allow(clippy::too_many_arguments)]
@@ -60,6 +62,11 @@ impl Gen<'_, '_> {
             cty: vt,
             ..idx.clone()
         };
+        let local = Val {
+            name: self.temp("tf_al"),
+            cty: CTy::I32,
+            ..idx.clone()
+        };
         let lay = self.layouts[l].clone();
         let Some(p) = lay.pos(dim) else {
             return Err(self.unsupported(
@@ -68,11 +75,12 @@ impl Gen<'_, '_> {
             ));
         };
         let identity = op.identity_c(vt);
-        let (decl_i, decl_v) = (self.decl(&idx), self.decl(&val));
+        let (decl_i, decl_v, decl_l) = (self.decl(&idx), self.decl(&val), self.decl(&local));
         self.w(
             depth,
             format!("{decl_i};  // {}", crate::emit::one_line(at)),
         );
+        self.w(depth, format!("{decl_l};"));
         // The values travel only where other threads hold part of the dimension.
         let shared = lay.tpw[p] > 1 || lay.wpc[p] > 1;
         if shared {
@@ -84,10 +92,7 @@ impl Gen<'_, '_> {
         let n = self.open(l, &out, depth);
         let d1 = depth + n;
         let ty = vt.c();
-        self.w(
-            d1,
-            format!("{ty} tf_v = {identity}; long long tf_i = {NONE};"),
-        );
+        self.w(d1, format!("{ty} tf_v = {identity}; int tf_i = {NONE};"));
         let count = lay.per_thread(p);
         self.w(
             d1,
@@ -99,16 +104,19 @@ impl Gen<'_, '_> {
         let (x, xt) = self.ctx(l, pre).emit(arg, at)?;
         let x = convert(&x, xt, vt);
         let live = self.live_c(l, &[dim]);
-        let coord = self.coord_c(l, dim);
+        let offset = match self.k().is_each(dim) {
+            true => "0".to_string(),
+            false => self.offset_c(l, dim),
+        };
         self.w(
             d1 + 1,
             format!(
-                "{{ const {ty} tf_x = {x}; const long long tf_k = {coord}; if (({live}) && {}) {{ tf_v = tf_x; tf_i = tf_k; }} }}",
+                "{{ const {ty} tf_x = {x}; const int tf_k = {offset}; if (({live}) && {}) {{ tf_v = tf_x; tf_i = tf_k; }} }}",
                 better("tf_x", "tf_k", "tf_v", "tf_i")
             ),
         );
         self.w(d1, "}");
-        let (ai, av) = (self.access(&idx), self.access(&val));
+        let (ai, av) = (self.access(&local), self.access(&val));
         if shared {
             self.w(d1, format!("{ai} = tf_i; {av} = tf_v;"));
         } else {
@@ -125,7 +133,7 @@ impl Gen<'_, '_> {
                 let s = off * stride;
                 let _ = write!(
                     line,
-                    "{{ const {ty} tf_x = __shfl_xor_sync(0xffffffffu, {av}, {s}); const long long tf_k = __shfl_xor_sync(0xffffffffu, {ai}, {s}); if ({}) {{ {av} = tf_x; {ai} = tf_k; }} }} ",
+                    "{{ const {ty} tf_x = __shfl_xor_sync(0xffffffffu, {av}, {s}); const int tf_k = __shfl_xor_sync(0xffffffffu, {ai}, {s}); if ({}) {{ {av} = tf_x; {ai} = tf_k; }} }} ",
                     better("tf_x", "tf_k", &av, &ai)
                 );
                 off *= 2;
@@ -144,10 +152,9 @@ impl Gen<'_, '_> {
             } = self.warp_slots(l, p, &out);
             let warps = lay.wpc[p];
             let at_idx = (warps * per * vt.size()).next_multiple_of(8);
-            self.need_smem(at_idx + warps * per * 8);
+            self.need_smem(at_idx + warps * per * 4);
             let vcell = |w: &str| format!("(({ty}*)tf_smem)[{w} * {per} + {place}]");
-            let icell =
-                |w: &str| format!("((long long*)(tf_smem + {at_idx}))[{w} * {per} + {place}]");
+            let icell = |w: &str| format!("((int*)(tf_smem + {at_idx}))[{w} * {per} + {place}]");
             self.w(depth, "__syncthreads();");
             let n = self.open(l, &out, depth);
             self.w(
@@ -164,7 +171,7 @@ impl Gen<'_, '_> {
             self.w(
                 depth + n,
                 format!(
-                    "#pragma unroll\n{}for (int tf_w = 0; tf_w < {warps}; ++tf_w) {{ const {ty} tf_x = {}; const long long tf_k = {}; if ({}) {{ {av} = tf_x; {ai} = tf_k; }} }}",
+                    "#pragma unroll\n{}for (int tf_w = 0; tf_w < {warps}; ++tf_w) {{ const {ty} tf_x = {}; const int tf_k = {}; if ({}) {{ {av} = tf_x; {ai} = tf_k; }} }}",
                     super::indent(depth + n),
                     vcell("tf_w"),
                     icell("tf_w"),
@@ -173,9 +180,14 @@ impl Gen<'_, '_> {
             );
             self.close(n, depth);
         }
-        // A block of NaNs only: its first index.
+        // The index: the block's start plus the offset; a block of NaNs
+        // only gives its first index.
         let n = self.open(l, &out, depth);
-        self.w(depth + n, format!("if ({ai} == {NONE}) {ai} = tb{dim};"));
+        let index = self.access(&idx);
+        self.w(
+            depth + n,
+            format!("{index} = (long long)tb{dim} + ({ai} == {NONE} ? 0 : {ai});"),
+        );
         self.close(n, depth);
         self.w(depth - 1, "}");
         Ok(idx)
