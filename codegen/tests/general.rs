@@ -741,6 +741,66 @@ fn a_column_argmin_shares_its_loop_and_keeps_the_first_position() {
     }
 }
 
+/// A long row's sum and the first position of its largest element, each
+/// row one walk its programs share: the accumulators are scalars (every
+/// thread holds them), so the last program's threads take the shares
+/// between them and combine across lanes and warps in a fixed order, the
+/// position carrying its share's number for ties, instead of reading the
+/// shares one after another.
+#[test]
+fn scalar_accumulators_meet_across_the_threads() {
+    let k = parse(
+        "kernel long_rows(x: Tensor<bf16, 2>, total: Tensor<f32, 1>, at: Tensor<i64, 1>; m, n) {
+           for r in tile(each(m)) {
+             let mut acc = zeros::<f32>([]);
+             let mut best = full::<f32>([], -inf);
+             let mut pos = zeros::<i64>([]);
+             for tn in tile(n) {
+               let v = x[(r, tn)].cast::<f32>();
+               acc = acc + v.sum(tn);
+               let hi = v.max(tn);
+               pos = select(hi > best, v.argmax(tn), pos);
+               best = max(best, hi);
+             }
+             total[r] = acc;
+             at[r] = pos;
+           }
+         }",
+    );
+    let c = tilefuse_codegen::emit::general::default_config(&k, &[Some(4), Some(1 << 22)]);
+    assert!(c.split > 1, "{c}");
+    let l = general(&k, &spec_of(&k, &ints(2)), &c);
+    assert!(l.split_loop.is_some());
+    let body = kernel_part(&l);
+    let threads = c.num_warps * 32;
+    for want in [
+        format!("for (int tf_q = tid; tf_q < tf_ways; tf_q += {threads}) {{"),
+        "for (int tf_s = 16; tf_s > 0; tf_s >>= 1) {".to_string(),
+        // The position: the later share's only where its best is larger, or
+        // equal at a lower share.
+        "if (tf_sb > tf_mb1 || (tf_sb == tf_mb1 && tf_q < tf_mq1))".to_string(),
+        "if (tf_xb > tf_mb1 || (tf_xb == tf_mb1 && tf_xq < tf_mq1))".to_string(),
+    ] {
+        assert!(body.contains(&want), "`{want}` missing:\n{body}");
+    }
+    // Warps meet in shared memory in warp order, after a barrier.
+    if c.num_warps > 1 {
+        assert!(body.contains("if (tf_lane == 0) {"), "{body}");
+        assert!(
+            body.contains(&format!(
+                "for (int tf_w = 1; tf_w < {}; ++tf_w) {{",
+                c.num_warps
+            )),
+            "{body}"
+        );
+    }
+    // Not the loop over shares in order.
+    assert!(
+        !body.contains("for (int tf_q = 1; tf_q < tf_ways; ++tf_q)"),
+        "{body}"
+    );
+}
+
 /// Two stages: the loop loads its first tile before it starts, and each
 /// step issues the next tile's loads, where the loop goes on, before it sums
 /// this one; one stage (the default of a loop the programs share) loads each

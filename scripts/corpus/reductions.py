@@ -44,6 +44,12 @@ def long_row_sum():
     return f"{m}x{n}", lambda: x.sum(1, dtype=torch.float32)
 
 
+def long_row_argmax():
+    m, n = 4, 4 << 20
+    x = _bf16(m, n)
+    return f"{m}x{n}", lambda: torch.argmax(x, dim=1)
+
+
 def welford():
     # The Rust kernel returns f32 mean and (population) variance.
     x = _bf16(M, N)
@@ -96,6 +102,7 @@ CASES = {
     "row_mean": row_mean,
     "long_row_sum": long_row_sum,
     "long_row_sum_split": long_row_sum,
+    "long_row_argmax": long_row_argmax,
     "welford": welford,
     "softmax": softmax,
     "softmax_bwd": softmax_bwd,

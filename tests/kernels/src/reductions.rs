@@ -113,6 +113,25 @@ pub fn long_row_sum_split(x: &Tensor<bf16>, out: &Tensor<f32>) {
     }
 }
 
+/// The first position of each long row's largest element, one walk a row
+/// that programs share: the last of a row's programs takes a later share's
+/// position only where its maximum is larger (a tie keeps the earlier).
+#[fused_kernel]
+pub fn long_row_argmax(x: &Tensor<bf16>, out: &Tensor<i64>) {
+    let [m, n] = x.shape();
+    for r in tile(each(m)) {
+        let mut best = full::<f32>([], f32::NEG_INFINITY);
+        let mut at = zeros::<i64>([]);
+        for tn in tile(n) {
+            let v = x[(r, tn)].cast::<f32>();
+            let hi = v.max(tn);
+            at = select(hi > best, v.argmax(tn), at);
+            best = max(best, hi);
+        }
+        out[r] = at;
+    }
+}
+
 /// Per-row mean and (population) variance in one walk: each column tile's
 /// count, mean and sum of squared deviations are merged into the carried
 /// ones (Welford/Chan), so the variance never subtracts two large sums.
@@ -276,6 +295,17 @@ pub fn col_argmin(x: &Tensor<bf16>, out: &Tensor<i64>) {
 /// The rows of an `m` × `n` matrix, each mapped to one value.
 fn per_row(x: &[f64], m: usize, n: usize, f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
     (0..m).map(|i| f(&x[i * n..(i + 1) * n])).collect()
+}
+
+/// The first position of a row's largest value (as `torch.argmax`).
+fn first_argmax(row: &[f64]) -> f64 {
+    let mut best = 0;
+    for (j, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = j;
+        }
+    }
+    best as f64
 }
 
 /// `log(sum(exp(row)))` in float64.
@@ -660,16 +690,31 @@ fn argmax_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
     let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 4.0)?;
     let out = poisoned::<i64>(dev, &[m])?;
     argmax(&x, &out)?;
-    let want = per_row(&xf, m, n, |r| {
-        let mut best = 0;
-        for (j, &v) in r.iter().enumerate() {
-            if v > r[best] {
-                best = j;
-            }
-        }
-        best as f64
-    });
+    let want = per_row(&xf, m, n, first_argmax);
     Ok(vec![Output::new("index", host(&out)?, want, 0.0)])
+}
+
+fn long_row_argmax_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    // bf16 values in [-4, 4) repeat often: the largest occurs many times a
+    // row, in different programs' shares; the first counts.
+    let (m, n) = (3, 200_003);
+    let (x, xf) = input::<bf16>(dev, &mut rng, &[m, n], 4.0)?;
+    let out = poisoned::<i64>(dev, &[m])?;
+    long_row_argmax(&x, &out)?;
+    let want = per_row(&xf, m, n, first_argmax);
+    Ok(vec![Output::new("index", host(&out)?, want, 0.0)])
+}
+
+fn long_row_argmax_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (m, n) = (4, 4 << 20);
+    let x = bench_input(dev, m, n)?;
+    let out = Tensor::<i64>::empty_on(dev, [m])?;
+    Ok(Bench {
+        shape: format!("{m}x{n}"),
+        bytes: m * n * 2 + m * 8,
+        run: Box::new(move || long_row_argmax(&x, &out)),
+    })
 }
 
 fn col_argmin_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
@@ -768,6 +813,13 @@ pub fn cases() -> Vec<Case> {
             kernels: || vec![long_row_sum_split::kernel()],
             check: long_row_sum_split_check,
             bench: long_row_sum_split_bench,
+        },
+        Case {
+            name: "long_row_argmax",
+            covers: "the first position of a long row's maximum, the walk shared by programs (a scalar select carried beside a max, ties across shares)",
+            kernels: || vec![long_row_argmax::kernel()],
+            check: long_row_argmax_check,
+            bench: long_row_argmax_bench,
         },
         Case {
             name: "welford",

@@ -39,6 +39,10 @@ const SPLIT_MIN_EXTENT: usize = 1024;
 /// few column tiles to fill a wave of an H100/H200, while the last program
 /// still adds the shares quickly.
 const DEFAULT_SPLIT: usize = 32;
+/// The same for scalar accumulators (a long row's sum), whose shares the
+/// last program's threads read at once: a few rows need many programs each
+/// to fill the GPU (4 rows of 4M elements: 128 ways, 4 tiles of 8192 a share).
+const SCALAR_SPLIT: usize = 128;
 /// A program that shares a loop down rows (not along its contiguous
 /// dimension): one warp, so a thread holds all of its rows' loads in flight
 /// at once and the accumulators meet across lanes only; more programs fit an
@@ -502,10 +506,11 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
             .clamp(warps, STARVED_WARPS),
         false => warps,
     };
-    let ways = match (split.is_some(), down_rows) {
-        (false, _) => 0,
-        (true, true) => SHARED_SPLIT,
-        (true, false) => DEFAULT_SPLIT,
+    let ways = match (split, down_rows) {
+        (None, _) => 0,
+        (Some(_), true) => SHARED_SPLIT,
+        (Some(s), false) if s.scalars(k) => SCALAR_SPLIT,
+        (Some(_), false) => DEFAULT_SPLIT,
     };
     // A shared loop is a short walk of many programs: their number hides
     // the loads' latency, and a second tile's registers would cut how many

@@ -29,6 +29,25 @@ pub struct SplitLoop {
     pub accs: Vec<(VarId, Combine)>,
 }
 
+impl SplitLoop {
+    /// Whether every accumulator starts as a scalar (`zeros([])`,
+    /// `full([], …)` or a literal) before the loop: their shares meet across
+    /// the threads at once (`scalar_meet`), so many shares cost little.
+    pub fn scalars(&self, k: &Kernel) -> bool {
+        self.accs.iter().all(|(v, _)| {
+            k.body[..self.at].iter().any(|s| match s {
+                Stmt::Let { var, value, .. } if var == v => {
+                    matches!(
+                        value,
+                        Expr::Full { dims, .. } if dims.is_empty()
+                    ) || matches!(value, Expr::Float(_) | Expr::Int(_))
+                }
+                _ => false,
+            })
+        })
+    }
+}
+
 /// How the shares of one accumulator combine, in order.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Combine {
@@ -236,6 +255,12 @@ pub(super) fn shareable(t: DType) -> bool {
     matches!(t, DType::F32 | DType::I32 | DType::U32 | DType::I64)
 }
 
+/// Element `at` of an accumulator at byte `off` of share `q` (`share` bytes
+/// each), read past L1, which may hold what another SM wrote before.
+fn share_read(c: &str, q: &str, off: usize, at: &str, share: usize) -> String {
+    format!("__ldcg((const {c}*)(tf_shares + (size_t)({q}) * {share}ull + {off}) + {at})")
+}
+
 /// Bytes of one element of `t` in scratch.
 fn bytes(t: CTy) -> usize {
     match t {
@@ -299,10 +324,12 @@ impl Gen<'_, '_> {
                 "const unsigned char* tf_shares = (const unsigned char*)tf_partials + (size_t)tf_prog * tf_ways * {share}ull;"
             ),
         );
-        // Past L1, which may hold what another SM wrote before.
-        let read = |c: &str, q: &str, off: usize, at: &str| {
-            format!("__ldcg((const {c}*)(tf_shares + (size_t)({q}) * {share}ull + {off}) + {at})")
-        };
+        let read = |c: &str, q: &str, off: usize, at: &str| share_read(c, q, off, at, share);
+        if accs.iter().all(|(_, v, _)| v.dims.is_empty()) {
+            self.scalar_meet(accs, &offsets, share, d1)?;
+            self.w(depth, "}");
+            return Ok(share);
+        }
         // The shares in order, each share's elements at once: a thread's
         // loads of one share are in flight together (the last program's
         // meet is the kernel's tail: 63 shares one element at a time took
@@ -399,6 +426,197 @@ impl Gen<'_, '_> {
         self.w(d1, "}");
         self.w(depth, "}");
         Ok(share)
+    }
+
+    /// The meet of scalar accumulators (each thread holds the whole value):
+    /// the threads take the shares between them (thread `t` shares `t`,
+    /// `t + threads`, …), then combine across the lanes by butterfly
+    /// shuffles and across the warps through shared memory in warp order.
+    /// One round trip to L2 for up to a block's threads of shares, where the
+    /// loop over shares in order took one for every few (a row split 128
+    /// ways waited 32 of them). The order is fixed, so the result does not
+    /// depend on timing; a position (`Combine::ArgOf`) carries its share's
+    /// number and, between equal bests, the lower one wins, as in order.
+    fn scalar_meet(
+        &mut self,
+        accs: &[(VarId, Val, Combine)],
+        offsets: &[usize],
+        share: usize,
+        d: usize,
+    ) -> Result<(), CodegenError> {
+        let read = |c: &str, q: &str, off: usize| share_read(c, q, off, "0", share);
+        // Per accumulator: its running value, and for a position the best
+        // value it goes with (its C type, its place in a share, `<` or `>`).
+        struct Run {
+            c: &'static str,
+            off: usize,
+            op: Option<ReduceOp>,
+            arg: Option<(&'static str, usize, &'static str, &'static str)>,
+        }
+        let mut runs = Vec::new();
+        for ((var, v, combine), &off) in accs.iter().zip(offsets) {
+            let c = v.cty.c();
+            let run = match combine {
+                Combine::Op(op) => Run {
+                    c,
+                    off,
+                    op: Some(*op),
+                    arg: None,
+                },
+                Combine::ArgOf { best, op } => {
+                    let Some(b) = accs.iter().position(|(w, _, _)| w == best) else {
+                        let name = self.e.k.vars[*var].name.clone();
+                        return Err(self.unsupported(
+                            &name,
+                            format!("`{name}` follows a best value the loop does not accumulate"),
+                        ));
+                    };
+                    let bt = accs[b].1.cty;
+                    let better = if *op == ReduceOp::Max { ">" } else { "<" };
+                    Run {
+                        c,
+                        off,
+                        op: None,
+                        arg: Some((bt.c(), offsets[b], better, op.identity_c(bt))),
+                    }
+                }
+            };
+            runs.push(run);
+        }
+        // Each thread's shares, in order.
+        for (i, r) in runs.iter().enumerate() {
+            match (r.op, r.arg) {
+                (Some(op), _) => self.w(
+                    d,
+                    format!("{} tf_m{i} = {};", r.c, op.identity_c(accs[i].1.cty)),
+                ),
+                (None, Some((bc, _, _, id))) => self.w(
+                    d,
+                    format!(
+                        "{} tf_m{i} = 0; {bc} tf_mb{i} = {id}; int tf_mq{i} = 2147483647;",
+                        r.c
+                    ),
+                ),
+                (None, None) => {}
+            }
+        }
+        let threads = self.threads;
+        self.w(
+            d,
+            format!("for (int tf_q = tid; tf_q < tf_ways; tf_q += {threads}) {{"),
+        );
+        for (i, r) in runs.iter().enumerate() {
+            match (r.op, r.arg) {
+                (Some(op), _) => {
+                    let x = read(r.c, "tf_q", r.off);
+                    let cty = accs[i].1.cty;
+                    self.w(d + 1, format!("tf_m{i} = {};", combine_c(op, cty, &format!("tf_m{i}"), &x)));
+                }
+                (None, Some((bc, boff, better, _))) => self.w(
+                    d + 1,
+                    format!(
+                        "{{ const {bc} tf_sb = {}; const {} tf_sa = {}; if (tf_sb {better} tf_mb{i} || (tf_sb == tf_mb{i} && tf_q < tf_mq{i})) {{ tf_mb{i} = tf_sb; tf_mq{i} = tf_q; tf_m{i} = tf_sa; }} }}",
+                        read(bc, "tf_q", boff),
+                        r.c,
+                        read(r.c, "tf_q", r.off)
+                    ),
+                ),
+                (None, None) => {}
+            }
+        }
+        self.w(d, "}");
+        // Two partial results, `x` from the other lane or warp: the same
+        // combine as above, so every thread ends with the same value.
+        let combine_in = |i: usize, r: &Run, x: &str, xb: &str, xq: &str| -> String {
+            match (r.op, r.arg) {
+                (Some(op), _) => format!("tf_m{i} = {};", combine_c(op, accs[i].1.cty, &format!("tf_m{i}"), x)),
+                (None, Some((_, _, better, _))) => format!(
+                    "if ({xb} {better} tf_mb{i} || ({xb} == tf_mb{i} && {xq} < tf_mq{i})) {{ tf_mb{i} = {xb}; tf_mq{i} = {xq}; tf_m{i} = {x}; }}"
+                ),
+                (None, None) => String::new(),
+            }
+        };
+        self.w(d, "#pragma unroll");
+        self.w(d, "for (int tf_s = 16; tf_s > 0; tf_s >>= 1) {");
+        for (i, r) in runs.iter().enumerate() {
+            let sh = |v: &str| format!("__shfl_xor_sync(0xffffffffu, {v}, tf_s)");
+            let mut line = format!("{{ const {} tf_x = {};", r.c, sh(&format!("tf_m{i}")));
+            if let Some((bc, ..)) = r.arg {
+                line += &format!(
+                    " const {bc} tf_xb = {}; const int tf_xq = {};",
+                    sh(&format!("tf_mb{i}")),
+                    sh(&format!("tf_mq{i}"))
+                );
+            }
+            line += &format!(" {} }}", combine_in(i, r, "tf_x", "tf_xb", "tf_xq"));
+            self.w(d + 1, line);
+        }
+        self.w(d, "}");
+        let warps = threads / 32;
+        if warps > 1 {
+            // Each warp's result in shared memory (after whatever the loop
+            // left there), then every thread combines them in warp order.
+            let mut cells = Vec::new();
+            let mut at = 0usize;
+            for (i, r) in runs.iter().enumerate() {
+                let size = |c: &str| if c == "long long" { 8 } else { 4 };
+                let m = at;
+                at = (at + warps * size(r.c)).next_multiple_of(8);
+                let mut extra = None;
+                if let Some((bc, ..)) = r.arg {
+                    let mb = at;
+                    at = (at + warps * size(bc)).next_multiple_of(8);
+                    let mq = at;
+                    at = (at + warps * 4).next_multiple_of(8);
+                    extra = Some((bc, mb, mq));
+                }
+                cells.push((i, m, extra));
+            }
+            self.need_smem(at);
+            self.w(d, "__syncthreads();");
+            let mut write = String::from("if (tf_lane == 0) {");
+            for (i, m, extra) in &cells {
+                let c = runs[*i].c;
+                write += &format!(" (({c}*)(tf_smem + {m}))[tf_warp] = tf_m{i};");
+                if let Some((bc, mb, mq)) = extra {
+                    write += &format!(
+                        " (({bc}*)(tf_smem + {mb}))[tf_warp] = tf_mb{i}; ((int*)(tf_smem + {mq}))[tf_warp] = tf_mq{i};"
+                    );
+                }
+            }
+            self.w(d, write + " }");
+            self.w(d, "__syncthreads();");
+            for (i, m, extra) in &cells {
+                let c = runs[*i].c;
+                let mut first = format!("tf_m{i} = (({c}*)(tf_smem + {m}))[0];");
+                if let Some((bc, mb, mq)) = extra {
+                    first += &format!(
+                        " tf_mb{i} = (({bc}*)(tf_smem + {mb}))[0]; tf_mq{i} = ((int*)(tf_smem + {mq}))[0];"
+                    );
+                }
+                self.w(d, first);
+            }
+            self.w(d, "#pragma unroll");
+            self.w(d, format!("for (int tf_w = 1; tf_w < {warps}; ++tf_w) {{"));
+            for (i, m, extra) in &cells {
+                let r = &runs[*i];
+                let c = r.c;
+                let mut line = format!("{{ const {c} tf_x = (({c}*)(tf_smem + {m}))[tf_w];");
+                if let Some((bc, mb, mq)) = extra {
+                    line += &format!(
+                        " const {bc} tf_xb = (({bc}*)(tf_smem + {mb}))[tf_w]; const int tf_xq = ((int*)(tf_smem + {mq}))[tf_w];"
+                    );
+                }
+                line += &format!(" {} }}", combine_in(*i, r, "tf_x", "tf_xb", "tf_xq"));
+                self.w(d + 1, line);
+            }
+            self.w(d, "}");
+        }
+        for (i, (_, v, _)) in accs.iter().enumerate() {
+            let access = self.access(v);
+            self.w(d, format!("{access} = tf_m{i};"));
+        }
+        Ok(())
     }
 
     /// Opens loops over a thread's elements of `v`; returns how many to
