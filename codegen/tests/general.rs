@@ -717,6 +717,9 @@ fn a_column_argmin_shares_its_loop_and_keeps_the_first_position() {
     let min = body.rfind("fminf(").unwrap_or(0);
     // Inside the loop over shares, ahead of the minimum's own combine.
     assert!(shares < take && take < min, "{body}");
+    // `lo = v.min(tm)` is the argmin's pairs' value: one reduction a step.
+    assert!(!body.contains("tf_a = tf_min("), "{body}");
+    assert_eq!(body.matches("__shfl_xor_sync").count(), 2, "{body}");
     // `best > lo` reads the same; `lo > best` is the running maximum's.
     let k = parse(&text("<", false).replace("lo < best", "best > lo"));
     assert!(general(&k, &spec_of(&k, &ints(2)), &c).split_loop.is_some());

@@ -6,7 +6,10 @@
 //! best value; NaNs compare false and are never picked. Elements past the
 //! extent and copies of a wrapped layout take no part. The pairs carry the
 //! index within the block (32 bits: one shuffle, one compare); the tile's
-//! start is added once at the end.
+//! start is added once at the end. Where the kernel also reduces the same
+//! tile by the same operation (`lo = v.min(tm)` beside `v.argmin(tm)`, a
+//! running argmin), the pairs' values are that reduction ([`paired`]): it is
+//! not computed a second time.
 
 use super::{Gen, Val};
 use crate::emit::expr::{convert, CTy};
@@ -18,7 +21,35 @@ use std::fmt::Write;
 /// NaNs only), the block's first index is given instead.
 const NONE: &str = "2147483647";
 
+/// The reductions `(op, x, t)` whose kernel has both `x.op(t)` and
+/// `x.argop(t)`: the pairs of the argument's reduction give the plain one's
+/// value too. Their values agree: both skip NaNs and elements outside the
+/// extent and start from the operation's identity.
+pub(super) fn paired(k: &Kernel) -> Vec<(ReduceOp, Expr, DimId)> {
+    let (mut plain, mut args) = (Vec::new(), Vec::new());
+    k.walk_exprs(&mut |x| match x {
+        Expr::Reduce { op, arg, dim, .. } => plain.push((*op, (**arg).clone(), *dim)),
+        Expr::ArgReduce { op, arg, dim, .. } => args.push((*op, (**arg).clone(), *dim)),
+        _ => {}
+    });
+    args.retain(|a| plain.contains(a));
+    args.dedup();
+    args
+}
+
+/// `x` without the source text of its outermost node: a reduction and its
+/// argument's reduction are found in [`Gen::loaded`] by what they compute.
+pub(super) fn cache_key(x: &Expr) -> Expr {
+    let mut k = x.clone();
+    if let Some(at) = k.at_mut() {
+        at.clear();
+    }
+    k
+}
+
 impl Gen<'_, '_> {
+    /// `x.argmax(t)` / `x.argmin(t)`: the indices, and with `keep_value` the
+    /// best values too (what `x.max(t)` / `x.min(t)` gives).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn arg_reduce(
         &mut self,
@@ -29,7 +60,8 @@ impl Gen<'_, '_> {
         l: usize,
         depth: usize,
         pre: &[(Expr, Val)],
-    ) -> Result<Val, CodegenError> {
+        keep_value: bool,
+    ) -> Result<(Val, Option<Val>), CodegenError> {
         let t = self.ty(arg);
         let vt = op.result(t.dtype).cty();
         let out: Vec<DimId> = t.dims.iter().copied().filter(|&d| d != dim).collect();
@@ -83,7 +115,8 @@ impl Gen<'_, '_> {
         self.w(depth, format!("{decl_l};"));
         // The values travel only where other threads hold part of the dimension.
         let shared = lay.tpw[p] > 1 || lay.wpc[p] > 1;
-        if shared {
+        let kept = shared || keep_value;
+        if kept {
             self.w(depth, format!("{decl_v};"));
         }
         self.w(depth, "{");
@@ -117,7 +150,7 @@ impl Gen<'_, '_> {
         );
         self.w(d1, "}");
         let (ai, av) = (self.access(&local), self.access(&val));
-        if shared {
+        if kept {
             self.w(d1, format!("{ai} = tf_i; {av} = tf_v;"));
         } else {
             self.w(d1, format!("{ai} = tf_i;"));
@@ -190,6 +223,6 @@ impl Gen<'_, '_> {
         );
         self.close(n, depth);
         self.w(depth - 1, "}");
-        Ok(idx)
+        Ok((idx, keep_value.then_some(val)))
     }
 }

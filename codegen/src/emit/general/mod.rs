@@ -81,8 +81,12 @@ struct Gen<'e, 'a> {
     /// layouts are known).
     body: String,
     vars: HashMap<VarId, Val>,
-    /// Loads already in registers in this scope, until their tensor is written.
+    /// Loads (and reductions paired with their argument's reduction,
+    /// [`argreduce::paired`], keyed by [`argreduce::cache_key`]) already in
+    /// registers in this scope, until what they read is written.
     loaded: Vec<(Expr, Val)>,
+    /// [`argreduce::paired`] of the kernel.
+    paired: Vec<(ReduceOp, Expr, DimId)>,
     temps: usize,
     /// Bytes of shared memory the conversions and reductions need at most.
     smem: usize,
@@ -166,6 +170,7 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         private,
         part_dim: None,
         deferred: HashMap::new(),
+        paired: argreduce::paired(k),
         gathers: Vec::new(),
     };
     let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
@@ -1051,8 +1056,7 @@ impl Gen<'_, '_> {
             } => {
                 self.w(depth, format!("// {}", one_line(at)));
                 self.store(*tensor, index, value, None, at, l, depth)?;
-                self.loaded
-                    .retain(|(x, _)| !matches!(x, Expr::Load { tensor: t, .. } if t == tensor));
+                self.loaded.retain(|(x, _)| !reads_tensor(x, *tensor));
             }
             Stmt::Atomic {
                 op,
@@ -1063,8 +1067,7 @@ impl Gen<'_, '_> {
             } => {
                 self.w(depth, format!("// {}", one_line(at)));
                 self.store(*tensor, index, value, Some(*op), at, l, depth)?;
-                self.loaded
-                    .retain(|(x, _)| !matches!(x, Expr::Load { tensor: t, .. } if t == tensor));
+                self.loaded.retain(|(x, _)| !reads_tensor(x, *tensor));
             }
             Stmt::Wait { .. } | Stmt::Signal { .. } => {
                 self.forget_written(std::slice::from_ref(s));
@@ -1232,15 +1235,49 @@ impl Gen<'_, '_> {
                 self.loaded.push((x.clone(), v.clone()));
                 pre.push((x.clone(), v));
             }
-            Expr::Reduce { op, arg, dim, at } => {
+            Expr::Reduce { op, arg, dim, at } | Expr::ArgReduce { op, arg, dim, at } => {
+                let key = argreduce::cache_key(x);
+                if let Some((_, v)) = self.loaded.iter().find(|(y, _)| *y == key) {
+                    pre.push((x.clone(), v.clone()));
+                    return Ok(());
+                }
                 self.hoist_into(arg, at, l, depth, pre)?;
-                let v = self.reduce(*op, arg, *dim, at, l, depth, pre)?;
-                pre.push((x.clone(), v));
-            }
-            Expr::ArgReduce { op, arg, dim, at } => {
-                self.hoist_into(arg, at, l, depth, pre)?;
-                let v = self.arg_reduce(*op, arg, *dim, at, l, depth, pre)?;
-                pre.push((x.clone(), v));
+                let wants_arg = matches!(x, Expr::ArgReduce { .. });
+                let paired = self
+                    .paired
+                    .iter()
+                    .any(|(o, a, d)| o == op && **arg == *a && d == dim);
+                if !paired && !wants_arg {
+                    let v = self.reduce(*op, arg, *dim, at, l, depth, pre)?;
+                    pre.push((x.clone(), v));
+                    return Ok(());
+                }
+                // The pairs, and where the kernel reduces the same tile
+                // plainly too, their values, kept for it.
+                let (idx, val) = self.arg_reduce(*op, arg, *dim, at, l, depth, pre, paired)?;
+                let (arg_x, plain_x) = (
+                    Expr::ArgReduce {
+                        op: *op,
+                        arg: arg.clone(),
+                        dim: *dim,
+                        at: String::new(),
+                    },
+                    Expr::Reduce {
+                        op: *op,
+                        arg: arg.clone(),
+                        dim: *dim,
+                        at: String::new(),
+                    },
+                );
+                if let Some(val) = val {
+                    self.loaded.push((plain_x, val.clone()));
+                    self.loaded.push((arg_x, idx.clone()));
+                    if !wants_arg {
+                        pre.push((x.clone(), val));
+                        return Ok(());
+                    }
+                }
+                pre.push((x.clone(), idx));
             }
             Expr::Scan { op, arg, dim, at } => {
                 self.hoist_into(arg, at, l, depth, pre)?;
@@ -1557,4 +1594,11 @@ impl Gen<'_, '_> {
         self.close(n, depth);
         Ok(())
     }
+}
+
+/// Whether `x` loads from `tensor` anywhere.
+fn reads_tensor(x: &Expr, tensor: TensorId) -> bool {
+    let mut reads = false;
+    x.walk(&mut |y| reads |= matches!(y, Expr::Load { tensor: t, .. } if *t == tensor));
+    reads
 }
