@@ -365,12 +365,7 @@ impl Gen<'_, '_> {
                     ),
                 ));
             };
-            let lay = &self.layouts[v.layout];
-            let count: usize = v
-                .dims
-                .iter()
-                .map(|&d| lay.pos(d).map_or(1, |p| lay.per_thread(p)))
-                .product();
+            let count = self.per_thread(v);
             let flat = self.flat(v.layout, &v.dims);
             let running = format!("tf_rb{i}{flat}");
             let bc = bv.cty.c();
@@ -386,7 +381,24 @@ impl Gen<'_, '_> {
             let better = if *op == ReduceOp::Max { ">" } else { "<" };
             args.push((v, *off, bc, boff, running, better));
         }
-        self.w(d1, "#pragma unroll 4");
+        // Shares a step: about 64 loads in flight a thread (at least 4
+        // shares, at most 16), each step one round trip to L2 for the last
+        // program, the kernel's tail (a column sum's 8 elements a thread and
+        // 33 shares: 4 steps, where 4 shares a step took 8).
+        let loads: usize = accs
+            .iter()
+            .map(|(_, v, c)| {
+                self.per_thread(v)
+                    * if matches!(c, Combine::ArgOf { .. }) {
+                        2
+                    } else {
+                        1
+                    }
+            })
+            .sum();
+        let unroll = (64 / loads.max(1)).clamp(4, 16);
+        let unroll = 1 << unroll.ilog2();
+        self.w(d1, format!("#pragma unroll {unroll}"));
         self.w(d1, "for (int tf_q = 1; tf_q < tf_ways; ++tf_q) {");
         for (v, off, bc, boff, running, better) in args {
             let (n, at) = self.split_element(v, d1 + 1);
@@ -617,6 +629,15 @@ impl Gen<'_, '_> {
             self.w(d, format!("{access} = tf_m{i};"));
         }
         Ok(())
+    }
+
+    /// How many elements of `v` a thread holds.
+    fn per_thread(&self, v: &Val) -> usize {
+        let lay = &self.layouts[v.layout];
+        v.dims
+            .iter()
+            .map(|&d| lay.pos(d).map_or(1, |p| lay.per_thread(p)))
+            .product()
     }
 
     /// Opens loops over a thread's elements of `v`; returns how many to
