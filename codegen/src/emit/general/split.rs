@@ -457,13 +457,24 @@ impl Gen<'_, '_> {
         d: usize,
     ) -> Result<(), CodegenError> {
         let read = |c: &str, q: &str, off: usize| share_read(c, q, off, "0", share);
-        // Per accumulator: its running value, and for a position the best
-        // value it goes with (its C type, its place in a share, `<` or `>`).
+        // Per accumulator: its C type, its place in a share, how it combines.
         struct Run {
             c: &'static str,
             off: usize,
-            op: Option<ReduceOp>,
-            arg: Option<(&'static str, usize, &'static str, &'static str)>,
+            how: How,
+        }
+        enum How {
+            Op(ReduceOp),
+            Arg(Best),
+        }
+        // A position's best value: its C type, its place in a share, `<` or
+        // `>`, and its start (the reduction's identity).
+        #[derive(Clone, Copy)]
+        struct Best {
+            c: &'static str,
+            off: usize,
+            better: &'static str,
+            identity: &'static str,
         }
         let mut runs = Vec::new();
         for ((var, v, combine), &off) in accs.iter().zip(offsets) {
@@ -472,8 +483,7 @@ impl Gen<'_, '_> {
                 Combine::Op(op) => Run {
                     c,
                     off,
-                    op: Some(*op),
-                    arg: None,
+                    how: How::Op(*op),
                 },
                 Combine::ArgOf { best, op } => {
                     let Some(b) = accs.iter().position(|(w, _, _)| w == best) else {
@@ -488,8 +498,12 @@ impl Gen<'_, '_> {
                     Run {
                         c,
                         off,
-                        op: None,
-                        arg: Some((bt.c(), offsets[b], better, op.identity_c(bt))),
+                        how: How::Arg(Best {
+                            c: bt.c(),
+                            off: offsets[b],
+                            better,
+                            identity: op.identity_c(bt),
+                        }),
                     }
                 }
             };
@@ -497,19 +511,18 @@ impl Gen<'_, '_> {
         }
         // Each thread's shares, in order.
         for (i, r) in runs.iter().enumerate() {
-            match (r.op, r.arg) {
-                (Some(op), _) => self.w(
+            match &r.how {
+                How::Op(op) => self.w(
                     d,
                     format!("{} tf_m{i} = {};", r.c, op.identity_c(accs[i].1.cty)),
                 ),
-                (None, Some((bc, _, _, id))) => self.w(
+                How::Arg(b) => self.w(
                     d,
                     format!(
-                        "{} tf_m{i} = 0; {bc} tf_mb{i} = {id}; int tf_mq{i} = 2147483647;",
-                        r.c
+                        "{} tf_m{i} = 0; {} tf_mb{i} = {}; int tf_mq{i} = 2147483647;",
+                        r.c, b.c, b.identity
                     ),
                 ),
-                (None, None) => {}
             }
         }
         let threads = self.threads;
@@ -518,34 +531,35 @@ impl Gen<'_, '_> {
             format!("for (int tf_q = tid; tf_q < tf_ways; tf_q += {threads}) {{"),
         );
         for (i, r) in runs.iter().enumerate() {
-            match (r.op, r.arg) {
-                (Some(op), _) => {
+            match &r.how {
+                How::Op(op) => {
                     let x = read(r.c, "tf_q", r.off);
                     let cty = accs[i].1.cty;
-                    self.w(d + 1, format!("tf_m{i} = {};", combine_c(op, cty, &format!("tf_m{i}"), &x)));
+                    self.w(d + 1, format!("tf_m{i} = {};", combine_c(*op, cty, &format!("tf_m{i}"), &x)));
                 }
-                (None, Some((bc, boff, better, _))) => self.w(
+                How::Arg(b) => self.w(
                     d + 1,
                     format!(
-                        "{{ const {bc} tf_sb = {}; const {} tf_sa = {}; if (tf_sb {better} tf_mb{i} || (tf_sb == tf_mb{i} && tf_q < tf_mq{i})) {{ tf_mb{i} = tf_sb; tf_mq{i} = tf_q; tf_m{i} = tf_sa; }} }}",
-                        read(bc, "tf_q", boff),
+                        "{{ const {} tf_sb = {}; const {} tf_sa = {}; if (tf_sb {} tf_mb{i} || (tf_sb == tf_mb{i} && tf_q < tf_mq{i})) {{ tf_mb{i} = tf_sb; tf_mq{i} = tf_q; tf_m{i} = tf_sa; }} }}",
+                        b.c,
+                        read(b.c, "tf_q", b.off),
                         r.c,
-                        read(r.c, "tf_q", r.off)
+                        read(r.c, "tf_q", r.off),
+                        b.better
                     ),
                 ),
-                (None, None) => {}
             }
         }
         self.w(d, "}");
         // Two partial results, `x` from the other lane or warp: the same
         // combine as above, so every thread ends with the same value.
         let combine_in = |i: usize, r: &Run, x: &str, xb: &str, xq: &str| -> String {
-            match (r.op, r.arg) {
-                (Some(op), _) => format!("tf_m{i} = {};", combine_c(op, accs[i].1.cty, &format!("tf_m{i}"), x)),
-                (None, Some((_, _, better, _))) => format!(
-                    "if ({xb} {better} tf_mb{i} || ({xb} == tf_mb{i} && {xq} < tf_mq{i})) {{ tf_mb{i} = {xb}; tf_mq{i} = {xq}; tf_m{i} = {x}; }}"
+            match &r.how {
+                How::Op(op) => format!("tf_m{i} = {};", combine_c(*op, accs[i].1.cty, &format!("tf_m{i}"), x)),
+                How::Arg(b) => format!(
+                    "if ({xb} {} tf_mb{i} || ({xb} == tf_mb{i} && {xq} < tf_mq{i})) {{ tf_mb{i} = {xb}; tf_mq{i} = {xq}; tf_m{i} = {x}; }}",
+                    b.better
                 ),
-                (None, None) => String::new(),
             }
         };
         self.w(d, "#pragma unroll");
@@ -553,7 +567,7 @@ impl Gen<'_, '_> {
         for (i, r) in runs.iter().enumerate() {
             let sh = |v: &str| format!("__shfl_xor_sync(0xffffffffu, {v}, tf_s)");
             let mut line = format!("{{ const {} tf_x = {};", r.c, sh(&format!("tf_m{i}")));
-            if let Some((bc, ..)) = r.arg {
+            if let How::Arg(Best { c: bc, .. }) = r.how {
                 line += &format!(
                     " const {bc} tf_xb = {}; const int tf_xq = {};",
                     sh(&format!("tf_mb{i}")),
@@ -575,7 +589,7 @@ impl Gen<'_, '_> {
                 let m = at;
                 at = (at + warps * size(r.c)).next_multiple_of(8);
                 let mut extra = None;
-                if let Some((bc, ..)) = r.arg {
+                if let How::Arg(Best { c: bc, .. }) = r.how {
                     let mb = at;
                     at = (at + warps * size(bc)).next_multiple_of(8);
                     let mq = at;
