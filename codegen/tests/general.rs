@@ -737,10 +737,7 @@ fn a_column_argmin_shares_its_loop_and_keeps_the_first_position() {
         kernel_part(&l)
     );
     for k in [parse(&text("<=", false)), parse(&text("<", true))] {
-        let e = lower(&plan(&k), &spec_of(&k, &ints(2)), &c)
-            .err()
-            .unwrap_or_else(|| panic!("`split` taken by {:?}", k.body));
-        assert!(e.to_string().contains("no loop to share"), "{e}");
+        refuses_split(&k, &c);
     }
 }
 
@@ -899,12 +896,16 @@ fn a_loop_that_cannot_be_shared_refuses_split() {
     }
     reads.vars.push(var("t", false));
     for k in [before, after, reads] {
-        let cfg = Config::new(&[256, 16]).split(32);
-        let e = lower(&plan(&k), &spec_of(&k, &ints(2)), &cfg)
-            .err()
-            .unwrap_or_else(|| panic!("`split` taken by {:?}", k.body));
-        assert!(e.to_string().contains("no loop to share"), "{e}");
+        refuses_split(&k, &Config::new(&[256, 16]).split(32));
     }
+}
+
+/// `cfg`'s `split` is an error for `k`, naming what a shared loop needs.
+fn refuses_split(k: &Kernel, cfg: &Config) {
+    let e = lower(&plan(k), &spec_of(k, &ints(2)), cfg)
+        .err()
+        .unwrap_or_else(|| panic!("`split` taken by {:?}", k.body));
+    assert!(e.to_string().contains("no loop to share"), "{e}");
 }
 
 /// `atomic_add(out[(ids[tn], td)], values[(tn, td)])` on f32: each thread's
