@@ -10,7 +10,9 @@
 //! M N K is the whole problem; each op takes its natural sharding over the w ranks:
 //! - `all_gather_matmul` (`ag_rows`): A's rows sharded, `[M/w, K]`; `ag_cols`: A's
 //!   columns, `[M, K/w]`; B `[K, N]` whole; C `[M, N]` on every rank;
-//! - `matmul_all_gather`: `a[M/w, K]` per rank, C `[M, N]` gathered;
+//! - `matmul_all_gather`: `a[M/w, K]` per rank, C `[M, N]` gathered (the copy
+//!   engine pulls each chunk as the GEMM finishes it); `mag_stores`: the same
+//!   with the GEMM storing into the peers' memory (`GatherVariant::PeerStores`);
 //! - `matmul_reduce_scatter`: K sharded (`a[M, K/w]`, `b[K/w, N]`), C's columns scattered;
 //! - `matmul_all_reduce`: K sharded, C `[M, N]` summed on every rank (the ring
 //!   variant, the default); `ar_one_shot`: the same with the one-shot variant.
@@ -25,16 +27,18 @@
 
 use std::process::ExitCode;
 use tilefuse::ops::{
-    self, Algorithm, AllReduceVariant, Bias, GatherDim, OpOptions, ScatterDim, Workspace,
+    self, Algorithm, AllReduceVariant, Bias, GatherDim, GatherVariant, OpOptions, ScatterDim,
+    Workspace,
 };
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
 use tilefuse_testkit::{exit_code, poisoned, random_vec, rel_error_tensors, Rng};
 
-const OPS: [&str; 7] = [
+const OPS: [&str; 8] = [
     "ag_rows",
     "ag_cols",
     "matmul_all_gather",
+    "mag_stores",
     "matmul_reduce_scatter",
     "rs_rows",
     "matmul_all_reduce",
@@ -133,6 +137,10 @@ impl Problem {
                 ops::all_gather_matmul(pg, out, &self.a, &self.b, GatherDim::Cols, &opts, ws)
             }
             "matmul_all_gather" => ops::matmul_all_gather(pg, out, &self.a, &self.b, &opts, ws),
+            "mag_stores" => {
+                let opts = opts.gather(GatherVariant::PeerStores);
+                ops::matmul_all_gather(pg, out, &self.a, &self.b, &opts, ws)
+            }
             "matmul_reduce_scatter" => {
                 ops::matmul_reduce_scatter(pg, out, &self.a, &self.b, ScatterDim::Cols, &opts, ws)
             }
@@ -163,16 +171,16 @@ fn problem(
     let (a, b, out_shape) = match name {
         "ag_rows" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
         "ag_cols" => (t([m, k / w], rng)?, t([k, n], &mut b_rng)?, [m, n]),
-        "matmul_all_gather" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
+        "matmul_all_gather" | "mag_stores" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
         "matmul_reduce_scatter" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n / w]),
         "rs_rows" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m / w, n]),
         _ => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n]),
     };
     // Rows for the gathers (a per-row bias of the rows each rank computes), columns otherwise.
-    let bias_rows = matches!(name, "ag_rows" | "matmul_all_gather");
+    let bias_rows = matches!(name, "ag_rows" | "matmul_all_gather" | "mag_stores");
     let bias_len = match name {
         "ag_rows" => m,
-        "matmul_all_gather" => m / w,
+        "matmul_all_gather" | "mag_stores" => m / w,
         _ => n,
     };
     let bias = Tensor::from_slice(&random_vec::<bf16>(rng, bias_len, 0.5), [bias_len])?;

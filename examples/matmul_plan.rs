@@ -347,8 +347,8 @@ fn host_overhead(pg: &ProcessGroup) -> tilefuse::Result<()> {
     let (one, flags) = (Tensor::<bf16>::zeros([1, 1])?, Tensor::<u32>::zeros([1])?);
     let launch_us = per_call(&mut || {
         tilefuse::ops::kernels::gemm_fused(
-            &a, &b, &out, &one, &one, &one, &one, &bias, &bias, &flags, &flags, 64, 1, 64, 1, 1, 0,
-            0, 1.0, 0.0, false, false, false, false, false, false, 0,
+            &a, &b, &out, &one, &one, &one, &one, &one, &one, &bias, &bias, &flags, &flags, 64, 1,
+            64, 1, 1, 0, 0, 1.0, 0.0, false, false, 0, false, false, false, 0,
         )
     })?;
     if pg.rank() == 0 {

@@ -16,7 +16,8 @@ mod launcher;
 use launcher::launcher;
 use std::process::{Command, ExitCode};
 use tilefuse::ops::{
-    self, Algorithm, AllReduceVariant, Bias, GatherDim, OpOptions, ScatterDim, Workspace,
+    self, Algorithm, AllReduceVariant, Bias, GatherDim, GatherVariant, OpOptions, ScatterDim,
+    Workspace,
 };
 use tilefuse::prelude::*;
 use tilefuse::runtime::dist::ProcessGroup;
@@ -51,6 +52,8 @@ enum Op {
     AgRowsAlongK,
     AgCols,
     MatmulAllGather,
+    /// The GEMM stores into the peers' memory (the default: the copy engine pulls).
+    MatmulAllGatherStores,
     ReduceScatterCols,
     ReduceScatterRows,
     AllReduce,
@@ -75,7 +78,7 @@ fn inputs(op: Op, w: usize, rng: &mut Rng, shared: &mut Rng) -> Inputs {
     let (a_shape, b_shape, out_shape, b_shared) = match op {
         Op::AgRows | Op::AgRowsAlongK => ([m / w, k], [k, n], [m, n], true),
         Op::AgCols => ([m, k / w], [k, n], [m, n], true),
-        Op::MatmulAllGather => ([m / w, k], [k, n], [m, n], true),
+        Op::MatmulAllGather | Op::MatmulAllGatherStores => ([m / w, k], [k, n], [m, n], true),
         Op::ReduceScatterCols => ([m, k / w], [k / w, n], [m, n / w], false),
         Op::ReduceScatterRows => ([m, k / w], [k / w, n], [m / w, n], false),
         Op::AllReduce | Op::AllReduceOneShot => ([m, k / w], [k / w, n], [m, n], false),
@@ -99,7 +102,7 @@ fn inputs(op: Op, w: usize, rng: &mut Rng, shared: &mut Rng) -> Inputs {
 fn bias_len(op: Op, variant: usize, w: usize) -> usize {
     let [m, n, _] = sizes(w);
     match (variant, op) {
-        (1, Op::MatmulAllGather) => m / w,
+        (1, Op::MatmulAllGather | Op::MatmulAllGatherStores) => m / w,
         (1, _) => m,
         _ => n,
     }
@@ -141,7 +144,7 @@ fn reference(op: Op, pg: &ProcessGroup, i: &Inputs, bias: &[bf16], variant: usiz
             add_bias(&mut c, &bias[r]);
             c
         }
-        Op::MatmulAllGather => {
+        Op::MatmulAllGather | Op::MatmulAllGatherStores => {
             let mut out = Vec::with_capacity(m * n);
             for p in 0..w {
                 let mut c = matmul_f64(&a[p], &b[0], m / w, k, n);
@@ -193,6 +196,10 @@ fn call(
         }
         Op::AgCols => ops::all_gather_matmul(pg, out, a, b, GatherDim::Cols, opts, ws),
         Op::MatmulAllGather => ops::matmul_all_gather(pg, out, a, b, opts, ws),
+        Op::MatmulAllGatherStores => {
+            let opts = opts.clone().gather(GatherVariant::PeerStores);
+            ops::matmul_all_gather(pg, out, a, b, &opts, ws)
+        }
         Op::ReduceScatterCols => {
             ops::matmul_reduce_scatter(pg, out, a, b, ScatterDim::Cols, opts, ws)
         }
@@ -207,11 +214,12 @@ fn call(
     }
 }
 
-const ALL_OPS: [Op; 8] = [
+const ALL_OPS: [Op; 9] = [
     Op::AgRows,
     Op::AgRowsAlongK,
     Op::AgCols,
     Op::MatmulAllGather,
+    Op::MatmulAllGatherStores,
     Op::ReduceScatterCols,
     Op::ReduceScatterRows,
     Op::AllReduce,

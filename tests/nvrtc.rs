@@ -251,13 +251,14 @@ fn op_kernels_compile() {
     use tilefuse::ops::kernels::*;
     let gemm = gemm_fused::kernel();
     let gemm_specs: Vec<Spec> = [
-        // [along_k, with_signal, with_copy, with_addend, with_c, aux_out, act]
+        // [along_k, with_signal, copies, with_addend, with_c, aux_out, act]
         [0, 0, 0, 0, 0, 0, 0], // all-gather matmul, chunks of rows
         [1, 0, 0, 0, 0, 0, 0], // all-gather matmul, chunks along K
         [0, 1, 0, 0, 0, 0, 0], // first ring step
         [0, 1, 0, 1, 0, 0, 0], // ring steps, the all-reduce's last step
         [0, 0, 0, 1, 0, 0, 0], // the reduce-scatter's last step
-        [0, 1, 1, 0, 0, 0, 0], // matmul + all-gather
+        [0, 1, 1, 0, 0, 0, 0], // matmul + all-gather, copy-engine pulls
+        [0, 1, 3, 0, 0, 0, 0], // matmul + all-gather, stores into 3 peers
         [0, 0, 0, 0, 1, 1, 2], // plans: beta·C, gelu with its aux
         [0, 1, 0, 1, 1, 0, 4], // plans: dgelu from an aux, all-reduced
         [0, 0, 0, 1, 0, 0, 3], // plans: drelu

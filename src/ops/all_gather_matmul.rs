@@ -283,7 +283,7 @@ impl Schedule {
                 a: &gathered,
                 b: &c.b,
                 out: &c.out,
-                copy: None,
+                copies: &[],
                 addend: None,
                 signal: None,
             },

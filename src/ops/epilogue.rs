@@ -145,13 +145,17 @@ pub(crate) struct Gemm<'a> {
     pub a: &'a Tensor<bf16>,
     pub b: &'a Tensor<bf16>,
     pub out: &'a Tensor<bf16>,
-    /// A second store of the result (a buffer peers read).
-    pub copy: Option<&'a Tensor<bf16>>,
+    /// More stores of the result, at most [`MAX_COPIES`]: a buffer peers
+    /// read, or the peers' own buffers (written over NVLink).
+    pub copies: &'a [Tensor<bf16>],
     /// Added before the epilogue's bias and `C` (a partial sum from another rank).
     pub addend: Option<&'a Tensor<bf16>>,
     /// Per-chunk completion counters for the backend stream.
     pub signal: Option<Signal<'a>>,
 }
+
+/// The most stores of a result beside `out` that [`gemm_fused`] makes.
+pub(crate) const MAX_COPIES: usize = 3;
 
 /// Launches [`gemm_fused`] for `g` with `epi`, after `wait`'s flags (none: no wait).
 pub(crate) fn gemm(
@@ -177,12 +181,24 @@ pub(crate) fn gemm(
     });
     let (cols_per_chunk, ranks) = w.along_k.unwrap_or((g.a.size(1).max(1), 1));
     let (beta, c) = epi.c_or(unused);
+    if g.copies.len() > MAX_COPIES {
+        return Err(crate::Error::Definition {
+            kernel: "gemm_fused".into(),
+            message: format!(
+                "stores at most {MAX_COPIES} copies of its result; asked for {}",
+                g.copies.len()
+            ),
+        });
+    }
+    let copy = |i: usize| g.copies.get(i).unwrap_or(&unused.matrix);
     let launch = || {
         gemm_fused(
             g.a,
             g.b,
             g.out,
-            g.copy.unwrap_or(&unused.matrix),
+            copy(0),
+            copy(1),
+            copy(2),
             g.addend.unwrap_or(&unused.matrix),
             c,
             epi.aux(unused),
@@ -201,7 +217,7 @@ pub(crate) fn gemm(
             beta,
             w.along_k.is_some(),
             g.signal.is_some(),
-            g.copy.is_some(),
+            g.copies.len(),
             g.addend.is_some(),
             epi.c.is_some(),
             epi.aux_out.is_some(),

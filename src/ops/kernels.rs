@@ -38,7 +38,8 @@ pub(crate) mod act {
     pub const DGELU: usize = 4;
 }
 
-/// `out (= copy) = epilogue(a · b)`, each tile after its rows' flags.
+/// `out (= copy = copy2 = copy3, the first `copies` of them) = epilogue(a · b)`,
+/// each tile after its rows' flags.
 #[fused_kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_fused(
@@ -46,6 +47,8 @@ pub fn gemm_fused(
     b: &Tensor<bf16>,
     out: &Tensor<bf16>,
     copy: &Tensor<bf16>,
+    copy2: &Tensor<bf16>,
+    copy3: &Tensor<bf16>,
     addend: &Tensor<bf16>,
     c: &Tensor<bf16>,
     aux: &Tensor<bf16>,
@@ -64,7 +67,7 @@ pub fn gemm_fused(
     beta: f32,
     #[constexpr] along_k: bool,
     #[constexpr] with_signal: bool,
-    #[constexpr] with_copy: bool,
+    #[constexpr] copies: usize,
     #[constexpr] with_addend: bool,
     #[constexpr] with_c: bool,
     #[constexpr] aux_out: bool,
@@ -115,8 +118,14 @@ pub fn gemm_fused(
         };
         let y = y.cast::<bf16>();
         out[(tm, tn)] = y;
-        if with_copy {
+        if copies >= 1 {
             copy[(tm, tn)] = y;
+        }
+        if copies >= 2 {
+            copy2[(tm, tn)] = y;
+        }
+        if copies >= 3 {
+            copy3[(tm, tn)] = y;
         }
         if with_signal {
             signal(

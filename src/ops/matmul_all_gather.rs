@@ -1,18 +1,28 @@
 //! `out = all_gather(A · B + bias)` along rows.
 //!
-//! Fused: one GEMM stores its rows twice, into this rank's rows of `out` and
-//! into a symmetric staging buffer, and counts the area it finished per chunk of
-//! rows (`signal`; its tiles visited band by band). As each chunk's count is
-//! reached, the backend stream tells the peers, and pulls the same chunk of every
-//! peer's staging into `out` with the copy engine, while the GEMM computes the
-//! later chunks; only the last chunk's transfer is left after the GEMM.
+//! Fused, [`GatherVariant::PeerStores`] (up to 4 ranks, asked for): one GEMM stores each
+//! tile into this rank's rows of `out` and into the same rows of every peer's
+//! landing buffer (symmetric memory, NVLink stores spread over the GEMM's
+//! epilogues), and counts the area it finished. Once every count is reached the
+//! backend stream tells the peers; as each peer's notice arrives, this rank
+//! copies that peer's rows from its own landing buffer into `out` (a copy
+//! within the GPU), before the closing barrier lets the next call's stores in.
+//!
+//! Fused, [`GatherVariant::CopyEngine`] (the default): the GEMM stores its rows twice, into
+//! this rank's rows of `out` and into a symmetric staging buffer, and counts the
+//! area it finished per chunk of rows (`signal`; its tiles visited band by
+//! band). As each chunk's count is reached, the backend stream tells the peers,
+//! and pulls the same chunk of every peer's staging into `out` with the copy
+//! engine, while the GEMM computes the later chunks; only the last chunk's
+//! transfer is left after the GEMM. A GEMM of one wave finishes every chunk at
+//! once, so there all of the transfer comes after it.
 
 use super::check::{self, arg};
 use super::epilogue::{
-    check_signal_config, chunk_area, gemm, signal_chunks, Epilogue, Gemm, Signal,
+    check_signal_config, chunk_area, gemm, signal_chunks, Epilogue, Gemm, Signal, MAX_COPIES,
 };
 use super::workspace::{FusedNeeds, Workspace};
-use super::{run_call, unfused, Algorithm, OpOptions};
+use super::{run_call, unfused, Algorithm, GatherVariant, OpOptions};
 use crate::{bf16, Config, Result, Tensor};
 use tilefuse_runtime::dist::ProcessGroup;
 
@@ -37,15 +47,18 @@ pub(crate) struct Shapes {
     n: usize,
     chunks: usize,
     rows_per_chunk: usize,
+    variant: GatherVariant,
 }
 
 impl Shapes {
-    /// Checks `out`, `a` and `b` (names as the caller knows them).
+    /// Checks `out`, `a` and `b` (names as the caller knows them) and the
+    /// variant asked for (`None`: the copy engine).
     pub fn check(
         pg: &ProcessGroup,
         op: &str,
         [out, a, b]: [(&str, &Tensor<bf16>); 3],
         chunks: Option<usize>,
+        variant: Option<GatherVariant>,
     ) -> Result<Shapes> {
         let w = pg.world_size();
         let [m, k] = check::matrix(pg, op, a.0, a.1)?;
@@ -66,12 +79,27 @@ impl Shapes {
             "world × a's rows, b's columns",
         )?;
         let (rows_per_chunk, chunks) = signal_chunks(m, check::chunks(op, chunks)?);
+        let peers = w - 1;
+        let variant = match variant {
+            Some(GatherVariant::PeerStores) if peers > MAX_COPIES => {
+                return Err(arg(
+                    op,
+                    "config.gather",
+                    format!(
+                        "PeerStores stores into at most {MAX_COPIES} peers, and this group has {peers}; use GatherVariant::CopyEngine"
+                    ),
+                ))
+            }
+            Some(v) => v,
+            None => GatherVariant::CopyEngine,
+        };
         Ok(Shapes {
             m,
             k,
             n,
             chunks,
             rows_per_chunk,
+            variant,
         })
     }
 
@@ -87,9 +115,16 @@ impl Shapes {
         algorithm: Algorithm,
     ) -> Result<Workspace> {
         let (w, m, k, n, chunks) = (pg.world_size(), self.m, self.k, self.n, self.chunks);
-        let key = format!("{OP}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}");
+        let variant = self.variant;
+        let key = format!("{OP}/a{m}x{k}/b{k}x{n}/world{w}/chunks{chunks}/{variant:?}");
+        // Peer stores land in a buffer of every rank's rows; pulls read a
+        // staging buffer of this rank's.
+        let rows = match variant {
+            GatherVariant::PeerStores => w * m,
+            GatherVariant::CopyEngine => m,
+        };
         Workspace::prepare(given, pg, key, algorithm, m.max(n), || FusedNeeds {
-            data_bytes: m * n * 2,
+            data_bytes: rows * n * 2,
             // Counters, and a ready flag per rank and chunk.
             flag_slots: (w + 1) * chunks,
         })
@@ -128,6 +163,7 @@ pub fn matmul_all_gather(
         OP,
         [("out", out), ("a", a), ("b", b)],
         opts.config.chunks,
+        opts.config.gather,
     )?;
     let ws = shapes.workspace(pg, workspace, opts.config.algorithm)?;
     let [m, n] = shapes.product();
@@ -165,11 +201,21 @@ impl Schedule {
         chunk_area(OP, rpc.min(m), n)?;
         let unused = ws.unused.clone();
         let ex = ws.exchange()?;
-        let staging = ex.data::<bf16>(0, &[m, n])?;
+        let peers = (1..w).map(|d| (r + d) % w);
         // Flags: cnt(i) counts the area finished in chunk i of this rank's rows;
-        // ready(p, i): chunk i of rank p's staging is written.
+        // ready(p, i): chunk i of rank p's rows is written (with peer stores,
+        // all of them: i = 0).
         let cnt = |i: usize| i;
         let ready = |p: usize, i: usize| chunks + p * chunks + i;
+        let stores = c.shapes.variant == GatherVariant::PeerStores;
+        let copies = match stores {
+            // This rank's rows of every peer's landing buffer.
+            true => peers
+                .clone()
+                .map(|p| ex.peer_data::<bf16>(p, r * m * n * 2, &[m, n]))
+                .collect::<Result<Vec<_>>>()?,
+            false => vec![ex.data::<bf16>(0, &[m, n])?],
+        };
         ex.start()?;
         let counters = ex.flags(cnt(0), chunks)?;
         gemm(
@@ -177,7 +223,7 @@ impl Schedule {
                 a: &c.a,
                 b: &c.b,
                 out: &own,
-                copy: Some(&staging),
+                copies: &copies,
                 addend: None,
                 signal: Some(Signal {
                     counters: &counters,
@@ -189,14 +235,31 @@ impl Schedule {
             &unused,
             &c.gemm_config,
         )?;
+        if stores {
+            // Every tile's stores are visible on the peers once its count is in
+            // (the tiles fence before they signal).
+            for i in 0..chunks {
+                let rows = rpc.min(m - i * rpc);
+                ex.await_count(cnt(i), chunk_area(OP, rows, n)?)?;
+            }
+            let notices: Vec<_> = peers.clone().map(|p| (p, ready(r, 0))).collect();
+            ex.notify_all(&notices)?;
+            for p in peers {
+                ex.await_slot(ready(p, 0))?;
+                ex.launch_follows()?;
+                let landed = ex.data::<bf16>(p * m * n * 2, &[m, n])?;
+                c.out.narrow(0, p * m, m)?.copy_from(&landed)?;
+            }
+            return ex.close();
+        }
         // As each chunk of rows is done: tell the peers, and pull theirs.
         for i in 0..chunks {
             let (lo, rows) = (i * rpc, rpc.min(m - i * rpc));
             ex.await_count(cnt(i), chunk_area(OP, rows, n)?)?;
-            for p in (1..w).map(|d| (r + d) % w) {
+            for p in peers.clone() {
                 ex.notify(p, ready(r, i))?;
             }
-            for p in (1..w).map(|d| (r + d) % w) {
+            for p in peers.clone() {
                 ex.await_slot(ready(p, i))?;
                 ex.pull(p, lo * n * 2, n, &c.out.narrow(0, p * m + lo, rows)?)?;
             }

@@ -11,7 +11,7 @@
 //! | op | each rank passes | computes |
 //! |---|---|---|
 //! | [`all_gather_matmul`] | `a_shard`, `b[K, N]`, `out[M, N]` | `all_gather(A) · B + bias`, A's shards along rows (`[M/w, K]`) or columns (`[M, K/w]`, then `b` is `[K, N]` whole) |
-//! | [`matmul_all_gather`] | `a[M, K]`, `b[K, N]`, `out[w·M, N]` | `all_gather(A·B + bias)` along rows |
+//! | [`matmul_all_gather`] | `a[M, K]`, `b[K, N]`, `out[w·M, N]` | `all_gather(A·B + bias)` along rows (or, up to 4 ranks, the GEMM stores each tile into the peers' memory itself: [`GatherVariant`]) |
 //! | [`matmul_reduce_scatter`] | `a[M, K]`, `b[K, N]`, `out[M, N/w]` (or `[M/w, N]`) | `reduce_scatter(A·B + bias)` along columns (or rows) |
 //! | [`matmul_all_reduce`] | `a[M, K]`, `b[K, N]`, `out[M, N]` | `all_reduce(A·B + bias)` |
 //!
@@ -136,6 +136,22 @@ pub enum AllReduceVariant {
     Ring,
 }
 
+/// How the fused `matmul_all_gather` moves each rank's rows to its peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GatherVariant {
+    /// The GEMM's epilogue stores each tile into every peer's buffer too
+    /// (NVLink stores, spread over the GEMM), and each rank then copies the
+    /// peers' rows into `out` from its own memory. At most 4 ranks (the GEMM
+    /// stores 3 copies at most). Meant for GEMMs of about one wave, whose tiles
+    /// all finish at once, so that the copy engine's pulls all come after
+    /// them; not yet timed on GPUs, hence not the default.
+    PeerStores,
+    /// The GEMM stores into a staging buffer of its own and counts its finished
+    /// chunks of rows; the backend stream pulls each chunk of every peer's with
+    /// the copy engine as it is done. The default.
+    CopyEngine,
+}
+
 /// Tuning knobs of an op.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OpConfig {
@@ -154,6 +170,8 @@ pub struct OpConfig {
     pub gemm: Option<Config>,
     /// `matmul_all_reduce`'s fused variant; `None`: the ring.
     pub all_reduce: Option<AllReduceVariant>,
+    /// `matmul_all_gather`'s fused variant; `None`: the copy engine.
+    pub gather: Option<GatherVariant>,
 }
 
 /// What every op takes besides its tensors.
@@ -179,6 +197,12 @@ impl<'a> OpOptions<'a> {
     /// `matmul_all_reduce`'s fused variant (see [`AllReduceVariant`]).
     pub fn all_reduce(mut self, variant: AllReduceVariant) -> Self {
         self.config.all_reduce = Some(variant);
+        self
+    }
+
+    /// `matmul_all_gather`'s fused variant (see [`GatherVariant`]).
+    pub fn gather(mut self, variant: GatherVariant) -> Self {
+        self.config.gather = Some(variant);
         self
     }
 

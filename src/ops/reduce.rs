@@ -400,7 +400,7 @@ impl Schedule {
                 a: &c.a,
                 b: &c.b,
                 out: &c.out,
-                copy: None,
+                copies: &[],
                 addend: None,
                 signal: Some(Signal {
                     counters: &counters,
@@ -501,7 +501,7 @@ impl Schedule {
                     a: &a,
                     b: &b,
                     out: &dst,
-                    copy: None,
+                    copies: &[],
                     addend: addend.as_ref(),
                     signal: signalled.then_some(Signal {
                         counters: &counters,

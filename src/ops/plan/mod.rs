@@ -651,7 +651,8 @@ impl DistributedMatmul<'_> {
                 (ws, run)
             }
             PlanAlgorithm::MatmulAllGather => {
-                let shapes = mag::Shapes::check(pg, OP, [("d", d), ("a", a), ("b", b)], o.chunks)?;
+                let shapes =
+                    mag::Shapes::check(pg, OP, [("d", d), ("a", a), ("b", b)], o.chunks, None)?;
                 let ws = shapes.workspace(pg, given, o.algorithm)?;
                 let [m, n] = shapes.product();
                 let e = epi(&ws.zeros, m, n, pg.rank() * m)?;
@@ -793,7 +794,7 @@ fn run_schedule(run: &Run, ws: &mut Workspace, pg: &ProcessGroup, path: Algorith
                     a,
                     b,
                     out,
-                    copy: None,
+                    copies: &[],
                     addend: None,
                     signal: None,
                 },
