@@ -264,7 +264,7 @@ fn the_untuned_row_default_fits_the_row_length() {
             &[Some(16384), Some(cols), Some(cols), Some(cols)],
         )
     };
-    assert_eq!(ln_at(8192).block_sizes, [1, 8192, 2048, 2048]);
+    assert_eq!(ln_at(8192).block_sizes, [1, 8192, 4096, 2048]);
     assert_eq!(ln_at(8192).num_warps, 4);
     assert_eq!(ln_at(3000).block_sizes, [1, 4096, 4096, 4096]);
     assert_eq!(ln_at(50000).block_sizes, [1, 8192, 8192, 8192]);

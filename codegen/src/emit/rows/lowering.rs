@@ -57,10 +57,12 @@ impl Lowering for Rows {
     /// block, and runs best with several rows a block: it keeps the default.
     /// A kernel that walks the row three times or more (LayerNorm's mean,
     /// variance, output) past 4096 columns: the first walk covers the row
-    /// (8192 columns, 4 warps, 64 values a thread), the later ones 2048 a
-    /// step: LayerNorm at 8192 columns ran 0.152 ms so against 0.199 with
-    /// 8192 a step and 8 warps throughout (its quick-tuned config; H200,
-    /// docs/perf-history.md, "Fewer instructions an element").
+    /// (8192 columns, 4 warps, 64 values a thread), the second 4096 a step,
+    /// the later ones 2048: LayerNorm at 8192 columns ran 0.152 ms with 2048
+    /// for every later walk against 0.199 with 8192 a step and 8 warps
+    /// throughout (H200, docs/perf-history.md, "Fewer instructions an
+    /// element"), and 0.145 with the second walk at 4096 (the full tuner's
+    /// pick against 0.153, one call: "Multi-GPU on 2 ranks again; …").
     fn fit_default(
         &self,
         k: &Kernel,
@@ -86,10 +88,10 @@ impl Lowering for Rows {
             _ => (1, 8192, 8),
         };
         // Later walks narrower where the first one covers 8192 columns with 4 warps.
-        let later = if warps == 4 && block == 8192 {
-            2048
-        } else {
-            block
+        let later = |walk: usize| match (warps, block, walk) {
+            (4, 8192, 2) => 4096,
+            (4, 8192, _) => 2048,
+            _ => block,
         };
         let mut walked = 0;
         let bs: Vec<usize> = (0..k.dims.len())
@@ -101,7 +103,7 @@ impl Lowering for Rows {
                     if walked == 1 {
                         block
                     } else {
-                        later
+                        later(walked)
                     }
                 }
             })
