@@ -79,20 +79,7 @@ impl Shapes {
             "world × a's rows, b's columns",
         )?;
         let (rows_per_chunk, chunks) = signal_chunks(m, check::chunks(op, chunks)?);
-        let peers = w - 1;
-        let variant = match variant {
-            Some(GatherVariant::PeerStores) if peers > MAX_COPIES => {
-                return Err(arg(
-                    op,
-                    "config.gather",
-                    format!(
-                        "PeerStores stores into at most {MAX_COPIES} peers, and this group has {peers}; use GatherVariant::CopyEngine"
-                    ),
-                ))
-            }
-            Some(v) => v,
-            None => GatherVariant::CopyEngine,
-        };
+        let variant = variant_for(op, w, variant)?;
         Ok(Shapes {
             m,
             k,
@@ -170,6 +157,23 @@ pub fn matmul_all_gather(
     let epi = check::bias_epilogue(pg, OP, opts.bias, m, n, &ws.zeros)?;
     let s = shapes.schedule([out, a, b], epi, opts.config.gemm.clone());
     run_call(ws, pg, OP, opts, |ws, p| s.run(ws, pg, p))
+}
+
+/// The variant a call of `world` ranks runs when `asked` for one (`None`: the
+/// copy engine); peer stores reach at most [`MAX_COPIES`] peers.
+fn variant_for(op: &str, world: usize, asked: Option<GatherVariant>) -> Result<GatherVariant> {
+    let peers = world.saturating_sub(1);
+    match asked {
+        Some(GatherVariant::PeerStores) if peers > MAX_COPIES => Err(arg(
+            op,
+            "config.gather",
+            format!(
+                "PeerStores stores into at most {MAX_COPIES} peers, and this group has {peers}; use GatherVariant::CopyEngine"
+            ),
+        )),
+        Some(v) => Ok(v),
+        None => Ok(GatherVariant::CopyEngine),
+    }
 }
 
 impl Schedule {
@@ -265,5 +269,31 @@ impl Schedule {
             }
         }
         ex.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{variant_for, GatherVariant};
+
+    #[test]
+    fn peer_stores_up_to_four_ranks_and_the_copy_engine_by_default() {
+        for world in 1..=8 {
+            assert_eq!(
+                variant_for("op", world, None).unwrap(),
+                GatherVariant::CopyEngine
+            );
+            let stores = variant_for("op", world, Some(GatherVariant::PeerStores));
+            match world <= 4 {
+                true => assert_eq!(stores.unwrap(), GatherVariant::PeerStores),
+                false => {
+                    let msg = stores.unwrap_err().to_string();
+                    assert!(
+                        msg.contains("config.gather") && msg.contains("CopyEngine"),
+                        "{msg}"
+                    );
+                }
+            }
+        }
     }
 }
