@@ -200,6 +200,9 @@ fn hopper_configs_the_lowering_cannot_run_say_why() {
     assert!(err(c(128, 128, 128, 4, 3)).contains("row block of 16 × num_warps"));
     assert!(err(c(128, 128, 72, 8, 3)).contains("multiple of 16"));
     assert!(err(c(128, 256, 128, 8, 2)).contains("accumulator registers"));
+    // Three consumer warpgroups hold 96 accumulators a thread at most.
+    assert!(err(c(192, 128, 128, 12, 2)).contains("3 consumer warpgroups"));
+    assert!(err(c(256, 64, 128, 16, 2)).contains("4, 8 or 12 consumer warps"));
     assert!(err(c(128, 128, 128, 8, 5)).contains("2 to 4 stages"));
     assert!(err(c(128, 128, 128, 8, 3).persistent(true)).contains("leave them unset"));
     // `overlap` needs the Hopper program.
@@ -281,13 +284,31 @@ fn the_hopper_default_fits_large_head_dimensions() {
         (f.block_sizes.clone(), f.num_stages),
         (vec![1, 1, 128, 128, 128], 3)
     );
+    // Up to 64: three consumer warpgroups, 192 rows, two stages.
+    let f = fit_whole_dims(ir, hopper.clone(), &ext(64));
+    assert_eq!(
+        (f.block_sizes.clone(), f.num_warps, f.num_stages, f.overlap),
+        (vec![1, 1, 192, 64, 128], 12, 2, true)
+    );
+    let mut spec = attention::attention::kernel().declared_spec().unwrap();
+    for causal in [0, 1] {
+        spec.constexprs = vec![causal];
+        let src = lower(ir, &spec, &f).unwrap().source;
+        assert!(
+            src.contains("setmaxnreg.inc.sync.aligned.u32 160;"),
+            "{src}"
+        );
+        // The warpgroups take turns in order: 0 gives 1 its turn, 1 gives 2, 2 gives 0.
+        for turn in ["bar.sync 4, 256", "bar.arrive 4, 256", "bar.arrive 2, 256"] {
+            assert!(src.contains(turn), "{turn}");
+        }
+    }
     // Past 128: 64 keys a step and two stages, so registers and shared memory hold.
     let f = fit_whole_dims(ir, hopper, &ext(200));
     assert_eq!(
         (f.block_sizes.clone(), f.num_stages),
         (vec![1, 1, 128, 256, 64], 2)
     );
-    let mut spec = attention::attention::kernel().declared_spec().unwrap();
     spec.constexprs = vec![0];
     let l = lower(ir, &spec, &f).unwrap();
     assert!(l.shared_bytes as usize <= 227 * 1024, "{}", l.shared_bytes);

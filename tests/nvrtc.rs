@@ -527,7 +527,8 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
         (Config::new(&[1, 1, 128, 32, 64]).num_warps(4), 96),
     ];
     // The Hopper program (one thread's share of a warpgroup's 64 rows: scores
-    // `BN / 2` + output `D / 2`, at most 160 of 240 registers): no spills.
+    // `BN / 2` + output `D / 2`, at most 160 of 240 registers, 80 of 160 with
+    // three consumer warpgroups): no spills.
     let hopper = |bm: usize, d: usize, bn: usize, stages: usize| {
         let c = Config::new(&[1, 1, bm, d, bn])
             .num_warps(bm / 16)
@@ -545,14 +546,21 @@ fn attention_compiles_and_keeps_its_accumulators_in_registers() {
             hopper(128, 256, 64, 2),
         ])
         // The softmax overlapped with the last tile's `p·v` (two `wgmma`
-        // groups a step): one and two consumer warpgroups.
+        // groups a step): one, two and three consumer warpgroups (192 rows at
+        // head dimension 64, 160 registers a consumer thread).
         .chain(
-            [(128, 128, 128, 3), (64, 128, 128, 3), (128, 64, 128, 2)].map(
-                |(bm, d, bn, stages)| {
-                    let (c, held) = hopper(bm, d, bn, stages);
-                    (c.overlap(true), held)
-                },
-            ),
+            [
+                (128, 128, 128, 3),
+                (64, 128, 128, 3),
+                (128, 64, 128, 2),
+                (192, 64, 128, 2),
+                (192, 64, 128, 3),
+                (192, 64, 96, 3),
+            ]
+            .map(|(bm, d, bn, stages)| {
+                let (c, held) = hopper(bm, d, bn, stages);
+                (c.overlap(true), held)
+            }),
         )
         .collect();
     // The grouped-query kernel (keys and values of a head group) at the two

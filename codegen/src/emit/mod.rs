@@ -219,11 +219,15 @@ pub fn lower(kernel: &Planned, spec: &Spec, config: &Config) -> Result<Lowered, 
             ),
         ));
     }
-    if !matches!(config.num_warps, 1 | 2 | 4 | 8 | 16) {
+    // 12: three consumer warpgroups of a `wgmma` program (its lowering checks
+    // that it runs them).
+    let warps_ok =
+        matches!(config.num_warps, 1 | 2 | 4 | 8 | 16) || (config.wgmma && config.num_warps == 12);
+    if !warps_ok {
         return Err(config_err(
             kernel,
             config,
-            "num_warps must be 1, 2, 4, 8 or 16",
+            "num_warps must be 1, 2, 4, 8 or 16 (or 12 with `wgmma`, on the Hopper attention program)",
         ));
     }
     if config.num_stages == 0 {

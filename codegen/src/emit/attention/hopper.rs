@@ -1,6 +1,7 @@
 //! The Hopper (sm_90a) attention program, in the manner of FlashAttention-3
-//! (`Config::wgmma`): a producer warpgroup and one or two consumer warpgroups of
-//! 64 query rows each.
+//! (`Config::wgmma`): a producer warpgroup and one to three consumer warpgroups
+//! of 64 query rows each (three, 192-row tiles, where the head dimension is
+//! small: FlashAttention-3's shape at 64).
 //!
 //! - One producer thread loads the block's `q` tile once, then every key tile's
 //!   `k` and `v` by TMA into a ring of `num_stages` shared buffers (128-byte
@@ -26,9 +27,22 @@ use std::fmt::Write;
 /// Bytes of one swizzle atom (8 rows of 128 bytes); tiles start on one.
 const ATOM: usize = 1024;
 
-/// Registers a consumer thread gets (`setmaxnreg`), and the producer's.
-const CONSUMER_REGS: usize = 240;
+/// Registers the producer thread's warpgroup keeps (`setmaxnreg`).
 const PRODUCER_REGS: usize = 24;
+
+/// Registers a consumer thread gets (`setmaxnreg`): the register file (64K)
+/// less the producer's, shared by `consumers` warpgroups, in steps of 8.
+fn consumer_regs(consumers: usize) -> usize {
+    ((65536 / 128 - PRODUCER_REGS) / consumers.max(1)).min(240) / 8 * 8
+}
+
+/// Accumulator registers (scores and output) a consumer thread may hold: its
+/// share less what the packed `p`, the row statistics and addresses take (160
+/// of 240 with one or two consumer warpgroups; 96 of 160 with three, where the
+/// key block's `p` is at most 128 keys: FlashAttention-3's head dimension 64).
+fn held_limit(consumers: usize) -> usize {
+    consumer_regs(consumers) - if consumers >= 3 { 64 } else { 80 }
+}
 
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
     let products = 2 + a.more_scores.len() + a.more_updates.len();
@@ -229,7 +243,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20     tf_mbar_wait(tf_done(), 0);  // the consumers finished: bounded, see tf_mbar_spin\n\
          \x20   }}\n\
          \x20 }} else {{\n\
-         \x20   asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};\");\n\
+         \x20   asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {creg};\");\n\
          \x20   // Consumer warp w (0..{last}) owns rows 16w..16w+15; its warpgroup's 64 rows\n\
          \x20   // start at 64 · (w / 4) in each panel of q.\n\
          \x20   const int lane = tid & 31, tf_cw = warp - 4;\n\
@@ -242,16 +256,21 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         v_load = load("v", "tf_sv + s * KVu", "tf_row", "tf_bv + s * 8", g.bn)
             .replace("KV", &kv_bytes.to_string()),
         last = 4 * consumers - 1,
+        creg = consumer_regs(consumers),
         wg_rows = 64 * 128,
         deferred = if g.defer_pv {
             format!(
                 "    tf_u32 tf_pa[{kk}][4];  // the last tile's `p`, multiplied with its `v` next iteration\n{first}",
                 kk = g.bn / 16,
-                first = if consumers == 2 {
-                    "    // The warpgroups take turns at the tensor cores, the first one first.\n\
-                     \x20   if (tf_cw >= 4 && tf_nt > 0) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");\n"
+                first = if consumers >= 2 {
+                    // The last warpgroup gives the first its first turn.
+                    format!(
+                        "    // The warpgroups take turns at the tensor cores, the first one first.\n\
+                         \x20   if (tf_cw >= {} && tf_nt > 0) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");\n",
+                        4 * (consumers - 1)
+                    )
                 } else {
-                    ""
+                    String::new()
                 }
             )
         } else {
@@ -352,12 +371,12 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
     let b = |d: DimId| c.block_sizes[d];
     super::shared_blocks(e, a)?;
     let (bm, bn, hd, warps) = (b(a.m), b(a.n), b(a.d), c.num_warps);
-    if !matches!(warps, 4 | 8) || bm != 16 * warps {
+    if !matches!(warps, 4 | 8 | 12) || bm != 16 * warps {
         return Err(config_err(
             e.k,
             c,
             format!(
-                "the wgmma attention path runs 4 or 8 consumer warps (one or two warpgroups of 64 rows) with \
+                "the wgmma attention path runs 4, 8 or 12 consumer warps (one to three warpgroups of 64 rows) with \
                  a row block of 16 × num_warps; got {warps} warps and a row block of {bm}"
             ),
         ));
@@ -383,15 +402,19 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
     // compute on zero columns that TMA fills in.
     let hd = hd.max(64);
     let held = (bn + hd) / 2;
-    if held > 160 {
+    let consumers = warps / 4;
+    if held > held_limit(consumers) {
         return Err(config_err(
             e.k,
             c,
             format!(
-                "a consumer thread would hold {held} accumulator registers (scores {} + output {}) of its {CONSUMER_REGS}; \
-                 take a smaller key block",
+                "a consumer thread would hold {held} accumulator registers (scores {} + output {}) of its {} \
+                 ({consumers} consumer warpgroups; at most {} for accumulators); take a smaller key block{}",
                 bn / 2,
-                hd / 2
+                hd / 2,
+                consumer_regs(consumers),
+                held_limit(consumers),
+                if consumers == 3 { " or fewer warps" } else { "" }
             ),
         ));
     }
@@ -418,19 +441,33 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
 /// the previous tile's `p·v` goes first in the same group; when the group
 /// completes, this tile's `k` and the previous tile's `v` are released (apart,
 /// so the producer refills `k` a tile before `v`: with a shared release, two
-/// stages left every tile waiting for its loads); with two consumer warpgroups each issues
-/// its group in turn (named barriers 2 and 3), so one warpgroup's softmax runs
-/// while the other's products keep the tensor cores busy.
+/// stages left every tile waiting for its loads); with two or three consumer
+/// warpgroups each issues its group in turn (warpgroup `i` waits at named barrier
+/// `2 + i`, then gives the next its turn), so one warpgroup's softmax runs while
+/// another's products keep the tensor cores busy.
 pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
     let panel = |rows: usize| rows * 128;
-    let pingpong = g.defer_pv && g.warps == 8;
+    let groups = g.warps / 4;
+    let pingpong = g.defer_pv && groups >= 2;
     let mut out = String::new();
     if pingpong {
+        // Immediate barrier ids, a branch per warpgroup (uniform in each).
         let _ = writeln!(
             out,
-            "{ind}if (tf_cw < 4) asm volatile(\"bar.sync 2, 256;\" ::: \"memory\");\n\
-             {ind}else asm volatile(\"bar.sync 3, 256;\" ::: \"memory\");"
+            "{ind}if (tf_cw < 4) asm volatile(\"bar.sync 2, 256;\" ::: \"memory\");"
         );
+        for w in 1..groups {
+            let cond = if w + 1 < groups {
+                format!("if (tf_cw < {}) ", 4 * (w + 1))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "{ind}else {cond}asm volatile(\"bar.sync {}, 256;\" ::: \"memory\");",
+                2 + w
+            );
+        }
     }
     let _ = writeln!(
         out,
@@ -475,12 +512,21 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
         out.push_str(&commit);
     }
     if pingpong {
-        // Every turn one warpgroup takes is one the other gave: the second
-        // gives none after its last (the first's initial turn was given before the loop).
+        // Every turn one warpgroup takes is one the previous gave: the last
+        // gives none after its last tile (the first's initial turn was given
+        // before the loop).
+        for w in 0..groups - 1 {
+            let _ = writeln!(
+                out,
+                "{ind}{}if (tf_cw < {}) asm volatile(\"bar.arrive {}, 256;\" ::: \"memory\");",
+                if w > 0 { "else " } else { "" },
+                4 * (w + 1),
+                3 + w
+            );
+        }
         let _ = writeln!(
             out,
-            "{ind}if (tf_cw < 4) asm volatile(\"bar.arrive 3, 256;\" ::: \"memory\");\n\
-             {ind}else if (tf_it + 1 < tf_nt) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");"
+            "{ind}else if (tf_it + 1 < tf_nt) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");"
         );
     }
     if g.overlap {

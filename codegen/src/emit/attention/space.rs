@@ -27,13 +27,17 @@ pub(super) fn axes(a: &AttentionShape) -> Vec<Axis> {
 /// without it; then the `mma.sync` program's (rows, keys a step, warps),
 /// FlashAttention-2's shapes first.
 pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
-    const HOPPER: [(usize, usize, usize); 6] = [
+    // 192 rows: three consumer warpgroups (head dimension 64 only: their
+    // registers hold 96 accumulators a thread), FlashAttention-3's tile there.
+    const HOPPER: [(usize, usize, usize); 8] = [
         (128, 128, 3),
         (128, 176, 2),
         (128, 64, 4),
         (128, 128, 2),
         (64, 128, 3),
         (64, 64, 4),
+        (192, 128, 2),
+        (192, 128, 3),
     ];
     const PROVEN: [(usize, usize, usize); 7] = [
         (128, 64, 4),
