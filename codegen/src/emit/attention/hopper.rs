@@ -102,8 +102,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             .filter(|(i, _)| *i < a.scores || *i > a.update)
             .all(|(_, s)| !stmt_reads(s, a.acc));
     }
-    g.overlap =
-        g.defer_pv && e.cfg.overlap && a.more_scores.is_empty() && a.more_updates.is_empty();
+    g.overlap = g.defer_pv && e.cfg.overlap && a.is_forward();
     let threads = 128 * (consumers + 1);
     let q_bytes = g.bm * g.hd * 2;
     let kv_bytes = g.bn * g.hd * 2;

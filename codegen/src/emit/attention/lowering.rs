@@ -38,7 +38,7 @@ impl Lowering for Attention {
     /// registers beside the output's; with two outputs (dK and dV) 32 keys
     /// (the loop's queries) a step as well.
     fn default_config(&self, k: &Kernel, a: &AttentionShape) -> Config {
-        let more = !a.more_scores.is_empty() || !a.more_updates.is_empty();
+        let more = !a.is_forward();
         let rows = if more { 64 } else { 128 };
         let mut bs = vec![1; k.dims.len()];
         bs[a.row_tile()] = rows;
@@ -86,11 +86,7 @@ impl Lowering for Attention {
                 *m = b;
             }
         }
-        if *given == self.default_config(k, a)
-            && fitted.block_sizes[a.d] > 128
-            && a.more_scores.is_empty()
-            && a.more_updates.is_empty()
-        {
+        if *given == self.default_config(k, a) && fitted.block_sizes[a.d] > 128 && a.is_forward() {
             fitted = fitted.num_warps(8);
         }
         if *given == wgmma_default(k, a) && fitted.block_sizes[a.d] > 128 {
@@ -102,10 +98,9 @@ impl Lowering for Attention {
         // 1.423 → 1.200 ms, causal 0.828 → 0.781 (docs/perf-history.md, "Three
         // consumer warpgroups at head dimension 64").
         // Packed sequences keep 128 rows: their causal program spills 8 bytes at 192.
-        let forward = a.more_scores.is_empty() && a.more_updates.is_empty();
         if *given == wgmma_default(k, a)
             && fitted.block_sizes[a.d] <= 64
-            && forward
+            && a.is_forward()
             && a.packed.is_none()
         {
             fitted.block_sizes[a.row_tile()] = 192;
@@ -181,7 +176,7 @@ fn wgmma_default(k: &Kernel, a: &AttentionShape) -> Config {
     bs[a.m] = 128;
     bs[a.n] = 128;
     bs[a.d] = 128;
-    let forward = a.more_scores.is_empty() && a.more_updates.is_empty();
+    let forward = a.is_forward();
     Config::new(&bs)
         .num_warps(8)
         .num_stages(3)

@@ -133,6 +133,12 @@ impl AttentionShape {
         }
     }
 
+    /// Whether the key loop takes the forward's two products a step (`q·kᵀ`
+    /// and `p·v`) and no more (the backward's kernels take more).
+    pub fn is_forward(&self) -> bool {
+        self.more_scores.is_empty() && self.more_updates.is_empty()
+    }
+
     /// The tile whose block is the rows a program takes (the config's
     /// choice): the rows, or a packed kernel's grid tile over them.
     pub fn row_tile(&self) -> DimId {
