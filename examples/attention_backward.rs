@@ -8,7 +8,7 @@
 //! over them). Every gradient is checked against float64.
 //!
 //! ```text
-//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench]   (default 1 2 200 64)
+//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]   (default 1 2 200 64)
 //! ```
 //!
 //! The forward takes the attention program, and so do the backward's
@@ -17,7 +17,10 @@
 //! grid's keys as the program's rows, the queries streamed (`q·kᵀ` computed
 //! as `k·qᵀ`), dV and dK two accumulators and the loop over a group's query
 //! heads around the query loop. Scores and accumulators stay in registers.
-//! The Hopper (`wgmma`) program runs the forward's form only.
+//! The Hopper (`wgmma`) program runs them too (`--hopper`): K and V (or Q and
+//! dO) in shared memory, the streamed operands in a ring filled by TMA, each
+//! product a `wgmma` group; the untuned default keeps `mma.sync` until it is
+//! measured.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -415,6 +418,10 @@ struct Cli {
     /// only the first batch's first key/value head is checked.
     #[arg(long)]
     bench: bool,
+    /// Run dQ and dK/dV on the Hopper (`wgmma`) program's default instead of
+    /// the untuned default (the `mma.sync` program).
+    #[arg(long)]
+    hopper: bool,
 }
 
 fn main() -> ExitCode {
@@ -427,14 +434,14 @@ fn main() -> ExitCode {
         [] => [1, 2, 200, 64],
         [b, h, s, d] if [*b, *h, *s, *d].contains(&0) => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench]: every size must be at least 1"
+                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]: every size must be at least 1"
             );
             return ExitCode::from(2);
         }
         [b, h, s, d] => [*b, *h, *s, *d],
         other => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench]: expected four sizes, got {}",
+                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]: expected four sizes, got {}",
                 other.len()
             );
             return ExitCode::from(2);
@@ -443,7 +450,7 @@ fn main() -> ExitCode {
     let hk = cli.kv_heads.unwrap_or(shape[1]);
     if hk == 0 || shape[1] % hk != 0 {
         eprintln!(
-            "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench]: --kv-heads {hk}: expected a divisor of the {} query heads",
+            "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]: --kv-heads {hk}: expected a divisor of the {} query heads",
             shape[1]
         );
         return ExitCode::from(2);
@@ -452,10 +459,11 @@ fn main() -> ExitCode {
         let dev = Device::current()?;
         let [b, h, s, d] = shape;
         println!(
-            "device: {} ({}), attention backward over q [{b}x{h}x{s}x{d}], k, v [{b}x{hk}x{s}x{d}] bf16{}",
+            "device: {} ({}), attention backward over q [{b}x{h}x{s}x{d}], k, v [{b}x{hk}x{s}x{d}] bf16{}{}",
             dev.name(),
             dev.arch(),
-            if cli.causal { ", causal" } else { "" }
+            if cli.causal { ", causal" } else { "" },
+            if cli.hopper { ", Hopper program" } else { "" }
         );
         let p = Problem::grouped(shape, hk, cli.causal)?;
         p.forward()?;
@@ -494,5 +502,21 @@ fn main() -> ExitCode {
         }
         Ok(ok)
     };
-    exit_code(run())
+    if !cli.hopper {
+        return exit_code(run());
+    }
+    let (dq, dkdv) = (attention_dq::kernel(), attention_dkdv::kernel());
+    let hopper = |k: &tilefuse::KernelDef| -> tilefuse::Result<Config> {
+        tilefuse::codegen::default_wgmma_attention(k.ir()?).ok_or_else(|| {
+            tilefuse::Error::Argument {
+                context: "attention_backward".into(),
+                arg: "--hopper".into(),
+                message: format!("`{}` is not an attention kernel", k.name()),
+            }
+        })
+    };
+    exit_code(hopper(dq).and_then(|c| {
+        let kv = hopper(dkdv)?;
+        dkdv.with_config(kv, || dq.with_config(c, run))
+    }))
 }

@@ -692,8 +692,8 @@ fn packed_sequences_take_the_attention_lowering() {
 /// `dQ += dS·K`) takes the attention lowering: `dO` a second row operand
 /// beside `q` in shared memory, `k` and `v` streamed (their loads waited for
 /// where first read), 16 rows a warp by default so both scores fit beside the
-/// accumulator; the Hopper program refuses it (two products a step) and the
-/// Hopper default is the `mma.sync` one.
+/// accumulator; the Hopper default stays the `mma.sync` one (the Hopper
+/// program takes it too: see `the_hopper_program_runs_the_backwards_kernels`).
 #[test]
 fn the_backwards_dq_takes_the_attention_lowering() {
     use common::examples::attention_backward::attention_dq;
@@ -733,13 +733,102 @@ fn the_backwards_dq_takes_the_attention_lowering() {
         src.contains("tf_ldmatrix_x4_trans(tf_bf, (tf_kb + tf_vl"),
         "dS·K reads k"
     );
-    let err = lower(ir, &spec, &default_wgmma_attention(ir).unwrap())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("two products a key step") && err.contains("has 3"),
-        "{err}"
-    );
+}
+
+/// The Hopper program runs the backward's kernels (more products a step, a
+/// loop over a group's query heads around dK/dV's key loop): both row
+/// operands' tiles by TMA on one barrier, each key operand in its own ring;
+/// each product a `wgmma` group, the two score-like ones issued first (the
+/// second from `dO` and `v`), a wait where each result is first read and
+/// none between the two updates; `lse` and `delta` of the step's queries
+/// staged in shared memory once a warpgroup; the scores' first `wgmma`
+/// overwriting instead of zeroed accumulators. Its default (opt-in until
+/// measured): 128 rows, 64 keys a step (48 for dK/dV at head dimension 128),
+/// three stages; NVRTC compiles it without spills.
+#[test]
+fn the_hopper_program_runs_the_backwards_kernels() {
+    use common::examples::attention_backward::{attention_dkdv, attention_dq};
+    use tilefuse::codegen::config::default_config_at;
+    for (def, queries) in [(attention_dq::kernel(), 64), (attention_dkdv::kernel(), 48)] {
+        let ir = def.ir().unwrap();
+        let mut spec = def.declared_spec().unwrap();
+        spec.constexprs = vec![1];
+        let ext: Vec<Option<usize>> = ir
+            .dims
+            .iter()
+            .map(|d| Some(if d.whole { 128 } else { 2048 }))
+            .collect();
+        let plain = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
+        assert!(
+            !plain.wgmma,
+            "{} keeps mma.sync by default: {plain}",
+            def.name()
+        );
+        let c = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext);
+        let (a, _) = planned_attention(ir);
+        assert_eq!(
+            (
+                c.block_sizes[a.m],
+                c.block_sizes[a.n],
+                c.num_warps,
+                c.num_stages
+            ),
+            (128, queries, 8, 3),
+            "{}",
+            def.name()
+        );
+        let err = lower(ir, &spec, &c.clone().overlap(true))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("drop `overlap`"), "{err}");
+        let l = lower(ir, &spec, &c).unwrap();
+        assert_eq!(l.path, "attention (wgmma)");
+        let src = &l.source;
+        let at = |x: &str| src.find(x).unwrap_or_else(|| panic!("{x} in {src}"));
+        // Both row operands on q's barrier, two rings.
+        assert!(src.contains("tf_mbar_expect_tx(tf_bq, 65536u);"), "{src}");
+        assert!(src.contains("&tf_map_r1, 64,"), "{src}");
+        assert!(
+            src.contains("tf_mbar_spin(tf_bv + tf_st * 8, tf_ph);"),
+            "{src}"
+        );
+        // S and dP issued first, dP from the second row operand's tile.
+        let (s, dp) = (at("tf_wgmma_sd(&tf_s[0]"), at("tf_wgmma_sd(&tf_s1[0]"));
+        assert!(s < dp, "S before dP");
+        assert!(src.contains("tf_wgmma_desc(tf_qw + 32768u + "), "{src}");
+        assert!(src.contains("1024u), tf_ks);"), "the first step overwrites");
+        assert!(
+            !src.contains("tf_s1[tf_mi][tf_j][tf_h * 2 + tf_e] = 0.0f"),
+            "no zeroing"
+        );
+        let first_wait = at("wgmma.wait_group.sync.aligned 1;");
+        assert!(dp < first_wait, "dP is in flight while S's result is read");
+        // Column vectors: dK/dV's lse and delta, staged.
+        if def.name() == "attention_dkdv" {
+            assert!(
+                src.contains("__shared__ float tf_cv[2][2][2][48];"),
+                "{src}"
+            );
+            assert!(src.contains("tf_cv[tf_cw >> 2][tf_it & 1][0][tf_j * 8 + 2 * tf_t + tf_e]"));
+            // The group's query heads: one sequence of steps, the key operands'
+            // head computed at each.
+            assert!(src.contains("tf_it < tf_steps;"), "{src}");
+            assert!(src.contains("const long long tf_kv1 = "), "{src}");
+        }
+        if common::nvrtc_or_skip() {
+            let log = tilefuse::runtime::jit::resource_report(def.name(), src, "sm_90a").unwrap();
+            assert!(
+                log.contains(" 0 bytes spill stores"),
+                "{}: {log}",
+                def.name()
+            );
+            assert!(
+                !log.contains("C7517"),
+                "{}: a wait ptxas added: {log}",
+                def.name()
+            );
+        }
+    }
 }
 
 /// The backward's dK/dV kernel takes the attention lowering too: its grid's

@@ -130,6 +130,19 @@ pub(super) enum WgmmaA {
 /// (`const tf_u32*`), `db` a descriptor of B, read transposed (MN-major) with
 /// `trans_b`.
 pub(super) fn wgmma_fn(name: &str, n: usize, dtype: DType, a: WgmmaA, trans_b: bool) -> String {
+    wgmma_fn_of(name, n, dtype, a, trans_b, false)
+}
+
+/// [`wgmma_fn`] as `name(d, a, db, acc)`: it adds to `d` only where `acc` is
+/// not 0, and overwrites it where it is (`wgmma`'s `scale-d`). A product's
+/// first step with `acc` 0 needs no zeroed accumulators: zeroing them from one
+/// constant register, which ptxas coalesces with an accumulator of a product
+/// still in flight, made it wait for that product (its warning C7517).
+pub(super) fn wgmma_fn_acc(name: &str, n: usize, dtype: DType, a: WgmmaA, trans_b: bool) -> String {
+    wgmma_fn_of(name, n, dtype, a, trans_b, true)
+}
+
+fn wgmma_fn_of(name: &str, n: usize, dtype: DType, a: WgmmaA, trans_b: bool, acc: bool) -> String {
     let ty = if dtype == DType::BF16 { "bf16" } else { "f16" };
     let m = n / 2;
     let regs: Vec<String> = (0..m).map(|i| format!("%{i}")).collect();
@@ -152,13 +165,15 @@ pub(super) fn wgmma_fn(name: &str, n: usize, dtype: DType, a: WgmmaA, trans_b: b
         ),
     };
     format!(
-        r#"__device__ __forceinline__ void {name}(float* d, {a_decl}, tf_u64 db) {{
+        r#"__device__ __forceinline__ void {name}(float* d, {a_decl}, tf_u64 db{acc_decl}) {{
   asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{s}, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{regs}}}, {a_slot}, %{db}, p, {flags}; }}"
                : {outs}
-               : {a_in}, "l"(db), "r"(1));
+               : {a_in}, "l"(db), "r"({acc_in}));
 }}
 "#,
+        acc_decl = if acc { ", int acc" } else { "" },
+        acc_in = if acc { "acc" } else { "1" },
         s = next + 1,
         db = next,
         regs = regs.join(", "),

@@ -155,6 +155,10 @@ pub(super) struct Frags<'g> {
     pub masked: bool,
     /// Indentation of the code being emitted.
     pub ind: String,
+    /// Loads of the key loop's step staged in shared memory (the Hopper
+    /// program's column vectors, see `hopper`), with the C expression that
+    /// reads an element of the scores layout there.
+    pub staged: Vec<(Expr, String)>,
 }
 
 impl Frags<'_> {
@@ -222,6 +226,9 @@ impl Frags<'_> {
             }
         }
         c.precomputed = pre.to_vec();
+        if l == Layout::Scores {
+            c.precomputed.extend(self.staged.iter().cloned());
+        }
         c
     }
 

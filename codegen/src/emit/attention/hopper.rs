@@ -15,11 +15,11 @@
 //!   operands, `v` as a transposed (MN-major) shared operand. Each consumer warp
 //!   releases a stage's `k` when its `q·kᵀ` is done and its `v` when its `p·v` is.
 
-use super::super::hopper::{tma_load_fn, wgmma_fn, WgmmaA, HELPERS};
+use super::super::hopper::{tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
 use super::frag::{Frags, Geo};
 use super::AttentionShape;
-use super::{key_tiles, loop_body, operands, outside, uniform_compares, without};
+use super::{key_tiles, loop_body, operands, outside, uniform_compares, without, KeyOp, RowOp};
 use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
@@ -44,23 +44,32 @@ fn held_limit(consumers: usize) -> usize {
     consumer_regs(consumers) - if consumers >= 3 { 64 } else { 80 }
 }
 
+/// With more products a step (the backward's: two score-like products, one
+/// or two updates), what the accumulators may take: the packed operands of
+/// the updates are a quarter of the scores' registers, and no row statistics
+/// stay live (FlashAttention-3's dK/dV at head dimension 128: 64 keys, 64
+/// queries a step, 192 accumulators of 240).
+fn held_limit_backward(consumers: usize) -> usize {
+    consumer_regs(consumers) - 48
+}
+
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
-    let products = 2 + a.more_scores.len() + a.more_updates.len();
-    if products > 2 || !a.outer_each.is_empty() || a.kv_exprs.iter().any(Option::is_some) {
+    let (rows, rings) = (a.row_operands(), rings(a));
+    if rings.len() > 2 {
         return Err(config_err(
             e.k,
             e.cfg,
             format!(
-                "the wgmma attention path runs the forward's form: two products a key step (`q·kᵀ` and `p·v`; this \
-                 kernel has {products}), no loop around the keys', keys indexed by the query's head or its group's; \
-                 leave `wgmma` unset"
+                "the wgmma attention path streams two operands a key step (`k` and `v`, or the backward's two); \
+                 this kernel's products read {}; leave `wgmma` unset",
+                rings.len()
             ),
         ));
     }
     let mut g = geometry(e, a)?;
     let dtype = operands(e, a)?;
     let rank = e.spec.tensors[a.q].rank;
-    for t in [a.k, a.v] {
+    for &t in rows.iter().chain(&rings) {
         if e.spec.tensors[t].rank != rank {
             return Err(config_err(
                 e.k,
@@ -92,40 +101,58 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     }
     let consumers = g.warps / 4;
     let stages = g.stages;
+    let forward = a.is_forward();
+    // The key loop, inside the loops over `each` tiles around it (the
+    // backward's dK/dV: a group's query heads), all walked as one sequence of
+    // steps through the ring.
+    let mut key_loop = &body[a.kv_loop];
+    for _ in &a.outer_each {
+        if let Stmt::Loop { body: inner, .. } = key_loop {
+            key_loop = &inner[0];
+        }
+    }
     // A tile's `p·v` may wait to be issued with the next tile's `q·kᵀ` (and is
     // complete when that returns) if nothing in the key loop between the two
     // reads the output accumulator.
-    if let Stmt::Loop { body, .. } = &body[a.kv_loop] {
+    if let (true, Stmt::Loop { body, .. }) = (forward, key_loop) {
         g.defer_pv = body
             .iter()
             .enumerate()
             .filter(|(i, _)| *i < a.scores || *i > a.update)
             .all(|(_, s)| !stmt_reads(s, a.acc));
     }
-    g.overlap = g.defer_pv && e.cfg.overlap && a.is_forward();
+    g.overlap = g.defer_pv && e.cfg.overlap && forward;
     let threads = 128 * (consumers + 1);
     let q_bytes = g.bm * g.hd * 2;
     let kv_bytes = g.bn * g.hd * 2;
     let panels = g.hd / 64;
-    let tiles = q_bytes + 2 * stages * kv_bytes;
-    let bars = 8 * (1 + 4 * stages);
+    let tiles = rows.len() * q_bytes + rings.len() * stages * kv_bytes;
+    let bars = 8 * (1 + 2 * rings.len() * stages);
     let shared = tiles + bars + ATOM;
 
     let mut helpers = String::from(HELPERS);
     if rank != 2 {
         helpers += &tma_load_fn(rank);
     }
-    helpers += &wgmma_fn("tf_wgmma_qk", g.bn, dtype, WgmmaA::Shared, false);
+    helpers += &if forward {
+        wgmma_fn("tf_wgmma_qk", g.bn, dtype, WgmmaA::Shared, false)
+    } else {
+        wgmma_fn_acc("tf_wgmma_sd", g.bn, dtype, WgmmaA::Shared, false)
+    };
     helpers += &wgmma_fn("tf_wgmma_pv", g.hd, dtype, WgmmaA::Registers, true);
     helpers += &super::pack_fn(dtype);
-    let maps: Vec<(Param, String)> = [("q", a.q, g.bm), ("k", a.k, g.bn), ("v", a.v, g.bn)]
-        .into_iter()
+    let named: Vec<(String, TensorId, usize)> = (rows.iter().enumerate())
+        .map(|(r, &t)| (RowOp(r).name(), t, g.bm))
+        .chain((rings.iter().enumerate()).map(|(i, &t)| (KeyOp(i).name(), t, g.bn)))
+        .collect();
+    let maps: Vec<(Param, String)> = named
+        .iter()
         .map(|(name, t, rows)| {
             (
                 Param::TensorMap {
-                    tensor: t,
+                    tensor: *t,
                     box_inner: 64,
-                    box_outer: rows,
+                    box_outer: *rows,
                     rows_axis: Some(a.row_axis),
                 },
                 format!("const __grid_constant__ tf_tmap tf_map_{name}"),
@@ -136,32 +163,92 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let params = e.begin(threads, 1, &helpers, &extra);
     let (m, n) = (a.m, a.n);
     super::program_tiles(e, a);
-    let kv = super::kv_batch(e, a)?;
+    // Key operands indexed by an `each` loop around the key loop find their
+    // rows at each step (the producer's, below).
+    let kv = if a.outer_each.is_empty() {
+        super::kv_batch(e, a)?
+    } else {
+        Vec::new()
+    };
+    let ops: Vec<KeyOp> = (0..rings.len()).map(KeyOp).collect();
+    // The rings' bases after the row operands' tiles, then the barriers: the
+    // row operands', each ring's arrivals, then each ring's releases.
+    let mut bases = String::new();
+    let mut prev = ("tf_sq".to_string(), rows.len() * q_bytes);
+    for o in &ops {
+        let _ = write!(bases, "{} = {} + {}u, ", o.ring(), prev.0, prev.1);
+        prev = (o.ring(), stages * kv_bytes);
+    }
+    let _ = write!(bases, "tf_bq = {} + {}u", prev.0, prev.1);
+    let mut bar_names = String::new();
+    let mut prev = ("tf_bq".to_string(), 8);
+    for name in ops
+        .iter()
+        .map(KeyOp::full)
+        .chain(ops.iter().map(KeyOp::empty))
+    {
+        let _ = write!(
+            bar_names,
+            "{}{name} = {} + {}u",
+            if bar_names.is_empty() { "" } else { ", " },
+            prev.0,
+            prev.1
+        );
+        prev = (name, stages * 8);
+    }
+    let inits: String = ops
+        .iter()
+        .map(|o| format!("      tf_mbar_init({} + s * 8, 1);\n", o.full()))
+        .chain(
+            ops.iter()
+                .map(|o| format!("      tf_mbar_init({} + s * 8, {{cw}});\n", o.empty())),
+        )
+        .collect::<String>()
+        .replace("{cw}", &(4 * consumers).to_string());
+    let row_bases: String = (1..rows.len())
+        .map(|r| {
+            format!(
+                "  const tf_u32 {} = tf_sq + {}u;\n",
+                RowOp(r).base(),
+                r * q_bytes
+            )
+        })
+        .collect();
+    let layout = if forward {
+        format!(
+            "  // Tiles from a 1024-byte boundary: q ({panels} panels of 64 columns), then the\n\
+             \x20 // rings of k and v ({stages} stages), then the barriers: q's, each stage's k and\n\
+             \x20 // v arrivals, and its k and v releases by the consumer warps (apart: a\n\
+             \x20 // tile's k is done with before its v).\n"
+        )
+    } else {
+        format!(
+            "  // Tiles from a 1024-byte boundary: the {r} row operands ({panels} panels of 64\n\
+             \x20 // columns each), then the rings of the {k} key operands ({stages} stages), then\n\
+             \x20 // the barriers: the row operands', each stage's arrivals of each key operand,\n\
+             \x20 // and their releases by the consumer warps once the step's products are done.\n",
+            r = rows.len(),
+            k = rings.len(),
+        )
+    };
     let _ = write!(
         e.out,
         "  const int warp = tid >> 5;\n\
-         \x20 // Tiles from a 1024-byte boundary: q ({panels} panels of 64 columns), then the\n\
-         \x20 // rings of k and v ({stages} stages), then the barriers: q's, each stage's k and\n\
-         \x20 // v arrivals, and its k and v releases by the consumer warps (apart: a\n\
-         \x20 // tile's k is done with before its v).\n\
+         {layout}\
          \x20 const tf_u32 tf_sq = (tf_smem_u32(tf_smem) + {atom_m1}u) & ~{atom_m1}u;\n\
-         \x20 const tf_u32 tf_sk = tf_sq + {q_bytes}u, tf_sv = tf_sk + {ring}u, tf_bq = tf_sv + {ring}u;\n\
-         \x20 const tf_u32 tf_bk = tf_bq + 8u, tf_bv = tf_bk + {sb}u, tf_ek = tf_bv + {sb}u, tf_ev = tf_ek + {sb}u;\n\
+         \x20 const tf_u32 {bases};\n\
+         \x20 const tf_u32 {bar_names};\n\
+         {row_bases}\
          \x20 if (tid == 0) {{\n\
          \x20   tf_mbar_init(tf_bq, 1);\n\
          \x20   tf_mbar_init(tf_done(), {cw});\n\
          \x20   for (int s = 0; s < {stages}; ++s) {{\n\
-         \x20     tf_mbar_init(tf_bk + s * 8, 1);\n\
-         \x20     tf_mbar_init(tf_bv + s * 8, 1);\n\
-         \x20     tf_mbar_init(tf_ek + s * 8, {cw});\n\
-         \x20     tf_mbar_init(tf_ev + s * 8, {cw});\n\
+         {inits}\
          \x20   }}\n\
          \x20   asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n\
          \x20 }}\n\
          \x20 __syncthreads();\n",
         atom_m1 = ATOM - 1,
-        ring = stages * kv_bytes,
-        sb = stages * 8,
         cw = 4 * consumers,
     );
     // Block-level statements before the key loop run on every thread: the
@@ -185,11 +272,50 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         body: kv_body,
         until,
         range,
-    } = &body[a.kv_loop]
+    } = key_loop
     else {
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
     };
     key_tiles(e, *dim, range.as_deref(), until.as_ref())?;
+    // Steps: the key tiles, once for each index of the `each` loops around
+    // them (`tf_it / tf_nt` counts those, the innermost fastest).
+    let steps = if a.outer_each.is_empty() {
+        "tf_nt".to_string()
+    } else {
+        let count: Vec<String> = a
+            .outer_each
+            .iter()
+            .map(|&x| format!(" * (long long)({})", e.end(x)))
+            .collect();
+        let _ = writeln!(
+            e.out,
+            "  const int tf_steps = (int)tf_min_i((long long)tf_nt{}, 0x7fffffffll);",
+            count.concat()
+        );
+        "tf_steps".to_string()
+    };
+    let each_tiles = |e: &Emitter, ind: &str| -> String {
+        if a.outer_each.is_empty() {
+            return String::new();
+        }
+        let mut out = format!(
+            "{ind}const int tf_ti = tf_it % tf_nt;\n{ind}long long tf_rest = tf_it / tf_nt;\n"
+        );
+        for &x in a.outer_each.iter().rev() {
+            let _ = write!(
+                out,
+                "{ind}const long long tb{x} = tf_rest % ({ext});  // tile `{name}`\n{ind}tf_rest /= ({ext});\n",
+                ext = e.end(x),
+                name = e.k.dims[x].name,
+            );
+        }
+        out + &format!("{ind}(void)tf_rest;\n")
+    };
+    let tile_of_step = if a.outer_each.is_empty() {
+        "tf_it"
+    } else {
+        "tf_ti"
+    };
     // TMA coordinates, innermost first: column, then the other axes from the
     // last in: the row's and the batch tiles' (keys' and values' own: a
     // grouped head's).
@@ -208,36 +334,83 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         axes.iter().map(|c| format!(", {c}")).collect()
     };
     let q_idx: Vec<String> = a.batch.iter().map(|b| format!("tb{b}")).collect();
-    let load = |map: &str, dst: &str, row: &str, bar: &str, rows: usize| -> String {
-        let at = coords(if map == "q" { &q_idx } else { &kv }, row);
-        (0..panels)
-            .map(|p| {
-                format!(
+    let load =
+        |map: &str, idx: &[String], dst: &str, row: &str, bar: &str, rows: usize| -> String {
+            let at = coords(idx, row);
+            (0..panels)
+                .map(|p| {
+                    format!(
                     "        tf_tma_{rank}d({dst} + {off}u, &tf_map_{map}, {col}{at}, {bar});\n",
                     off = p * rows * 128,
                     col = p * 64
                 )
-            })
-            .collect()
+                })
+                .collect()
+        };
+    let row_loads: String = (0..rows.len())
+        .map(|r| {
+            let dst = if r == 0 {
+                "tf_sq".to_string()
+            } else {
+                RowOp(r).base()
+            };
+            load(
+                &RowOp(r).name(),
+                &q_idx,
+                &dst,
+                &format!("tb{m}"),
+                "tf_bq",
+                g.bm,
+            )
+            .replace("        ", "      ")
+        })
+        .collect();
+    // The key operands' batch indices where `each` loops index them: at each step.
+    let (kv, kv_lines) = if a.outer_each.is_empty() {
+        (kv, String::new())
+    } else {
+        let at = e.out.len();
+        let kv = super::kv_batch(e, a)?;
+        let lines: String = (e.out.split_off(at).lines())
+            .map(|l| format!("        {}\n", l.trim_start()))
+            .collect();
+        (kv, lines)
     };
+    let ring_loads: String = ops
+        .iter()
+        .map(|o| {
+            format!(
+                "        if (tf_it >= {stages}) tf_mbar_wait({empty} + s * 8, tf_free);\n\
+                 \x20       tf_mbar_expect_tx({full} + s * 8, {kv_bytes}u);\n\
+                 {loads}",
+                empty = o.empty(),
+                full = o.full(),
+                loads = load(
+                    &o.name(),
+                    &kv,
+                    &format!("{} + s * {kv_bytes}u", o.ring()),
+                    "tf_row",
+                    &format!("{} + s * 8", o.full()),
+                    g.bn
+                ),
+            )
+        })
+        .collect();
     let _ = write!(
         e.out,
         "  if (warp < 4) {{\n\
          \x20   // Producer: one thread issues every load.\n\
          \x20   asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");\n\
          \x20   if (tid == 0) {{\n\
-         \x20     tf_mbar_expect_tx(tf_bq, {q_bytes}u);\n\
-         {q_load}\
-         \x20     for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{\n\
+         \x20     tf_mbar_expect_tx(tf_bq, {row_bytes}u);\n\
+         {row_loads}\
+         \x20     for (int tf_it = 0; tf_it < {steps}; ++tf_it) {{\n\
          \x20       const int s = tf_it % {stages};\n\
          \x20       const tf_u32 tf_free = ((tf_it / {stages}) & 1) ^ 1;  // the stage's last tile released it\n\
-         \x20       const int tf_row = (int)(tf_beg{n} + (long long)tf_it * B{n});\n\
-         \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_ek + s * 8, tf_free);\n\
-         \x20       tf_mbar_expect_tx(tf_bk + s * 8, {kv_bytes}u);\n\
-         {k_load}\
-         \x20       if (tf_it >= {stages}) tf_mbar_wait(tf_ev + s * 8, tf_free);\n\
-         \x20       tf_mbar_expect_tx(tf_bv + s * 8, {kv_bytes}u);\n\
-         {v_load}\
+         {each}\
+         {kv_lines}\
+         \x20       const int tf_row = (int)(tf_beg{n} + (long long){tile_of_step} * B{n});\n\
+         {ring_loads}\
          \x20     }}\n\
          \x20     tf_mbar_wait(tf_done(), 0);  // the consumers finished: bounded, see tf_mbar_spin\n\
          \x20   }}\n\
@@ -249,11 +422,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20   const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_cw * 16;\n\
          \x20   const tf_u32 tf_qw = tf_sq + (tf_cw >> 2) * {wg_rows}u;\n\
          {deferred}",
-        q_load = load("q", "tf_sq", &format!("tb{m}"), "tf_bq", g.bm).replace("        ", "      "),
-        k_load = load("k", "tf_sk + s * KVu", "tf_row", "tf_bk + s * 8", g.bn)
-            .replace("KV", &kv_bytes.to_string()),
-        v_load = load("v", "tf_sv + s * KVu", "tf_row", "tf_bv + s * 8", g.bn)
-            .replace("KV", &kv_bytes.to_string()),
+        row_bytes = rows.len() * q_bytes,
+        each = each_tiles(e, "        "),
         last = 4 * consumers - 1,
         creg = consumer_regs(consumers),
         wg_rows = 64 * 128,
@@ -292,6 +462,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         temps: 0,
         masked: true,
         ind: "    ".into(),
+        staged: Vec::new(),
     };
     for s in &body[..a.kv_loop] {
         if !is_block_level(e, s) {
@@ -305,22 +476,49 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     }
     let compares: Vec<Expr> = conds.into_iter().map(|(_, x)| x).collect();
     let fast_body: Vec<Stmt> = kv_body.iter().map(|s| without(s, &compares)).collect();
-    let _ = write!(
-        e.out,
-        "    tf_mbar_spin(tf_bq, 0);\n\
-         \x20   for (int tf_it = 0; tf_it < tf_nt; ++tf_it) {{  // tile `{name}`\n\
-         \x20     const long long tb{n} = tf_beg{n} + (long long)tf_it * B{n};\n\
-         \x20     const int tf_st = tf_it % {stages};\n\
-         \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
-         \x20     const tf_u32 tf_kb = tf_sk + tf_st * {kv_bytes}u{vb};\n\
-         \x20     tf_mbar_spin(tf_bk + tf_st * 8, tf_ph);\n\
-         \x20     if ({fast}) {{\n",
-        name = e.k.dims[n].name,
-        vb = if g.defer_pv {
+    // Each step's stage: the forward's `k` (its `v` where `p·v` is not
+    // deferred), else every key operand's, each waited for here.
+    let (bufs, spins) = if forward {
+        let vb = if g.defer_pv {
             String::new()
         } else {
             format!(", tf_vb = tf_sv + tf_st * {kv_bytes}u")
-        },
+        };
+        (
+            format!("tf_kb = tf_sk + tf_st * {kv_bytes}u{vb}"),
+            "      tf_mbar_spin(tf_bk + tf_st * 8, tf_ph);\n".to_string(),
+        )
+    } else {
+        let bufs: Vec<String> = ops
+            .iter()
+            .map(|o| format!("{} = {} + tf_st * {kv_bytes}u", o.buf(), o.ring()))
+            .collect();
+        let spins: String = ops
+            .iter()
+            .map(|o| format!("      tf_mbar_spin({} + tf_st * 8, tf_ph);\n", o.full()))
+            .collect();
+        (bufs.join(", "), spins)
+    };
+    let (declare, stage) = if forward {
+        (String::new(), String::new())
+    } else {
+        column_vectors(e, &mut frags, kv_body, consumers)?
+    };
+    let _ = write!(
+        e.out,
+        "{declare}\
+         \x20   tf_mbar_spin(tf_bq, 0);\n\
+         \x20   for (int tf_it = 0; tf_it < {steps}; ++tf_it) {{  // tile `{name}`\n\
+         {each}\
+         \x20     const long long tb{n} = tf_beg{n} + (long long){tile_of_step} * B{n};\n\
+         \x20     const int tf_st = tf_it % {stages};\n\
+         \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
+         \x20     const tf_u32 {bufs};\n\
+         {spins}\
+         {stage}\
+         \x20     if ({fast}) {{\n",
+        name = e.k.dims[n].name,
+        each = each_tiles(e, "      "),
     );
     loop_body(e, a, &mut frags, &fast_body, false)?;
     e.out.push_str("      } else {\n");
@@ -338,11 +536,21 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
              \x20     asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
              \x20     asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n\
              \x20   }}\n",
-            pv = pv_issue(&g, "      ", &format!("v{}", a.acc)),
+            pv = pv_issue(&g, "      ", &format!("v{}", a.acc), "tf_pa", "tf_vb"),
         );
     } else {
-        e.out.push_str(
-            "      }\n      if (lane == 0) {  // both products read the stage\n        tf_mbar_arrive(tf_ek + tf_st * 8);\n        tf_mbar_arrive(tf_ev + tf_st * 8);\n      }\n    }\n",
+        let what = if forward {
+            "both products read the stage"
+        } else {
+            "the step's products are done with the stage"
+        };
+        let releases: String = ops
+            .iter()
+            .map(|o| format!("        tf_mbar_arrive({} + tf_st * 8);\n", o.empty()))
+            .collect();
+        let _ = write!(
+            e.out,
+            "      }}\n      if (lane == 0) {{  // {what}\n{releases}      }}\n    }}\n"
         );
     }
     frags.ind = "    ".into();
@@ -352,6 +560,88 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     e.out
         .push_str("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n}\n");
     Ok(e.finish(params, threads, shared, "attention (wgmma)"))
+}
+
+/// The key loop's f32 loads over its keys alone (the backward's `lse` and
+/// `delta` of the loop's queries, a column of the scores each), staged for
+/// each step in shared memory: a warpgroup's threads load the step's `bn`
+/// values of each once, then every element reads its column there. Loaded
+/// in each element instead, their 64-bit addresses and early-issued loads
+/// cost the dK/dV program hundreds of bytes of spills. Two buffers a
+/// warpgroup (by step parity): a thread writes one only after every thread
+/// of its warpgroup passed the last step's barrier, done with its reads of
+/// the step before. Returns the buffers' declaration and the step's staging
+/// code (both empty without such loads), and records the loads in `frags`.
+fn column_vectors(
+    e: &Emitter,
+    frags: &mut Frags,
+    body: &[Stmt],
+    consumers: usize,
+) -> Result<(String, String), CodegenError> {
+    let g = *frags.geo;
+    let mut loads: Vec<Expr> = Vec::new();
+    for s in body {
+        for x in s.exprs() {
+            x.walk(&mut |y| {
+                if let Expr::Load { tensor, .. } = y {
+                    let dims: Vec<DimId> = super::frag::dims_of(e, y)
+                        .into_iter()
+                        .filter(|d| !frags.batch.contains(d) && !e.k.dims[*d].each)
+                        .collect();
+                    if dims == [g.n]
+                        && e.spec.tensors[*tensor].dtype == crate::dtype::DType::F32
+                        && !loads.contains(y)
+                    {
+                        loads.push(y.clone());
+                    }
+                }
+            });
+        }
+    }
+    if loads.is_empty() {
+        return Ok((String::new(), String::new()));
+    }
+    let mut coords: Vec<(DimId, String)> =
+        frags.batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
+    coords.push((g.n, format!("(tb{} + tf_c)", g.n)));
+    let ctx = e.ctx(&coords);
+    let mut fill = String::new();
+    for (i, x) in loads.iter().enumerate() {
+        let (c, _) = ctx.emit(x, "a column of the step")?;
+        let _ = writeln!(fill, "          tf_cvw[{i}][tf_c] = {c};");
+        frags.staged.push((
+            x.clone(),
+            format!("tf_cv[tf_cw >> 2][tf_it & 1][{i}][tf_j * 8 + 2 * tf_t + tf_e]"),
+        ));
+    }
+    let declare = format!(
+        "    __shared__ float tf_cv[{consumers}][2][{n}][{bn}];  // the steps' column vectors\n",
+        n = loads.len(),
+        bn = g.bn,
+    );
+    let step = format!(
+        "      {{  // the step's column vectors, once a warpgroup, read from shared memory\n\
+         \x20       float (*tf_cvw)[{bn}] = tf_cv[tf_cw >> 2][tf_it & 1];\n\
+         \x20       for (int tf_c = (tf_cw & 3) * 32 + lane; tf_c < {bn}; tf_c += 128) {{\n\
+         {fill}\
+         \x20       }}\n\
+         \x20       asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + (tf_cw >> 2)) : \"memory\");\n\
+         \x20     }}\n",
+        bn = g.bn,
+    );
+    Ok((declare, step))
+}
+
+/// The tensors streamed through the ring a key step, one ring each: the
+/// forward's `k` and `v` (both, even where they are one tensor: its products
+/// release them apart), else the key operands
+/// ([`AttentionShape::key_operands`]).
+pub(super) fn rings(a: &AttentionShape) -> Vec<TensorId> {
+    if a.is_forward() {
+        vec![a.k, a.v]
+    } else {
+        a.key_operands()
+    }
 }
 
 /// Whether `s` is emitted for the whole block (a scalar `let`, a `wait`).
@@ -400,19 +690,24 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
     // Panels of 64 columns (one 128-byte swizzle row): smaller head dimensions
     // compute on zero columns that TMA fills in.
     let hd = hd.max(64);
-    let held = (bn + hd) / 2;
+    let (products, outputs) = (1 + a.more_scores.len(), 1 + a.more_updates.len());
+    let held = (products * bn + outputs * hd) / 2;
     let consumers = warps / 4;
-    if held > held_limit(consumers) {
+    let limit = if a.is_forward() {
+        held_limit(consumers)
+    } else {
+        held_limit_backward(consumers)
+    };
+    if held > limit {
         return Err(config_err(
             e.k,
             c,
             format!(
                 "a consumer thread would hold {held} accumulator registers (scores {} + output {}) of its {} \
-                 ({consumers} consumer warpgroups; at most {} for accumulators); take a smaller key block{}",
-                bn / 2,
-                hd / 2,
+                 ({consumers} consumer warpgroups; at most {limit} for accumulators); take a smaller key block{}",
+                products * bn / 2,
+                outputs * hd / 2,
                 consumer_regs(consumers),
-                held_limit(consumers),
                 if consumers == 3 { " or fewer warps" } else { "" }
             ),
         ));
@@ -482,7 +777,7 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
         s1 = g.stages - 1,
         stages = g.stages,
         kv = g.bn * g.hd * 2,
-        pv = pv_issue(g, &format!("{ind}  "), acc),
+        pv = pv_issue(g, &format!("{ind}  "), acc, "tf_pa", "tf_vb"),
     );
     let qk = format!(
         "{ind}#pragma unroll\n\
@@ -552,6 +847,65 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
     out
 }
 
+/// In a program with more products a step than the forward's (the
+/// backward's), a score-like product `out = row·keyᵀ` as its own `wgmma`
+/// group: the row operand's tile at byte `row_off` of the row tiles (this
+/// warpgroup's rows), the key operand's stage at `buf`; from zero (`zero`:
+/// the first `wgmma` overwrites `out`, left unset) or onto `out`. The step
+/// waits for it where its result is first read (see `InFlight` in the
+/// parent module).
+pub(super) fn scores_issue(
+    g: &Geo,
+    ind: &str,
+    out: &str,
+    (row_off, buf): (usize, &str),
+    zero: bool,
+) -> String {
+    format!(
+        "{ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
+         {ind}#pragma unroll\n\
+         {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks)\n\
+         {ind}  tf_wgmma_sd(&{out}[0][0][0],\n\
+         {ind}      tf_wgmma_desc(tf_qw + {row_off}u + (tf_ks >> 2) * {qp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u),\n\
+         {ind}      tf_wgmma_desc({buf} + (tf_ks >> 2) * {kp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u), {acc});\n\
+         {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
+        ks = g.hd / 16,
+        qp = g.bm * 128,
+        kp = g.bn * 128,
+        acc = if zero { "tf_ks" } else { "1" },
+    )
+}
+
+/// In a program with more products a step (see [`scores_issue`]), an
+/// update `acc += p·keys` as its own `wgmma` group: `p` (the `[1][NI][4]`
+/// floats `p`) packed into the A fragments `pa` (live until the group
+/// completes), the key operand's stage at `buf` as the transposed operand.
+pub(super) fn update_issue(
+    g: &Geo,
+    ind: &str,
+    acc: &str,
+    (pa, p): (&str, &str),
+    buf: &str,
+) -> String {
+    let kk = g.bn / 16;
+    format!(
+        "{ind}tf_u32 {pa}[{kk}][4];\n\
+         {ind}#pragma unroll\n\
+         {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk) {{\n\
+         {pack}\
+         {ind}}}\n\
+         {ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
+         {pv}\
+         {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
+        pack = super::pack_p(
+            &format!("{ind}  "),
+            &format!("{pa}[tf_kk]"),
+            &format!("{p}[0]")
+        ),
+        pv = pv_issue(g, ind, acc, pa, buf),
+    )
+}
+
 /// With [`Geo::overlap`], before the step next touches the output: the last
 /// tile's `p·v` is complete, and its `v` stage is released.
 pub(super) fn last_pv_done(ind: &str) -> String {
@@ -561,12 +915,13 @@ pub(super) fn last_pv_done(ind: &str) -> String {
     )
 }
 
-/// The `wgmma`s of `acc += p·v` from the packed `tf_pa` and the stage at `tf_vb`.
-fn pv_issue(g: &Geo, ind: &str, acc: &str) -> String {
+/// The `wgmma`s of `acc += p·v` from the packed `pa` (the forward's `tf_pa`)
+/// and the stage at `buf` (`tf_vb`).
+fn pv_issue(g: &Geo, ind: &str, acc: &str, pa: &str, buf: &str) -> String {
     format!(
         "{ind}#pragma unroll\n\
          {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk)\n\
-         {ind}  tf_wgmma_pv(&{acc}[0][0][0], tf_pa[tf_kk], tf_wgmma_desc(tf_vb + tf_kk * {k16}u, {vp}u, {ATOM}u));\n",
+         {ind}  tf_wgmma_pv(&{acc}[0][0][0], {pa}[tf_kk], tf_wgmma_desc({buf} + tf_kk * {k16}u, {vp}u, {ATOM}u));\n",
         kk = g.bn / 16,
         k16 = 16 * 128,
         vp = g.bn * 128,
@@ -599,7 +954,7 @@ pub(super) fn update_product(g: &Geo, ind: &str, acc: &str) -> String {
              {pv}\
              {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
              {ind}asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n",
-            pv = pv_issue(g, ind, acc),
+            pv = pv_issue(g, ind, acc, "tf_pa", "tf_vb"),
         );
     }
     out

@@ -49,7 +49,10 @@ impl Lowering for Attention {
     }
 
     /// On a target with `wgmma`, the Hopper program's default
-    /// ([`default_wgmma_attention`]) where this specialization lowers with it.
+    /// ([`default_wgmma_attention`]) where this specialization lowers with it,
+    /// for the forward's form. The backward's kernels lower with it too but
+    /// keep the `mma.sync` program until it is measured on the GPU (the
+    /// tuner's seeds and `default_wgmma_attention` reach it).
     fn default_at(
         &self,
         k: &Planned,
@@ -58,7 +61,7 @@ impl Lowering for Attention {
         target: Target,
         _extents: &[Option<usize>],
     ) -> Config {
-        if target.wgmma {
+        if target.wgmma && a.is_forward() {
             let c = wgmma_default(k, a);
             if lower(k, spec, &c).is_ok() {
                 return c;
@@ -92,6 +95,16 @@ impl Lowering for Attention {
         if *given == wgmma_default(k, a) && fitted.block_sizes[a.d] > 128 {
             fitted.block_sizes[a.n] = 64;
             fitted = fitted.num_stages(2).overlap(false);
+        }
+        // The backward's dK/dV at head dimension 128: 48 queries a step, not
+        // 64 (two scores and two outputs a thread: 176 accumulators, not
+        // 192, where ptxas spilled 40-72 bytes).
+        let (scores, outputs) = (1 + a.more_scores.len(), 1 + a.more_updates.len());
+        if *given == wgmma_default(k, a)
+            && !a.is_forward()
+            && (scores * 64 + outputs * fitted.block_sizes[a.d]) / 2 > 176
+        {
+            fitted.block_sizes[a.n] = 48;
         }
         // Head dimension 64 or less: three consumer warpgroups (192-row tiles,
         // FlashAttention-3's shape there), two stages. 8×16×4096×64 on an H200:
@@ -129,7 +142,7 @@ impl Lowering for Attention {
     fn check_options(
         &self,
         k: &Kernel,
-        _a: &AttentionShape,
+        a: &AttentionShape,
         c: &Config,
     ) -> Result<(), CodegenError> {
         no_matmul_options(
@@ -144,6 +157,14 @@ impl Lowering for Attention {
                 k,
                 c,
                 "`overlap` is an option of the Hopper attention program; set `wgmma` too, or drop `overlap`",
+            ));
+        }
+        if c.overlap && !a.is_forward() {
+            return Err(crate::emit::config_err(
+                k,
+                c,
+                "`overlap` runs the softmax under the last tile's `p·v`: the forward's form (two products a key \
+                 step); this kernel has more (each its own `wgmma` group already); drop `overlap`",
             ));
         }
         no_split(k, c, SPLIT_GENERAL_ONLY)
@@ -169,14 +190,16 @@ pub fn default_wgmma_attention(kernel: &Planned) -> Option<Config> {
     Some(wgmma_default(kernel, kernel.plan()?))
 }
 
-/// [`default_wgmma_attention`] of an attention kernel.
+/// [`default_wgmma_attention`] of an attention kernel: the backward's (more
+/// products a step) take 64 keys a step, not 128 (FlashAttention-3's tile
+/// there), and no `overlap`.
 fn wgmma_default(k: &Kernel, a: &AttentionShape) -> Config {
+    let forward = a.is_forward();
     let mut bs = vec![1; k.dims.len()];
     bs[a.row_tile()] = 128;
     bs[a.m] = 128;
-    bs[a.n] = 128;
+    bs[a.n] = if forward { 128 } else { 64 };
     bs[a.d] = 128;
-    let forward = a.is_forward();
     Config::new(&bs)
         .num_warps(8)
         .num_stages(3)

@@ -102,6 +102,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         temps: 0,
         masked: true,
         ind: "  ".into(),
+        staged: Vec::new(),
     };
     let body = a.stmts(e.k);
     for (i, s) in body.iter().enumerate() {
@@ -211,6 +212,22 @@ impl KeyOp {
             0 => "tf_kb".into(),
             1 => "tf_vb".into(),
             i => format!("tf_sb{i}"),
+        }
+    }
+    /// The Hopper program's barriers of its ring: a stage's tile landed, and
+    /// the consumers are done with it.
+    fn full(&self) -> String {
+        match self.0 {
+            0 => "tf_bk".into(),
+            1 => "tf_bv".into(),
+            i => format!("tf_bs{i}"),
+        }
+    }
+    fn empty(&self) -> String {
+        match self.0 {
+            0 => "tf_ek".into(),
+            1 => "tf_ev".into(),
+            i => format!("tf_es{i}"),
         }
     }
 }
@@ -830,6 +847,36 @@ fn loop_body(
     // With `overlap`, the last tile's `p·v` runs from the scores until the
     // body next touches the output.
     let mut pv_running = false;
+    // The Hopper program with more products than the forward's: each product
+    // a `wgmma` group, the score-like ones whose accumulators start from a
+    // constant issued first, in order (`dP = dO·Vᵀ` runs under `S`'s
+    // softmax), the updates where they stand; a statement waits for the
+    // groups whose results it reads.
+    let grouped = f.geo.wgmma && !a.is_forward();
+    let mut flight = InFlight::default();
+    let mut products: Vec<(usize, String, TensorId, TensorId)> =
+        vec![(a.scores, "tf_s".to_string(), a.q, a.k)];
+    for (j, m) in a.more_scores.iter().enumerate() {
+        products.push((m.at, format!("tf_s{}", j + 1), m.rows, m.keys));
+    }
+    let mut issued = Vec::new();
+    if grouped {
+        for (at, out, r, k) in &products {
+            if starts_constant(&body[*at]) {
+                scores(
+                    e,
+                    a,
+                    f,
+                    &body[*at],
+                    out,
+                    (row(*r), key(*k), None),
+                    Part::Issue,
+                )?;
+                flight.issued(Product::Scores(*at));
+                issued.push(*at);
+            }
+        }
+    }
     for (i, s) in body.iter().enumerate() {
         let touches_acc =
             hopper::stmt_reads(s, a.acc) || matches!(s, Stmt::Assign { var, .. } if *var == a.acc);
@@ -837,23 +884,40 @@ fn loop_body(
             e.out.push_str(&hopper::last_pv_done(ind));
             pv_running = false;
         }
-        if i == a.scores {
-            let ops = (RowOp(0), key(a.k), wait_for(a.k));
-            scores(e, a, f, s, "tf_s", ops)?;
-            pv_running = f.geo.overlap;
+        if let Some((_, out, r, k)) = products.iter().find(|p| p.0 == i) {
+            let ops = (row(*r), key(*k), wait_for(*k));
+            if grouped {
+                if !issued.contains(&i) {
+                    scores(e, a, f, s, out, ops, Part::Issue)?;
+                    flight.issued(Product::Scores(i));
+                }
+                flight.wait(&mut e.out, ind, |p| p == Product::Scores(i));
+                scores(e, a, f, s, out, ops, Part::Result)?;
+            } else {
+                scores(e, a, f, s, out, ops, Part::Whole)?;
+            }
+            pv_running = i == a.scores && f.geo.overlap;
             continue;
         }
-        if let Some((j, m)) = a.more_scores.iter().enumerate().find(|(_, m)| m.at == i) {
-            let ops = (row(m.rows), key(m.keys), wait_for(m.keys));
-            scores(e, a, f, s, &format!("tf_s{}", j + 1), ops)?;
-            continue;
+        if grouped {
+            flight.wait(&mut e.out, ind, |p| match p {
+                Product::Update(v) => hopper::stmt_reads(s, v),
+                Product::Scores(_) => false,
+            });
         }
-        if i == a.update {
-            update(e, a, f, s, a.acc, key(a.v), wait_for(a.v))?;
-            continue;
-        }
-        if let Some(u) = a.more_updates.iter().find(|u| u.at == i) {
-            update(e, a, f, s, u.acc, key(u.keys), wait_for(u.keys))?;
+        let update_of = if i == a.update {
+            Some((a.acc, a.v))
+        } else {
+            a.more_updates
+                .iter()
+                .find(|u| u.at == i)
+                .map(|u| (u.acc, u.keys))
+        };
+        if let Some((acc, keys)) = update_of {
+            update(e, a, f, s, acc, key(keys), wait_for(keys))?;
+            if grouped {
+                flight.issued(Product::Update(acc));
+            }
             continue;
         }
         if e.block_stmt(s, ind)? {
@@ -877,6 +941,8 @@ fn loop_body(
     if pv_running {
         e.out.push_str(&hopper::last_pv_done(ind));
     }
+    // Every group is complete before the step releases its stage.
+    flight.wait(&mut e.out, ind, |_| true);
     // `let`s of the body are local to it (its C scope ends here).
     for (v, l) in f.layouts.iter_mut().enumerate() {
         if saved[v].is_none() {
@@ -889,9 +955,82 @@ fn loop_body(
     Ok(())
 }
 
+/// The `wgmma` groups of a step in flight (the Hopper program with more
+/// products than the forward's): each product is one group, committed in
+/// order; waiting for one waits for those before it too.
+#[derive(Default)]
+struct InFlight {
+    committed: usize,
+    /// The groups not yet waited for, with what each computes.
+    pending: Vec<(usize, Product)>,
+}
+
+/// What a `wgmma` group computes: a score-like product's array (its
+/// statement's position in the step) or an update of an accumulator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Product {
+    Scores(usize),
+    Update(VarId),
+}
+
+impl InFlight {
+    fn issued(&mut self, p: Product) {
+        self.pending.push((self.committed, p));
+        self.committed += 1;
+    }
+
+    /// `wgmma.wait_group` (into `out`) until every pending group that
+    /// `needed` names is complete; nothing if none is.
+    fn wait(&mut self, out: &mut String, ind: &str, needed: impl Fn(Product) -> bool) {
+        let Some(last) = (self.pending.iter())
+            .filter(|(_, p)| needed(*p))
+            .map(|(g, _)| *g)
+            .max()
+        else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "{ind}asm volatile(\"wgmma.wait_group.sync.aligned {};\" ::: \"memory\");",
+            self.committed - last - 1
+        );
+        self.pending.retain(|(g, _)| *g > last);
+    }
+}
+
+/// Whether the product in statement `s` starts from a constant (`zeros`):
+/// it may be issued before the statements ahead of it run.
+fn starts_constant(s: &Stmt) -> bool {
+    let (Stmt::Let { value, .. } | Stmt::Assign { value, .. }) = s else {
+        return false;
+    };
+    let mut constant = false;
+    value.walk(&mut |x| {
+        if let Expr::Addmm { acc, .. } = x {
+            let mut ok = true;
+            acc.walk(&mut |y| {
+                ok &= !matches!(y, Expr::Var(_) | Expr::Load { .. } | Expr::Reduce { .. })
+            });
+            constant = ok;
+        }
+    });
+    constant
+}
+
+/// Which part of a score-like statement [`scores`] emits: all of it, or (the
+/// Hopper program with more products) the product's issue, and apart from
+/// it the statement with the product's result once it is complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Whole,
+    Issue,
+    Result,
+}
+
 /// The statement holding `q·kᵀ` (or a further product of its form, with its
 /// row and key operands `ops` and the `cp.async` wait its key tile needs):
-/// the product into `out`, then the statement with it as a computed value.
+/// the product into `out`, then the statement with it as a computed value
+/// (`part` of it: see [`Part`]).
 fn scores(
     e: &mut Emitter,
     a: &AttentionShape,
@@ -899,6 +1038,7 @@ fn scores(
     s: &Stmt,
     out: &str,
     ops: (RowOp, KeyOp, Option<usize>),
+    part: Part,
 ) -> Result<(), CodegenError> {
     let (row, key, wait) = ops;
     let ind = f.ind.clone();
@@ -919,11 +1059,24 @@ fn scores(
         return Ok(());
     };
     let g = *f.geo;
+    let declare = matches!(s, Stmt::Let { .. });
     let mut pre = Vec::new();
+    if part == Part::Result {
+        if declare && f.scale_later(e, (*var, value), (&mm, out), &pre, at)? {
+            return Ok(());
+        }
+        pre.push((mm, format!("{out}[tf_mi][tf_j][tf_h * 2 + tf_e]")));
+        return f.assign(e, *var, value, declare, &mut pre, at);
+    }
     f.reductions(e, acc, &mut pre)?;
     let (init, _) = f.ctx(e, Layout::Scores, &pre).emit(acc, at)?;
     let (open, close) = g.loop_open(Layout::Scores, ind);
-    let product = if g.wgmma {
+    // Issued apart from zeros, the first `wgmma` overwrites the scores.
+    let zero = part == Part::Issue && matches!(**acc, Expr::Full { value, .. } if value == 0.0);
+    let product = if part == Part::Issue {
+        let ops = (row.0 * g.bm * g.hd * 2, key.buf());
+        hopper::scores_issue(&g, ind, out, (ops.0, &ops.1), zero)
+    } else if g.wgmma {
         hopper::scores_product(&g, ind, &format!("v{}", a.acc))
     } else {
         let wait = wait.map_or(String::new(), |w| {
@@ -959,14 +1112,21 @@ fn scores(
             ),
         )
     };
+    let init = if zero {
+        String::new()
+    } else {
+        format!("{open}{ind}  {out}[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}")
+    };
     let _ = write!(
         e.out,
-        "{ind}float {out}[{mi}][{ni}][4];  // {at}\n{open}{ind}  {out}[tf_mi][tf_j][tf_h * 2 + tf_e] = {init};\n{close}{product}",
+        "{ind}float {out}[{mi}][{ni}][4];  // {at}\n{init}{product}",
         mi = g.mi,
         ni = g.ni,
         at = super::one_line(at),
     );
-    let declare = matches!(s, Stmt::Let { .. });
+    if part == Part::Issue {
+        return Ok(());
+    }
     if declare && f.scale_later(e, (*var, value), (&mm, out), &pre, at)? {
         return Ok(());
     }
@@ -1045,7 +1205,14 @@ fn update(
     } else {
         format!("tf_p{acc_var}")
     };
-    let product = if g.wgmma {
+    let product = if g.wgmma && !a.is_forward() {
+        let pa = if acc_var == a.acc {
+            "tf_pa".to_string()
+        } else {
+            format!("tf_pa{acc_var}")
+        };
+        hopper::update_issue(&g, ind, &acc_v, (&pa, &tf_p), &key.buf())
+    } else if g.wgmma {
         hopper::update_product(&g, ind, &acc_v)
     } else {
         let wait = wait.map_or(String::new(), |w| {
