@@ -8,7 +8,7 @@
 //! over them). Every gradient is checked against float64.
 //!
 //! ```text
-//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]   (default 1 2 200 64)
+//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]   (default 1 2 200 64)
 //! ```
 //!
 //! The forward takes the attention program, and so do the backward's
@@ -20,7 +20,10 @@
 //! The Hopper (`wgmma`) program runs them too (`--hopper`): K and V (or Q and
 //! dO) in shared memory, the streamed operands in a ring filled by TMA, each
 //! product a `wgmma` group; the untuned default keeps `mma.sync` until it is
-//! measured.
+//! measured. `--fused` runs the backward in one pass instead
+//! ([`attention_dkdvdq`]: dQ added atomically from the dK/dV kernel, as
+//! FlashAttention-2 and -3 do), on the Hopper program with `--hopper`, else on
+//! the general lowering.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -154,6 +157,86 @@ pub fn attention_dkdv(
     }
 }
 
+/// dK and dV as [`attention_dkdv`], and dQ in the same pass, FlashAttention-2
+/// and -3's single backward kernel: each step's `dS·K` (over the step's
+/// queries and the head dimension; `dS` transposed against the scores) is
+/// added into `dq_acc` (f32, zeroed before) atomically, since the key tiles
+/// a query row meets run in different programs; [`attention_dq_out`] then
+/// rounds it to `dq`. Five products a step, against seven in the two kernels
+/// (dQ's recomputes `S` and `dP`).
+#[fused_kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dkdvdq(
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    dout: &Tensor<bf16>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &Tensor<bf16>,
+    dv: &Tensor<bf16>,
+    dq_acc: &Tensor<f32>,
+    scale: f32,
+    #[constexpr] causal: bool,
+) {
+    let [b, h, s, d] = q.shape();
+    let [_, hk, sk, _] = k.shape();
+    if hk == 0 || h % hk != 0 {
+        return Err(tilefuse::Error::Argument {
+            context: "attention_dkdvdq".into(),
+            arg: "k".into(),
+            message: format!("{hk} key/value heads do not divide the {h} query heads"),
+        });
+    }
+    let group = h / hk;
+    for (tb, th, tn, td) in tile([b, hk, sk, whole(d)]) {
+        let mut dk_acc = zeros::<f32>([tb, th, tn, td]);
+        let mut dv_acc = zeros::<f32>([tb, th, tn, td]);
+        for g in tile(each(group)) {
+            for tm in tile(if causal { tn.begin() } else { 0 }..s) {
+                let x = addmm(
+                    zeros::<f32>([tb, th, tm, tn]),
+                    q[(tb, th * group + g, tm, td)],
+                    k[(tb, th, tn, td)],
+                ) * scale;
+                let p = exp(x - lse[(tb, th * group + g, tm)]);
+                let p = if causal {
+                    select(tm.index() >= tn.index(), p, 0.0)
+                } else {
+                    p
+                };
+                dv_acc = addmm(dv_acc, p.cast::<bf16>(), dout[(tb, th * group + g, tm, td)]);
+                let dp = addmm(
+                    zeros::<f32>([tb, th, tm, tn]),
+                    dout[(tb, th * group + g, tm, td)],
+                    v[(tb, th, tn, td)],
+                );
+                let ds = p * (dp - delta[(tb, th * group + g, tm)]);
+                dk_acc = addmm(dk_acc, ds.cast::<bf16>(), q[(tb, th * group + g, tm, td)]);
+                atomic_add(
+                    dq_acc[(tb, th * group + g, tm, td)],
+                    addmm(
+                        zeros::<f32>([tb, th, tm, td]),
+                        ds.cast::<bf16>(),
+                        k[(tb, th, tn, td)],
+                    ) * scale,
+                );
+            }
+        }
+        dk[(tb, th, tn, td)] = (dk_acc * scale).cast();
+        dv[(tb, th, tn, td)] = dv_acc.cast();
+    }
+}
+
+/// `dq = dq_acc` rounded to bf16 ([`attention_dkdvdq`]'s accumulated dQ).
+#[fused_kernel]
+pub fn attention_dq_out(dq_acc: &Tensor<f32>, dq: &Tensor<bf16>) {
+    let [b, h, s, d] = dq.shape();
+    for (tb, th, tm, td) in tile([b, h, s, d]) {
+        dq[(tb, th, tm, td)] = dq_acc[(tb, th, tm, td)].cast();
+    }
+}
+
 /// dQ for a tile of queries, over the key tiles (up to the diagonal when
 /// causal): `dQ += dS·K` (times `scale`), `dS` recomputed as for dK; a
 /// query head reads its group's key/value head.
@@ -270,6 +353,8 @@ pub struct Problem {
     dq: Tensor<bf16>,
     dk: Tensor<bf16>,
     dv: Tensor<bf16>,
+    /// dQ's f32 accumulator for [`Problem::backward_fused`].
+    dq_acc: Tensor<f32>,
 }
 
 impl Problem {
@@ -296,6 +381,7 @@ impl Problem {
             dq: poisoned::<bf16>([b, h, s, d])?,
             dk: poisoned::<bf16>([b, hk, s, d])?,
             dv: poisoned::<bf16>([b, hk, s, d])?,
+            dq_acc: poisoned::<f32>([b, h, s, d])?,
         })
     }
 
@@ -316,6 +402,18 @@ impl Problem {
         attention_dq(
             &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dq, p.scale, p.causal,
         )
+    }
+
+    /// The backward in one pass over the keys ([`attention_dkdvdq`]: dQ
+    /// accumulated atomically in f32, then rounded), after `delta`.
+    pub fn backward_fused(&self) -> tilefuse::Result<()> {
+        let p = self;
+        attention_delta(&p.out, &p.dout, &p.delta)?;
+        p.dq_acc.zero()?;
+        attention_dkdvdq(
+            &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dk, &p.dv, &p.dq_acc, p.scale, p.causal,
+        )?;
+        attention_dq_out(&p.dq_acc, &p.dq)
     }
 
     /// The relative errors `‖g − ref‖/‖ref‖` of dQ, dK and dV against
@@ -397,6 +495,21 @@ pub fn run_and_check_grouped(
     )
 }
 
+/// [`run_and_check_grouped`] with the one-pass backward ([`Problem::backward_fused`]).
+pub fn run_and_check_fused(
+    shape: [usize; 4],
+    kv_heads: usize,
+    causal: bool,
+) -> tilefuse::Result<[f64; 3]> {
+    let p = Problem::grouped(shape, kv_heads, causal)?;
+    p.forward()?;
+    p.backward_fused()?;
+    p.errors(
+        &(0..shape[0]).collect::<Vec<_>>(),
+        &(0..kv_heads).collect::<Vec<_>>(),
+    )
+}
+
 /// attention_backward's command line.
 #[derive(clap::Parser)]
 #[command(
@@ -422,6 +535,10 @@ struct Cli {
     /// the untuned default (the `mma.sync` program).
     #[arg(long)]
     hopper: bool,
+    /// The one-pass backward (`attention_dkdvdq`: dQ accumulated atomically
+    /// in the dK/dV pass) instead of dK/dV and dQ apart.
+    #[arg(long)]
+    fused: bool,
 }
 
 fn main() -> ExitCode {
@@ -434,14 +551,14 @@ fn main() -> ExitCode {
         [] => [1, 2, 200, 64],
         [b, h, s, d] if [*b, *h, *s, *d].contains(&0) => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]: every size must be at least 1"
+                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]: every size must be at least 1"
             );
             return ExitCode::from(2);
         }
         [b, h, s, d] => [*b, *h, *s, *d],
         other => {
             eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]: expected four sizes, got {}",
+                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]: expected four sizes, got {}",
                 other.len()
             );
             return ExitCode::from(2);
@@ -450,7 +567,7 @@ fn main() -> ExitCode {
     let hk = cli.kv_heads.unwrap_or(shape[1]);
     if hk == 0 || shape[1] % hk != 0 {
         eprintln!(
-            "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper]: --kv-heads {hk}: expected a divisor of the {} query heads",
+            "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]: --kv-heads {hk}: expected a divisor of the {} query heads",
             shape[1]
         );
         return ExitCode::from(2);
@@ -463,11 +580,23 @@ fn main() -> ExitCode {
             dev.name(),
             dev.arch(),
             if cli.causal { ", causal" } else { "" },
-            if cli.hopper { ", Hopper program" } else { "" }
+            match (cli.fused, cli.hopper) {
+                (true, true) => ", one pass, Hopper program",
+                (true, false) => ", one pass",
+                (false, true) => ", Hopper program",
+                (false, false) => "",
+            }
         );
         let p = Problem::grouped(shape, hk, cli.causal)?;
+        let backward = || {
+            if cli.fused {
+                p.backward_fused()
+            } else {
+                p.backward()
+            }
+        };
         p.forward()?;
-        p.backward()?;
+        backward()?;
         // Every head of every batch when the float64 reference is cheap, else
         // the first batch's first key/value head (and its group's query heads).
         let work = (b * h * s) as f64 * s as f64 * d as f64;
@@ -492,7 +621,7 @@ fn main() -> ExitCode {
             // 4·B·H·S²·D (five products of the forward's size against two),
             // half of it under a causal mask.
             let flops = 10.0 * work / if cli.causal { 2.0 } else { 1.0 };
-            let t = tilefuse::time_gpu(&dev, 3, 20, true, || p.backward())?;
+            let t = tilefuse::time_gpu(&dev, 3, 20, true, backward)?;
             println!(
                 "attention backward{}: {:.3} ms, {:.0} TFLOP/s",
                 if cli.causal { " (causal)" } else { "" },
@@ -505,7 +634,6 @@ fn main() -> ExitCode {
     if !cli.hopper {
         return exit_code(run());
     }
-    let (dq, dkdv) = (attention_dq::kernel(), attention_dkdv::kernel());
     let hopper = |k: &tilefuse::KernelDef| -> tilefuse::Result<Config> {
         tilefuse::codegen::default_wgmma_attention(k.ir()?).ok_or_else(|| {
             tilefuse::Error::Argument {
@@ -515,6 +643,11 @@ fn main() -> ExitCode {
             }
         })
     };
+    if cli.fused {
+        let one = attention_dkdvdq::kernel();
+        return exit_code(hopper(one).and_then(|c| one.with_config(c, run)));
+    }
+    let (dq, dkdv) = (attention_dq::kernel(), attention_dkdv::kernel());
     exit_code(hopper(dq).and_then(|c| {
         let kv = hopper(dkdv)?;
         dkdv.with_config(kv, || dq.with_config(c, run))

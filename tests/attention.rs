@@ -831,6 +831,83 @@ fn the_hopper_program_runs_the_backwards_kernels() {
     }
 }
 
+/// The one-pass backward (`attention_dkdvdq`: dK/dV's kernel adding each
+/// step's `dS·K` into dQ's f32 accumulator) takes the attention lowering, the
+/// atomic its atomic product (`k` a row operand); the `mma.sync` program
+/// refuses it and says what to set, the untuned default is the general
+/// lowering's (asked for), and the Hopper program runs it: `dS` stored into
+/// shared memory from dK's packed operand, after a barrier of both
+/// warpgroups each multiplies 64 of the head dimension's columns over the
+/// block's 128 keys (`wgmma` with both operands MN-major), then adds them.
+/// NVRTC compiles it without spills at head dimension 64.
+#[test]
+fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
+    use common::examples::attention_backward::attention_dkdvdq;
+    use tilefuse::codegen::config::default_config_at;
+    let def = attention_dkdvdq::kernel();
+    let ir = def.ir().unwrap();
+    let (a, names) = planned_attention(ir);
+    assert_eq!(a.atomics.len(), 1);
+    assert_eq!(
+        names(vec![a.atomics[0].tensor, a.atomics[0].rows]),
+        ["dq_acc", "k"]
+    );
+    assert_eq!(names(a.row_operands()), ["k", "v"]);
+    assert!(!a.is_forward());
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    for d in [64usize, 128] {
+        let ext: Vec<Option<usize>> = ir
+            .dims
+            .iter()
+            .map(|x| Some(if x.whole { d } else { 2048 }))
+            .collect();
+        let plain = default_config_at(ir, &spec, H200, &ext);
+        assert!(plain.general && !plain.wgmma, "{plain}");
+        let err = lower(ir, &spec, &plain.clone().general(false))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("atomically") && err.contains("set `wgmma`"),
+            "{err}"
+        );
+        let c = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext);
+        assert_eq!(
+            c.block_sizes[a.n], 64,
+            "the atomic product's rows: 64 keys a step"
+        );
+        let l = lower(ir, &spec, &c).unwrap();
+        assert_eq!(l.path, "attention (wgmma)");
+        let src = &l.source;
+        assert!(
+            src.contains("\"r\"(tf_pa0[tf_j >> 1][((tf_j & 1) << 1) + tf_h])"),
+            "{src}"
+        );
+        assert!(src.contains("fence.proxy.async.shared::cta;"), "{src}");
+        assert!(src.contains("atomicAdd(&t"), "{src}");
+        // The product's wgmma: A and B both MN-major.
+        assert!(src.contains(", p, 1, 1, 1, 1; }"), "{src}");
+        if d == 128 {
+            assert!(src.contains("bar.sync 4, 256;"), "both warpgroups' dS");
+            assert!(src.contains("float tf_dq[32];"), "64 columns a warpgroup");
+            assert!(
+                src.contains("const long long tf_qc = (tf_cw >> 2) * 64 + "),
+                "{src}"
+            );
+        } else {
+            assert!(
+                src.contains("\"r\"(4 + (tf_cw >> 2))"),
+                "a warpgroup's own dS"
+            );
+            assert!(src.contains("float tf_dq[32];"), "64 columns, its own keys");
+        }
+        if d == 64 && common::nvrtc_or_skip() {
+            let log = tilefuse::runtime::jit::resource_report(def.name(), src, "sm_90a").unwrap();
+            assert!(log.contains(" 0 bytes spill stores"), "{log}");
+        }
+    }
+}
+
 /// The backward's dK/dV kernel takes the attention lowering too: its grid's
 /// keys are the program's rows and its loop walks the queries (`q·kᵀ`
 /// computed as `k·qᵀ`, `k` and `v` the row operands, `q` and `dO` streamed),

@@ -317,6 +317,20 @@ fn attention_backward_matches_f64() {
     }
 }
 
+/// The one-pass backward (`attention_dkdvdq`: dQ added atomically from the
+/// dK/dV kernel), plain and grouped, causal and not, against float64.
+#[test]
+fn one_pass_attention_backward_matches_f64() {
+    interpret();
+    for (hk, causal) in [(4, false), (2, true), (1, false)] {
+        let errs = attention_backward::run_and_check_fused([2, 4, 29, 16], hk, causal).unwrap();
+        assert!(
+            errs.iter().all(|e| *e < 2e-2),
+            "{hk} key/value heads, causal={causal}: dQ, dK, dV rel errs {errs:?}"
+        );
+    }
+}
+
 /// Grouped-query attention's backward: 4 query heads on 2 and on 1 key/value
 /// heads, causal and not; a key/value head's dK and dV sum over its group's
 /// query heads (`attention_dkdv`'s loop over the group), dQ reads the group's keys.

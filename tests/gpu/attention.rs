@@ -7,7 +7,8 @@ use crate::common::examples::attention::{
     attention, attention_gqa, attention_varlen, reference_row, run_varlen_and_check,
 };
 use crate::common::examples::attention_backward::{
-    attention_dkdv, attention_dq, run_and_check, run_and_check_grouped,
+    attention_dkdv, attention_dkdvdq, attention_dq, run_and_check, run_and_check_fused,
+    run_and_check_grouped,
 };
 use crate::common::gpu;
 use tilefuse::prelude::*;
@@ -372,6 +373,44 @@ fn attention_backward_matches_f64_on_the_hopper_program() {
         assert!(
             errs.iter().all(|&e| e <= 1e-2),
             "attention backward (wgmma) {shape:?}, {hk} key/value heads, causal={causal}: rel err dq, dk, dv {errs:?}"
+        );
+    }
+}
+
+/// The one-pass backward (dQ added atomically from the dK/dV kernel) on the
+/// general lowering (its untuned default) and, on Hopper, on the Hopper
+/// program (`default_wgmma_attention`: 64 queries a step, `dS` through shared
+/// memory into a `wgmma` per step), ragged and grouped, causal and not,
+/// against float64.
+#[test]
+fn one_pass_attention_backward_matches_f64() {
+    let Some(_dev) = gpu() else { return };
+    let cases = [
+        ([1, 2, 77, 64], 2, false),
+        ([2, 4, 300, 128], 2, true),
+        ([1, 2, 200, 128], 1, false),
+    ];
+    for (shape, hk, causal) in cases {
+        let errs = run_and_check_fused(shape, hk, causal).unwrap();
+        println!("one-pass attention backward {shape:?}, {hk} key/value heads, causal={causal}: rel err dq, dk, dv {errs:?}");
+        assert!(
+            errs.iter().all(|&e| e <= 1e-2),
+            "{shape:?} {hk} {causal}: {errs:?}"
+        );
+    }
+    if crate::wgmma::hopper().is_none() {
+        return;
+    }
+    let def = attention_dkdvdq::kernel();
+    let cfg = tilefuse::codegen::default_wgmma_attention(def.ir().unwrap()).unwrap();
+    for (shape, hk, causal) in cases.into_iter().chain([([1, 2, 333, 64], 1, true)]) {
+        let errs = def
+            .with_config(cfg.clone(), || run_and_check_fused(shape, hk, causal))
+            .unwrap();
+        println!("one-pass attention backward (wgmma) {shape:?}, {hk} key/value heads, causal={causal}: rel err dq, dk, dv {errs:?}");
+        assert!(
+            errs.iter().all(|&e| e <= 1e-2),
+            "(wgmma) {shape:?} {hk} {causal}: {errs:?}"
         );
     }
 }

@@ -121,6 +121,9 @@ pub(super) fn tma_load_fn(rank: usize) -> String {
 pub(super) enum WgmmaA {
     /// A shared-memory descriptor, K-major.
     Shared,
+    /// A shared-memory descriptor, MN-major (16-bit types only): the
+    /// one-pass attention backward's `dSᵀ`, stored as the scores lie.
+    SharedTransposed,
     /// Four registers a thread (the `mma.m16n8k16` A fragment of each warp's 16 rows).
     Registers,
 }
@@ -149,12 +152,12 @@ fn wgmma_fn_of(name: &str, n: usize, dtype: DType, a: WgmmaA, trans_b: bool, acc
     let outs: Vec<String> = (0..m).map(|i| format!("\"+f\"(d[{i}])")).collect();
     let tb = u8::from(trans_b);
     let (a_decl, a_slot, a_in, next, flags) = match a {
-        WgmmaA::Shared => (
+        WgmmaA::Shared | WgmmaA::SharedTransposed => (
             "tf_u64 da".to_string(),
             format!("%{m}"),
             "\"l\"(da)".to_string(),
             m + 1,
-            format!("1, 1, 0, {tb}"),
+            format!("1, 1, {}, {tb}", u8::from(a == WgmmaA::SharedTransposed)),
         ),
         WgmmaA::Registers => (
             "const tf_u32* a".to_string(),

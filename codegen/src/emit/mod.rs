@@ -15,7 +15,7 @@ mod options;
 pub mod prelude;
 mod rows;
 
-pub use attention::{default_wgmma_attention, AttentionShape, MoreScores, Packed};
+pub use attention::{default_wgmma_attention, AtomicProduct, AttentionShape, MoreScores, Packed};
 pub use expr::CTy;
 pub use gemm::{default_wgmma_config, hopper_tiles, hopper_tiles_for, GemmShape, HopperTiles};
 /// The device helpers of the Hopper lowerings (after [`prelude::PRELUDE`]):

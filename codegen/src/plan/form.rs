@@ -25,6 +25,12 @@ pub(crate) fn fast_form(k: &Kernel) -> bool {
 /// atomics, no runtime `if`s, no scans or `argmax` (the general lowering's alone; loops
 /// and loads are each path's to check).
 pub(crate) fn fast_statements(k: &Kernel) -> bool {
+    fast_statements_but(k, false)
+}
+
+/// [`fast_statements`], with atomics allowed where `atomics` (a fast path
+/// that takes them, and checks where they stand).
+pub(crate) fn fast_statements_but(k: &Kernel, atomics: bool) -> bool {
     let mut ok = true;
     k.walk_exprs(&mut |e| ok &= !matches!(e, Expr::Scan { .. } | Expr::ArgReduce { .. }));
     k.walk_stmts(&mut |s| match s {
@@ -33,7 +39,7 @@ pub(crate) fn fast_statements(k: &Kernel) -> bool {
         // unspecialized kernel is planned by both branches); one on
         // runtime values is a branch of the program.
         Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
-        Stmt::Atomic { .. } => ok = false,
+        Stmt::Atomic { .. } => ok &= atomics,
         _ => {}
     });
     ok

@@ -17,7 +17,7 @@
 
 use super::super::hopper::{tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
-use super::frag::{Frags, Geo};
+use super::frag::{Frags, Geo, Layout};
 use super::AttentionShape;
 use super::{key_tiles, loop_body, operands, outside, uniform_compares, without, KeyOp, RowOp};
 use crate::error::CodegenError;
@@ -126,7 +126,13 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let q_bytes = g.bm * g.hd * 2;
     let kv_bytes = g.bn * g.hd * 2;
     let panels = g.hd / 64;
-    let tiles = rows.len() * q_bytes + rings.len() * stages * kv_bytes;
+    // An atomic product's `dS` (two buffers of the block's rows by the step's keys).
+    let ds_bytes = if a.atomics.is_empty() {
+        0
+    } else {
+        2 * g.bm * g.bn * 2
+    };
+    let tiles = rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes;
     let bars = 8 * (1 + 2 * rings.len() * stages);
     let shared = tiles + bars + ATOM;
 
@@ -140,6 +146,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         wgmma_fn_acc("tf_wgmma_sd", g.bn, dtype, WgmmaA::Shared, false)
     };
     helpers += &wgmma_fn("tf_wgmma_pv", g.hd, dtype, WgmmaA::Registers, true);
+    if !a.atomics.is_empty() {
+        let n = atomic_split(&g).n;
+        helpers += &wgmma_fn_acc("tf_wgmma_dq", n, dtype, WgmmaA::SharedTransposed, true);
+    }
     helpers += &super::pack_fn(dtype);
     let named: Vec<(String, TensorId, usize)> = (rows.iter().enumerate())
         .map(|(r, &t)| (RowOp(r).name(), t, g.bm))
@@ -178,6 +188,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     for o in &ops {
         let _ = write!(bases, "{} = {} + {}u, ", o.ring(), prev.0, prev.1);
         prev = (o.ring(), stages * kv_bytes);
+    }
+    if ds_bytes > 0 {
+        let _ = write!(bases, "tf_sds = {} + {}u, ", prev.0, prev.1);
+        prev = ("tf_sds".to_string(), ds_bytes);
     }
     let _ = write!(bases, "tf_bq = {} + {}u", prev.0, prev.1);
     let mut bar_names = String::new();
@@ -632,6 +646,234 @@ fn column_vectors(
     Ok((declare, step))
 }
 
+/// How the consumer warpgroups share an atomic product (`dSᵀ·K`, see
+/// [`super::AtomicProduct`]): `n` columns of the head dimension each, over
+/// every key of the block (`split_n`: the warpgroups wait for each other's
+/// `dS`), or (where the columns do not split into 64s) every column over
+/// the warpgroup's own 64 keys, each adding its part.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AtomicSplit {
+    pub n: usize,
+    pub split_n: bool,
+}
+
+fn atomic_split(g: &Geo) -> AtomicSplit {
+    atomic_split_of(g.warps / 4, g.hd)
+}
+
+fn atomic_split_of(consumers: usize, hd: usize) -> AtomicSplit {
+    let per = hd / consumers.max(1);
+    if per % 64 == 0 {
+        AtomicSplit {
+            n: per,
+            split_n: true,
+        }
+    } else {
+        AtomicSplit {
+            n: hd,
+            split_n: false,
+        }
+    }
+}
+
+/// `atomic_add(t[i], addmm(zeros, a, r[…]) [* s])` in the key loop (see
+/// [`super::AtomicProduct`]), the step's keys its rows: `a` (the scores'
+/// layout: the block's rows by the step's keys) rounded into this step's
+/// `dS` buffer as it lies (a key of the block a 128-byte swizzled row), which
+/// is `aᵀ` MN-major; after a barrier, `aᵀ·r` by `wgmma` (`r`'s tile in
+/// shared memory, MN-major too), then each element added into `t` (masked at
+/// its edges), times `s`. Two buffers by step parity: a step overwrites one
+/// only after every warpgroup passed the last step's barrier, its product
+/// done.
+pub(super) fn atomic_product(
+    e: &mut Emitter,
+    a: &AttentionShape,
+    f: &mut Frags,
+    s: &Stmt,
+    x: &super::AtomicProduct,
+    flight: &mut super::InFlight,
+    packed: Option<&str>,
+) -> Result<(), CodegenError> {
+    let Stmt::Atomic {
+        tensor,
+        index,
+        value,
+        at,
+        ..
+    } = s
+    else {
+        return Ok(());
+    };
+    let g = *f.geo;
+    let ind = f.ind.clone();
+    let split = atomic_split(&g);
+    let consumers = g.warps / 4;
+    let (mm, scale) = match value {
+        Expr::Binary {
+            op: BinOp::Mul,
+            lhs,
+            rhs,
+            ..
+        } => match (lhs.as_ref(), rhs.as_ref()) {
+            (m @ Expr::Addmm { .. }, s) | (s, m @ Expr::Addmm { .. }) => (m, Some(s)),
+            _ => (value, None),
+        },
+        m => (m, None),
+    };
+    let Expr::Addmm { a: pa, .. } = mm else {
+        return Ok(());
+    };
+    // The pair of keys a thread stores: an update's packed operand where it is
+    // the same value, else packed here.
+    let (values, pair) = match packed {
+        Some(pa) => (
+            String::new(),
+            format!("{pa}[tf_j >> 1][((tf_j & 1) << 1) + tf_h]"),
+        ),
+        None => {
+            let mut pre = Vec::new();
+            f.reductions(e, pa, &mut pre)?;
+            let ctx = f.ctx(e, Layout::Scores, &pre);
+            // Packing rounds to the operands' type: a cast to it before is the same.
+            let dtype = e.spec.tensors[x.rows].dtype;
+            let p = match pa.as_ref() {
+                Expr::Cast {
+                    arg,
+                    dtype: Some(dt),
+                } if *dt == dtype => arg.as_ref(),
+                other => other,
+            };
+            let (pc, ty) = ctx.emit(p, at)?;
+            let pc = super::super::expr::convert(&pc, ty, crate::dtype::CTy::F32);
+            let pc = if f.masked {
+                format!(
+                    "({} < {}) ? ({pc}) : 0.0f",
+                    g.col(Layout::Scores),
+                    e.end(g.n)
+                )
+            } else {
+                pc
+            };
+            (
+                format!(
+                    "{ind}    float tf_v[2];\n\
+                     {ind}    #pragma unroll\n\
+                     {ind}    for (int tf_e = 0; tf_e < 2; ++tf_e) tf_v[tf_e] = {pc};\n"
+                ),
+                "tf_pack(tf_v[0], tf_v[1])".to_string(),
+            )
+        }
+    };
+    let scale = match scale {
+        Some(sx) => {
+            let (c, ty) = f.ctx(e, Layout::Scalar, &[]).emit(sx, at)?;
+            format!(
+                " * ({})",
+                super::super::expr::convert(&c, ty, crate::dtype::CTy::F32)
+            )
+        }
+        None => String::new(),
+    };
+    // The element's place in `t`: the key operands' index, the step's key
+    // and the head dimension's column this thread holds.
+    let mut coords: Vec<(DimId, String)> = f.batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
+    coords.push((g.n, "tf_qr".into()));
+    coords.push((g.d, "tf_qc".into()));
+    let cx = e.ctx(&coords);
+    let mut comps = Vec::new();
+    for c in index {
+        let (c, ty) = cx.emit(c, at)?;
+        comps.push(super::super::expr::convert(&c, ty, crate::dtype::CTy::I64));
+    }
+    let mask = super::super::expr::tensor_mask_signed(*tensor, &comps);
+    let off = super::super::expr::tensor_offset(*tensor, &comps);
+    let rows = a.row_operands();
+    let r = rows.iter().position(|&t| t == x.rows).unwrap_or(0);
+    let row_base = format!("tf_sq + {}u", r * g.bm * g.hd * 2);
+    let buf = g.bm * g.bn * 2;
+    let (barrier, a0, b0, ksteps, col0) = if split.split_n {
+        (
+            format!(
+                "asm volatile(\"bar.sync {}, {};\" ::: \"memory\");",
+                2 + consumers,
+                128 * consumers
+            ),
+            "0u".to_string(),
+            format!("(tf_cw >> 2) * {}u", split.n / 64 * g.bm * 128),
+            g.bm / 16,
+            format!("(tf_cw >> 2) * {}", split.n),
+        )
+    } else {
+        (
+            format!(
+                "asm volatile(\"bar.sync %0, 128;\" :: \"r\"({} + (tf_cw >> 2)) : \"memory\");",
+                2 + consumers
+            ),
+            "(tf_cw >> 2) * 8192u".to_string(),
+            "(tf_cw >> 2) * 8192u".to_string(),
+            4,
+            "0".to_string(),
+        )
+    };
+    let _ = write!(
+        e.out,
+        "{ind}{{  // {line}\n\
+         {ind}  // dS as the scores lie (a key a swizzled row): dSᵀ, MN-major.\n\
+         {ind}  const tf_u32 tf_dsb = tf_sds + (tf_it & 1) * {buf}u;\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_mi = 0; tf_mi < 1; ++tf_mi)\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_j = 0; tf_j < {ni}; ++tf_j)\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
+         {values}\
+         {ind}    const int tf_r = tf_wr + tf_h * 8 + tf_g;\n\
+         {ind}    asm volatile(\"st.shared.b32 [%0], %1;\" :: \"r\"(tf_dsb + tf_r * 128 + ((tf_j ^ (tf_r & 7)) << 4) + (tf_t << 2)), \"r\"({pair}) : \"memory\");\n\
+         {ind}  }}\n\
+         {ind}  asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the wgmma's reads\n\
+         {ind}  {barrier}\n\
+         {wait}\
+         {ind}  float tf_dq[{half}];\n\
+         {ind}  asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_kk = 0; tf_kk < {ksteps}; ++tf_kk)\n\
+         {ind}    tf_wgmma_dq(tf_dq, tf_wgmma_desc(tf_dsb + {a0} + tf_kk * 2048u, {lbo}u, {ATOM}u),\n\
+         {ind}        tf_wgmma_desc({row_base} + {b0} + tf_kk * 2048u, {lbo}u, {ATOM}u), tf_kk);\n\
+         {ind}  asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
+        line = super::super::one_line(at),
+        wait = {
+            // All but the last update complete: their packed operands free
+            // before the product's accumulators live.
+            let mut w = String::new();
+            flight.wait_all_but(&mut w, &format!("{ind}  "), 1);
+            w
+        },
+        ni = g.ni,
+        half = split.n / 2,
+        lbo = g.bm * 128,
+    );
+    flight.issued(super::Product::Atomic(x.at));
+    let inner = format!("{ind}  ");
+    flight.wait(&mut e.out, &inner, |p| p == super::Product::Atomic(x.at));
+    let _ = write!(
+        e.out,
+        "{ind}  #pragma unroll\n\
+         {ind}  for (int tf_j = 0; tf_j < {nj}; ++tf_j)\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h)\n\
+         {ind}  #pragma unroll\n\
+         {ind}  for (int tf_e = 0; tf_e < 2; ++tf_e) {{\n\
+         {ind}    const long long tf_qr = tb{n} + (tf_cw & 3) * 16 + tf_h * 8 + tf_g;\n\
+         {ind}    const long long tf_qc = {col0} + tf_j * 8 + 2 * tf_t + tf_e;\n\
+         {ind}    if ({mask}) atomicAdd(&t{tensor}[{off}], tf_dq[tf_j * 4 + tf_h * 2 + tf_e]{scale});\n\
+         {ind}  }}\n\
+         {ind}}}\n",
+        nj = split.n / 8,
+        n = g.n,
+    );
+    Ok(())
+}
+
 /// The tensors streamed through the ring a key step, one ring each: the
 /// forward's `k` and `v` (both, even where they are one tensor: its products
 /// release them apart), else the key operands
@@ -691,7 +933,23 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
     // compute on zero columns that TMA fills in.
     let hd = hd.max(64);
     let (products, outputs) = (1 + a.more_scores.len(), 1 + a.more_updates.len());
-    let held = (products * bn + outputs * hd) / 2;
+    let mut held = (products * bn + outputs * hd) / 2;
+    if let Some(x) = a.atomics.first() {
+        if bn != 64 {
+            return Err(config_err(
+                e.k,
+                c,
+                format!(
+                    "the wgmma attention path adds `{}` as one `wgmma` of the step's keys (64 rows): take 64 keys \
+                     a step, not {bn}",
+                    e.k.tensors[x.tensor].name
+                ),
+            ));
+        }
+        // Its accumulators live once the scores' are dead.
+        let n = atomic_split_of(warps / 4, hd).n;
+        held = outputs * hd / 2 + (products * bn / 2).max(n / 2);
+    }
     let consumers = warps / 4;
     let limit = if a.is_forward() {
         held_limit(consumers)
@@ -961,11 +1219,14 @@ pub(super) fn update_product(g: &Geo, ind: &str, acc: &str) -> String {
 }
 
 /// Whether statement `s` may read variable `v` (anything but a `let`, an
-/// assignment or a store counts as reading it).
+/// assignment, a store or an atomic counts as reading it).
 pub(super) fn stmt_reads(s: &Stmt, v: VarId) -> bool {
     match s {
         Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Store { value, .. } => {
             super::super::reads_var(value, v)
+        }
+        Stmt::Atomic { value, index, .. } => {
+            super::super::reads_var(value, v) || index.iter().any(|i| super::super::reads_var(i, v))
         }
         _ => true,
     }

@@ -38,6 +38,11 @@ impl Lowering for Attention {
     /// registers beside the output's; with two outputs (dK and dV) 32 keys
     /// (the loop's queries) a step as well.
     fn default_config(&self, k: &Kernel, a: &AttentionShape) -> Config {
+        if !a.atomics.is_empty() {
+            // Only the Hopper program adds products atomically: elsewhere the
+            // general lowering runs the kernel.
+            return general_default(k);
+        }
         let more = !a.is_forward();
         let rows = if more { 64 } else { 128 };
         let mut bs = vec![1; k.dims.len()];
@@ -59,13 +64,17 @@ impl Lowering for Attention {
         a: &AttentionShape,
         spec: &Spec,
         target: Target,
-        _extents: &[Option<usize>],
+        extents: &[Option<usize>],
     ) -> Config {
         if target.wgmma && a.is_forward() {
             let c = wgmma_default(k, a);
             if lower(k, spec, &c).is_ok() {
                 return c;
             }
+        }
+        if !a.atomics.is_empty() {
+            let g = Planned::general(k.kernel().clone());
+            return crate::config::default_config_at(&g, spec, target, extents).general(true);
         }
         self.default_within(k, a, self.default_config(k, a), target.shared_limit)
     }
@@ -102,6 +111,7 @@ impl Lowering for Attention {
         let (scores, outputs) = (1 + a.more_scores.len(), 1 + a.more_updates.len());
         if *given == wgmma_default(k, a)
             && !a.is_forward()
+            && a.atomics.is_empty()
             && (scores * 64 + outputs * fitted.block_sizes[a.d]) / 2 > 176
         {
             fitted.block_sizes[a.n] = 48;
@@ -188,6 +198,11 @@ impl Lowering for Attention {
 /// `None` where `kernel` is not an attention kernel.
 pub fn default_wgmma_attention(kernel: &Planned) -> Option<Config> {
     Some(wgmma_default(kernel, kernel.plan()?))
+}
+
+/// The general lowering's default for `k`, asking for it ([`Config::general`]).
+fn general_default(k: &Kernel) -> Config {
+    crate::config::default_config(&Planned::general(k.clone())).general(true)
 }
 
 /// [`default_wgmma_attention`] of an attention kernel: the backward's (more

@@ -26,12 +26,23 @@ use crate::error::CodegenError;
 use crate::ir::*;
 use frag::{Frags, Geo, Layout};
 pub use lowering::default_wgmma_attention;
-pub use shape::{AttentionShape, MoreScores, Packed};
+pub use shape::{AtomicProduct, AttentionShape, MoreScores, Packed};
 use std::fmt::Write;
 
 pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, CodegenError> {
     if e.cfg.wgmma {
         return hopper::emit(e, a);
+    }
+    if let Some(x) = a.atomics.first() {
+        return Err(config_err(
+            e.k,
+            e.cfg,
+            format!(
+                "the `mma.sync` attention program does not add products into `{}` atomically; set `wgmma` (the \
+                 Hopper program) or `general`",
+                e.k.tensors[x.tensor].name
+            ),
+        ));
     }
     let geo = geometry(e, a)?;
     let dtype = operands(e, a)?;
@@ -902,8 +913,13 @@ fn loop_body(
         if grouped {
             flight.wait(&mut e.out, ind, |p| match p {
                 Product::Update(v) => hopper::stmt_reads(s, v),
-                Product::Scores(_) => false,
+                Product::Scores(_) | Product::Atomic(_) => false,
             });
+        }
+        if let Some(x) = a.atomics.iter().find(|x| x.at == i) {
+            let packed = packed_operand(a, body, x);
+            hopper::atomic_product(e, a, f, s, x, &mut flight, packed.as_deref())?;
+            continue;
         }
         let update_of = if i == a.update {
             Some((a.acc, a.v))
@@ -971,6 +987,8 @@ struct InFlight {
 enum Product {
     Scores(usize),
     Update(VarId),
+    /// An atomic product (its statement's position), added once complete.
+    Atomic(usize),
 }
 
 impl InFlight {
@@ -995,6 +1013,19 @@ impl InFlight {
             self.committed - last - 1
         );
         self.pending.retain(|(g, _)| *g > last);
+    }
+
+    /// `wgmma.wait_group {n}` (into `out`) where more than `n` groups are
+    /// pending: their registers (packed operands) free before new ones live.
+    fn wait_all_but(&mut self, out: &mut String, ind: &str, n: usize) {
+        if self.pending.len() > n {
+            let last = self.pending[self.pending.len() - 1 - n].0;
+            let _ = writeln!(
+                out,
+                "{ind}asm volatile(\"wgmma.wait_group.sync.aligned {n};\" ::: \"memory\");"
+            );
+            self.pending.retain(|(g, _)| *g > last);
+        }
     }
 }
 
@@ -1206,11 +1237,7 @@ fn update(
         format!("tf_p{acc_var}")
     };
     let product = if g.wgmma && !a.is_forward() {
-        let pa = if acc_var == a.acc {
-            "tf_pa".to_string()
-        } else {
-            format!("tf_pa{acc_var}")
-        };
+        let pa = pack_name(a, acc_var);
         hopper::update_issue(&g, ind, &acc_v, (&pa, &tf_p), &key.buf())
     } else if g.wgmma {
         hopper::update_product(&g, ind, &acc_v)
@@ -1260,6 +1287,40 @@ fn update(
         at_line = super::one_line(at),
     );
     Ok(())
+}
+
+/// The packed A fragments of the update of `acc` in the Hopper program with
+/// more products (`tf_pa`, the first update's, or `tf_pa{acc}`).
+fn pack_name(a: &AttentionShape, acc: VarId) -> String {
+    if acc == a.acc {
+        "tf_pa".to_string()
+    } else {
+        format!("tf_pa{acc}")
+    }
+}
+
+/// The packed A fragments of an update earlier in the step whose operand is
+/// the atomic product `x`'s (the one-pass backward's `dS`, packed for dK and
+/// stored for dQ), if one is: the atomic product stores them as they are.
+fn packed_operand(a: &AttentionShape, body: &[Stmt], x: &AtomicProduct) -> Option<String> {
+    let operand = |s: &Stmt| -> Option<Expr> {
+        let mut found = None;
+        for v in s.exprs() {
+            v.walk(&mut |y| {
+                if let (None, Expr::Addmm { a, .. }) = (&found, y) {
+                    found = Some((**a).clone());
+                }
+            });
+        }
+        found
+    };
+    let want = operand(body.get(x.at)?)?;
+    let updates =
+        std::iter::once((a.update, a.acc)).chain(a.more_updates.iter().map(|u| (u.at, u.acc)));
+    updates
+        .filter(|(at, _)| *at < x.at)
+        .find(|(at, _)| body.get(*at).and_then(operand).as_ref() == Some(&want))
+        .map(|(_, acc)| pack_name(a, acc))
 }
 
 /// `dst[0..4]` = the A fragment of `p`'s 16 keys `tf_kk` from `src` (its

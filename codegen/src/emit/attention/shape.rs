@@ -8,7 +8,7 @@
 //! most one tile inside a grid tile over the longest sequence ([`Packed`]).
 
 use crate::ir::*;
-use crate::plan::form::{fast_statements, stmt_addmm};
+use crate::plan::form::{fast_statements, fast_statements_but, stmt_addmm};
 
 /// The parts of a flash-attention-shaped kernel:
 ///
@@ -63,6 +63,10 @@ pub struct AttentionShape {
     pub more_scores: Vec<MoreScores>,
     /// Updates of further accumulators (the backward's dK beside dV).
     pub more_updates: Vec<MoreUpdate>,
+    /// Products over the step's keys and the head dimension added atomically
+    /// into a tensor (the one-pass backward's dQ: `dS·K`, `dS` transposed
+    /// against the scores).
+    pub atomics: Vec<AtomicProduct>,
     /// The output accumulator (over `[tm, td]`).
     pub acc: VarId,
     /// Per batch tile (as [`AttentionShape::batch`]), the divisor of its index
@@ -95,6 +99,20 @@ pub struct MoreUpdate {
     /// The accumulator it assigns, and its key operand (`v` in the forward's).
     pub acc: VarId,
     pub keys: TensorId,
+}
+
+/// `atomic_add(t[i], addmm(zeros, a, r[…]) [* s])` in the key loop (see
+/// [`AttentionShape::atomics`]): `i` the key operands' index (the step's keys
+/// and the head dimension), `a` a value over the rows and keys, `r` a row
+/// operand (its tile in shared memory), contracted over the rows; `s` a
+/// uniform scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AtomicProduct {
+    /// Its position in the key loop's body.
+    pub at: usize,
+    /// The tensor added into, and the row operand multiplied.
+    pub tensor: TensorId,
+    pub rows: TensorId,
 }
 
 /// Packed (variable-length) sequences, FlashAttention's varlen layout:
@@ -136,7 +154,7 @@ impl AttentionShape {
     /// Whether the key loop takes the forward's two products a step (`q·kᵀ`
     /// and `p·v`) and no more (the backward's kernels take more).
     pub fn is_forward(&self) -> bool {
-        self.more_scores.is_empty() && self.more_updates.is_empty()
+        self.more_scores.is_empty() && self.more_updates.is_empty() && self.atomics.is_empty()
     }
 
     /// The tile whose block is the rows a program takes (the config's
@@ -149,9 +167,10 @@ impl AttentionShape {
     /// further product's (without repeats).
     pub fn row_operands(&self) -> Vec<TensorId> {
         let mut out = vec![self.q];
-        for m in &self.more_scores {
-            if !out.contains(&m.rows) {
-                out.push(m.rows);
+        let more = self.more_scores.iter().map(|m| m.rows);
+        for t in more.chain(self.atomics.iter().map(|a| a.rows)) {
+            if !out.contains(&t) {
+                out.push(t);
             }
         }
         out
@@ -223,11 +242,17 @@ pub(super) fn find(k: &Kernel) -> Option<AttentionShape> {
         return packed_attention(k, p);
     }
     // Loops (`each` tiles around the keys', computed bounds on the keys')
-    // and loads are checked against the form found.
-    if !fast_statements(k) {
+    // and loads are checked against the form found; atomics must all be its
+    // atomic products.
+    if !fast_statements_but(k, true) {
         return None;
     }
     let a = attention(k, &k.body)?;
+    let mut atomics = 0;
+    k.walk_stmts(&mut |s| atomics += usize::from(matches!(s, Stmt::Atomic { .. })));
+    if atomics != a.atomics.len() {
+        return None;
+    }
     // Only the key loop may have bounds the program computes (dK/dV's
     // causal `tile(tn.begin()..s)`).
     let mut ranges_ok = k
@@ -505,7 +530,9 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
     let count: usize = body
         .iter()
         .map(|s| match s {
-            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => addmms(value),
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Atomic { value, .. } => {
+                addmms(value)
+            }
             _ => 0,
         })
         .sum();
@@ -569,8 +596,26 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
     let rank = qi.len();
     let mut more_scores = Vec::new();
     let mut updates: Vec<MoreUpdate> = Vec::new();
+    let mut atomics = Vec::new();
     for &j in &sites[1..] {
         match &body[j] {
+            Stmt::Atomic {
+                op: AtomicOp::Add,
+                tensor,
+                index,
+                value,
+                ..
+            } => {
+                let rows = atomic_product(value, &qraw)?;
+                if *index != ki {
+                    return None;
+                }
+                atomics.push(AtomicProduct {
+                    at: j,
+                    tensor: *tensor,
+                    rows,
+                });
+            }
             Stmt::Assign {
                 var,
                 value: Expr::Addmm { acc, b: z, .. },
@@ -656,6 +701,7 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
         update,
         more_scores,
         more_updates: updates,
+        atomics,
         acc,
         kv_group,
         kv_exprs,
@@ -665,6 +711,47 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
 
 /// A product's operand: the tensor and its load's index.
 type Operand = (TensorId, Vec<Expr>);
+
+/// The row operand of an atomic product's value `addmm(zeros, a, r[…])`,
+/// optionally times a uniform scale (see [`AtomicProduct`]), `r` indexed as
+/// the rows' operand (`rows_index`).
+fn atomic_product(value: &Expr, rows_index: &[Expr]) -> Option<TensorId> {
+    let uniform = |x: &Expr| {
+        let mut ok = true;
+        x.walk(&mut |y| {
+            ok &= matches!(
+                y,
+                Expr::Int(_)
+                    | Expr::Float(_)
+                    | Expr::Scalar(_)
+                    | Expr::Const(_)
+                    | Expr::Binary { .. }
+            )
+        });
+        ok
+    };
+    let mm = match value {
+        Expr::Binary {
+            op: BinOp::Mul,
+            lhs,
+            rhs,
+            ..
+        } => match (lhs.as_ref(), rhs.as_ref()) {
+            (m @ Expr::Addmm { .. }, s) | (s, m @ Expr::Addmm { .. }) if uniform(s) => m,
+            _ => return None,
+        },
+        m => m,
+    };
+    let Expr::Addmm { acc, b, .. } = mm else {
+        return None;
+    };
+    let (Expr::Full { value: 0.0, .. }, Expr::Load { tensor, index, .. }) =
+        (acc.as_ref(), b.as_ref())
+    else {
+        return None;
+    };
+    (index.as_slice() == rows_index).then_some(*tensor)
+}
 
 /// Whether `acc` (an update's first argument) reads the variable it assigns.
 fn reads_acc(acc: &Expr, var: VarId) -> bool {
