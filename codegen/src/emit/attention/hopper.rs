@@ -731,29 +731,7 @@ pub(super) fn atomic_product(
             format!("{pa}[tf_j >> 1][((tf_j & 1) << 1) + tf_h]"),
         ),
         None => {
-            let mut pre = Vec::new();
-            f.reductions(e, pa, &mut pre)?;
-            let ctx = f.ctx(e, Layout::Scores, &pre);
-            // Packing rounds to the operands' type: a cast to it before is the same.
-            let dtype = e.spec.tensors[x.rows].dtype;
-            let p = match pa.as_ref() {
-                Expr::Cast {
-                    arg,
-                    dtype: Some(dt),
-                } if *dt == dtype => arg.as_ref(),
-                other => other,
-            };
-            let (pc, ty) = ctx.emit(p, at)?;
-            let pc = super::super::expr::convert(&pc, ty, crate::dtype::CTy::F32);
-            let pc = if f.masked {
-                format!(
-                    "({} < {}) ? ({pc}) : 0.0f",
-                    g.col(Layout::Scores),
-                    e.end(g.n)
-                )
-            } else {
-                pc
-            };
+            let pc = super::operand_element(e, f, pa, e.spec.tensors[x.rows].dtype, at)?;
             (
                 format!(
                     "{ind}    float tf_v[2];\n\

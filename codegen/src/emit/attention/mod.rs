@@ -1186,7 +1186,7 @@ fn update(
         return Ok(());
     };
     let g = *f.geo;
-    let (masked, ind) = (f.masked, f.ind.clone());
+    let ind = f.ind.clone();
     let ind = ind.as_str();
     let mut pre = Vec::new();
     f.assign(e, acc_var, acc, false, &mut pre, at)?;
@@ -1201,33 +1201,7 @@ fn update(
             ),
         });
     }
-    let mut pre = Vec::new();
-    f.reductions(e, p, &mut pre)?;
-    let ctx: ElemCtx = f.ctx(e, Layout::Scores, &pre);
-    // Packing `p` into operand registers rounds to the operands' type (to
-    // nearest): a cast to it before is the same rounding, done once.
-    let p = match &**p {
-        Expr::Cast {
-            arg,
-            dtype: Some(dt),
-        } if *dt == e.spec.tensors[a.v].dtype => arg,
-        _ => p,
-    };
-    let (pc, ty) = ctx.emit(p, at)?;
-    let pc = if ty == CTy::I64 {
-        format!("(float)({pc})")
-    } else {
-        pc
-    };
-    let pc = if masked {
-        format!(
-            "({} < {}) ? ({pc}) : 0.0f",
-            g.col(Layout::Scores),
-            e.end(g.n)
-        )
-    } else {
-        pc
-    };
+    let pc = operand_element(e, f, p, e.spec.tensors[a.v].dtype, at)?;
     let (open, close) = g.loop_open(Layout::Scores, ind);
     let acc_v = format!("v{acc_var}");
     // Each update's `p` its own array (the first keeps the forward's name).
@@ -1321,6 +1295,45 @@ fn packed_operand(a: &AttentionShape, body: &[Stmt], x: &AtomicProduct) -> Optio
         .filter(|(at, _)| *at < x.at)
         .find(|(at, _)| body.get(*at).and_then(operand).as_ref() == Some(&want))
         .map(|(_, acc)| pack_name(a, acc))
+}
+
+/// An element of `p` (over the rows and keys) as an f32 C expression, for an
+/// operand of `dtype` packed from the scores' layout: its reductions first,
+/// a cast to `dtype` left to the packing (which rounds to nearest, the same
+/// rounding done once), zero past the keys in an edge tile.
+fn operand_element(
+    e: &mut Emitter,
+    f: &mut Frags,
+    p: &Expr,
+    dtype: DType,
+    at: &str,
+) -> Result<String, CodegenError> {
+    let g = *f.geo;
+    let mut pre = Vec::new();
+    f.reductions(e, p, &mut pre)?;
+    let ctx: ElemCtx = f.ctx(e, Layout::Scores, &pre);
+    let p = match p {
+        Expr::Cast {
+            arg,
+            dtype: Some(dt),
+        } if *dt == dtype => arg,
+        _ => p,
+    };
+    let (pc, ty) = ctx.emit(p, at)?;
+    let pc = if ty == CTy::I64 {
+        format!("(float)({pc})")
+    } else {
+        pc
+    };
+    Ok(if f.masked {
+        format!(
+            "({} < {}) ? ({pc}) : 0.0f",
+            g.col(Layout::Scores),
+            e.end(g.n)
+        )
+    } else {
+        pc
+    })
 }
 
 /// `dst[0..4]` = the A fragment of `p`'s 16 keys `tf_kk` from `src` (its
