@@ -704,6 +704,16 @@ pub(super) fn atomic_product(
     else {
         return Ok(());
     };
+    if e.spec.tensors[*tensor].dtype != crate::dtype::DType::F32 {
+        return Err(CodegenError::Argument {
+            kernel: e.k.name.clone(),
+            arg: e.k.tensors[*tensor].name.clone(),
+            message: format!(
+                "the wgmma attention path adds products into f32 tensors; this one is {}",
+                e.spec.tensors[*tensor].dtype
+            ),
+        });
+    }
     let g = *f.geo;
     let ind = f.ind.clone();
     let split = atomic_split(&g);
@@ -754,17 +764,27 @@ pub(super) fn atomic_product(
     };
     // The element's place in `t`: the key operands' index, the step's key
     // and the head dimension's column this thread holds.
-    let mut coords: Vec<(DimId, String)> = f.batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
-    coords.push((g.n, "tf_qr".into()));
-    coords.push((g.d, "tf_qc".into()));
-    let cx = e.ctx(&coords);
-    let mut comps = Vec::new();
-    for c in index {
-        let (c, ty) = cx.emit(c, at)?;
-        comps.push(super::super::expr::convert(&c, ty, crate::dtype::CTy::I64));
-    }
-    let mask = super::super::expr::tensor_mask_signed(*tensor, &comps);
-    let off = super::super::expr::tensor_offset(*tensor, &comps);
+    // A thread's two columns (`tf_qc`, `tf_qc1`) of a row go in one vector
+    // reduction where both are in the tensor, next to each other (the last
+    // index the column, of stride 1) and 8-byte aligned (tested at run time:
+    // strides and offsets are data).
+    let place = |col: &str| -> Result<(String, String), CodegenError> {
+        let mut coords: Vec<(DimId, String)> =
+            f.batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
+        coords.push((g.n, "tf_qr".into()));
+        coords.push((g.d, col.into()));
+        let cx = e.ctx(&coords);
+        let mut comps = Vec::new();
+        for c in index {
+            let (c, ty) = cx.emit(c, at)?;
+            comps.push(super::super::expr::convert(&c, ty, crate::dtype::CTy::I64));
+        }
+        Ok((
+            super::super::expr::tensor_mask_signed(*tensor, &comps),
+            super::super::expr::tensor_offset(*tensor, &comps),
+        ))
+    };
+    let ((mask0, off0), (mask1, off1)) = (place("tf_qc")?, place("tf_qc1")?);
     let rows = a.row_operands();
     let r = rows.iter().position(|&t| t == x.rows).unwrap_or(0);
     let row_base = format!("tf_sq + {}u", r * g.bm * g.hd * 2);
@@ -838,15 +858,28 @@ pub(super) fn atomic_product(
         "{ind}  #pragma unroll\n\
          {ind}  for (int tf_j = 0; tf_j < {nj}; ++tf_j)\n\
          {ind}  #pragma unroll\n\
-         {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h)\n\
-         {ind}  #pragma unroll\n\
-         {ind}  for (int tf_e = 0; tf_e < 2; ++tf_e) {{\n\
+         {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
          {ind}    const long long tf_qr = tb{n} + (tf_cw & 3) * 16 + tf_h * 8 + tf_g;\n\
-         {ind}    const long long tf_qc = {col0} + tf_j * 8 + 2 * tf_t + tf_e;\n\
-         {ind}    if ({mask}) atomicAdd(&t{tensor}[{off}], tf_dq[tf_j * 4 + tf_h * 2 + tf_e]{scale});\n\
+         {ind}    const long long tf_qc = {col0} + tf_j * 8 + 2 * tf_t, tf_qc1 = tf_qc + 1;\n\
+         {ind}    const float tf_v0 = tf_dq[tf_j * 4 + tf_h * 2]{scale}, tf_v1 = tf_dq[tf_j * 4 + tf_h * 2 + 1]{scale};\n\
+         {ind}    const bool tf_in0 = {mask0}, tf_in1 = {mask1};\n\
+         {ind}    if ({pair} tf_in0 && tf_in1 && ((unsigned long long)(t{tensor} + {off0}) & 7ull) == 0)\n\
+         {ind}      asm volatile(\"red.global.add.v2.f32 [%0], {{%1, %2}};\" :: \"l\"(t{tensor} + {off0}), \"f\"(tf_v0), \"f\"(tf_v1) : \"memory\");\n\
+         {ind}    else {{\n\
+         {ind}      if (tf_in0) atomicAdd(t{tensor} + {off0}, tf_v0);\n\
+         {ind}      if (tf_in1) atomicAdd(t{tensor} + {off1}, tf_v1);\n\
+         {ind}    }}\n\
          {ind}  }}\n\
          {ind}}}\n",
         nj = split.n / 8,
+        // The columns are neighbours where the last index is the column and
+        // its stride 1.
+        pair = match index.last() {
+            Some(Expr::TileIndex(d)) if *d == g.d => {
+                format!("t{tensor}_s{} == 1 &&", index.len() - 1)
+            }
+            _ => "false &&".to_string(),
+        },
         n = g.n,
     );
     Ok(())
