@@ -840,7 +840,7 @@ fn the_hopper_program_runs_the_backwards_kernels() {
 /// warpgroups each multiplies 64 of the head dimension's columns over the
 /// block's 128 keys (`wgmma` with both operands MN-major), then adds them,
 /// two columns a vector reduction. NVRTC compiles it without spills at head
-/// dimension 64.
+/// dimension 64; the tuner's seeds reach it.
 #[test]
 fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
     use common::examples::attention_backward::attention_dkdvdq;
@@ -909,6 +909,19 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
             assert!(log.contains(" 0 bytes spill stores"), "{log}");
         }
     }
+    // The tuner's seeds reach the Hopper program (not the general default's flag).
+    let space = tilefuse::codegen::ConfigSpace::new(ir, &spec, H200);
+    let hopper: Vec<Config> = space
+        .seeds(&spec, false)
+        .into_iter()
+        .filter(|c| c.wgmma && !c.general)
+        .collect();
+    assert!(
+        hopper
+            .iter()
+            .any(|c| lower(ir, &spec, c).is_ok_and(|l| l.path == "attention (wgmma)")),
+        "{hopper:?}"
+    );
 }
 
 /// The backward's dK/dV kernel takes the attention lowering too: its grid's

@@ -50,9 +50,12 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
     ];
     let overlap = space.default_config().overlap;
     let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
+        // The attention programs' configs (a default on the general lowering,
+        // the one pass's off Hopper, asks for it: these do not).
         let mut c = Config {
             wgmma,
             overlap: wgmma && overlap,
+            general: false,
             ..space.default_config().clone()
         }
         .num_warps(warps);
