@@ -529,8 +529,25 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
          \x20     const tf_u32 {bufs};\n\
          {spins}\
+         {opaque}\
          {stage}\
          \x20     if ({fast}) {{\n",
+        // The row tiles' addresses, opaque to the compiler in each step: else
+        // it holds every loop-invariant `wgmma` descriptor of them across the
+        // loop (two row operands: 32 registers; dK/dV spilled 72 bytes at 64
+        // queries a step and head dimension 128, none with these).
+        opaque = match (forward, a.atomics.is_empty()) {
+            (true, _) => "",
+            (false, true) => {
+                "      tf_u32 tf_qwo;\n\
+                 \x20     asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(tf_qwo) : \"r\"(tf_qw));\n"
+            }
+            (false, false) => {
+                "      tf_u32 tf_qwo, tf_sqo;\n\
+                 \x20     asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(tf_qwo) : \"r\"(tf_qw));\n\
+                 \x20     asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(tf_sqo) : \"r\"(tf_sq));\n"
+            }
+        },
         name = e.k.dims[n].name,
         each = each_tiles(e, "      "),
     );
@@ -787,7 +804,7 @@ pub(super) fn atomic_product(
     let ((mask0, off0), (mask1, off1)) = (place("tf_qc")?, place("tf_qc1")?);
     let rows = a.row_operands();
     let r = rows.iter().position(|&t| t == x.rows).unwrap_or(0);
-    let row_base = format!("tf_sq + {}u", r * g.bm * g.hd * 2);
+    let row_base = format!("tf_sqo + {}u", r * g.bm * g.hd * 2);
     let buf = g.bm * g.bn * 2;
     let (barrier, a0, b0, ksteps, col0) = if split.split_n {
         (
@@ -1119,7 +1136,8 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
 /// In a program with more products a step than the forward's (the
 /// backward's), a score-like product `out = row·keyᵀ` as its own `wgmma`
 /// group: the row operand's tile at byte `row_off` of the row tiles (this
-/// warpgroup's rows), the key operand's stage at `buf`; from zero (`zero`:
+/// warpgroup's rows, from `tf_qwo`: see the step's header), the key
+/// operand's stage at `buf`; from zero (`zero`:
 /// the first `wgmma` overwrites `out`, left unset) or onto `out`. The step
 /// waits for it where its result is first read (see `InFlight` in the
 /// parent module).
@@ -1135,7 +1153,7 @@ pub(super) fn scores_issue(
          {ind}#pragma unroll\n\
          {ind}for (int tf_ks = 0; tf_ks < {ks}; ++tf_ks)\n\
          {ind}  tf_wgmma_sd(&{out}[0][0][0],\n\
-         {ind}      tf_wgmma_desc(tf_qw + {row_off}u + (tf_ks >> 2) * {qp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u),\n\
+         {ind}      tf_wgmma_desc(tf_qwo + {row_off}u + (tf_ks >> 2) * {qp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u),\n\
          {ind}      tf_wgmma_desc({buf} + (tf_ks >> 2) * {kp}u + (tf_ks & 3) * 32u, 16u, {ATOM}u), {acc});\n\
          {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
         ks = g.hd / 16,

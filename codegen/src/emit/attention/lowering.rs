@@ -105,17 +105,6 @@ impl Lowering for Attention {
             fitted.block_sizes[a.n] = 64;
             fitted = fitted.num_stages(2).overlap(false);
         }
-        // The backward's dK/dV at head dimension 128: 48 queries a step, not
-        // 64 (two scores and two outputs a thread: 176 accumulators, not
-        // 192, where ptxas spilled 40-72 bytes).
-        let (scores, outputs) = (1 + a.more_scores.len(), 1 + a.more_updates.len());
-        if *given == wgmma_default(k, a)
-            && !a.is_forward()
-            && a.atomics.is_empty()
-            && (scores * 64 + outputs * fitted.block_sizes[a.d]) / 2 > 176
-        {
-            fitted.block_sizes[a.n] = 48;
-        }
         // Head dimension 64 or less: three consumer warpgroups (192-row tiles,
         // FlashAttention-3's shape there), two stages. 8×16×4096×64 on an H200:
         // 1.423 → 1.200 ms, causal 0.828 → 0.781 (docs/perf-history.md, "Three
