@@ -14,6 +14,12 @@
 //!   reductions are the same; `p` goes to `wgmma.m64n{D}k16` as register
 //!   operands, `v` as a transposed (MN-major) shared operand. Each consumer warp
 //!   releases a stage's `k` when its `q·kᵀ` is done and its `v` when its `p·v` is.
+//! - The backward's kernels (more products a step) take the same program: every
+//!   row operand loaded once, each streamed operand in its own ring, each
+//!   product one `wgmma` group waited for where its result is first read (see
+//!   `InFlight` in the parent module), per-step column vectors (`lse`, `delta`)
+//!   staged in shared memory ([`column_vectors`]), and an atomic product (the
+//!   one pass's dQ, [`atomic_product`]) through a swizzled `dS` tile.
 
 use super::super::hopper::{tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
