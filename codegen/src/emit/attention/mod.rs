@@ -1487,3 +1487,39 @@ fn without(s: &Stmt, compares: &[Expr]) -> Stmt {
         other => other.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{InFlight, Product};
+
+    /// The waits a step of the backward's Hopper program emits: a group waited
+    /// for waits for those before it (`wait_group` counts the later ones still
+    /// allowed in flight), nothing is waited for twice, and `wait_all_but`
+    /// leaves only the last groups running.
+    #[test]
+    fn in_flight_groups_wait_for_what_is_read() {
+        let mut f = InFlight::default();
+        let mut out = String::new();
+        f.issued(Product::Scores(0));
+        f.issued(Product::Scores(3));
+        f.wait(&mut out, "", |p| p == Product::Scores(0));
+        assert_eq!(
+            out.trim(),
+            "asm volatile(\"wgmma.wait_group.sync.aligned 1;\" ::: \"memory\");"
+        );
+        out.clear();
+        f.wait(&mut out, "", |p| p == Product::Scores(0));
+        assert!(out.is_empty(), "waited twice: {out}");
+        f.issued(Product::Update(7));
+        f.issued(Product::Update(8));
+        f.wait(&mut out, "", |p| p == Product::Scores(3));
+        assert!(out.contains("aligned 2;"), "{out}");
+        out.clear();
+        f.wait_all_but(&mut out, "", 1);
+        assert!(out.contains("aligned 1;"), "{out}");
+        assert_eq!(f.pending, vec![(3, Product::Update(8))]);
+        out.clear();
+        f.wait(&mut out, "", |_| true);
+        assert!(out.contains("aligned 0;") && f.pending.is_empty(), "{out}");
+    }
+}
