@@ -628,6 +628,36 @@ fn main() -> ExitCode {
                 t.median_ms,
                 flops / t.median_ms / 1e9
             );
+            // Where the time goes: each kernel timed alone.
+            let ms = |f: &dyn Fn() -> tilefuse::Result<()>| -> tilefuse::Result<f64> {
+                Ok(tilefuse::time_gpu(&dev, 3, 20, true, f)?.median_ms)
+            };
+            let delta = ms(&|| attention_delta(&p.out, &p.dout, &p.delta))?;
+            let parts = if cli.fused {
+                let one = ms(&|| {
+                    p.dq_acc.zero()?;
+                    attention_dkdvdq(
+                        &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dk, &p.dv, &p.dq_acc,
+                        p.scale, p.causal,
+                    )
+                })?;
+                let out = ms(&|| attention_dq_out(&p.dq_acc, &p.dq))?;
+                format!("dK/dV/dQ (with zeroing) {one:.3} ms, rounding dQ {out:.3} ms")
+            } else {
+                let kv = ms(&|| {
+                    attention_dkdv(
+                        &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dk, &p.dv, p.scale,
+                        p.causal,
+                    )
+                })?;
+                let q = ms(&|| {
+                    attention_dq(
+                        &p.q, &p.k, &p.v, &p.dout, &p.lse, &p.delta, &p.dq, p.scale, p.causal,
+                    )
+                })?;
+                format!("dK/dV {kv:.3} ms, dQ {q:.3} ms")
+            };
+            println!("  of which: delta {delta:.3} ms, {parts}");
         }
         Ok(ok)
     };
