@@ -587,6 +587,16 @@ fn main() -> ExitCode {
                 (false, false) => "",
             }
         );
+        if cli.hopper && !dev.is_host() && !dev.target().wgmma {
+            return Err(tilefuse::Error::Argument {
+                context: "attention_backward".into(),
+                arg: "--hopper".into(),
+                message: format!(
+                    "the Hopper program needs sm_90 (wgmma, TMA); this GPU is {}: drop --hopper",
+                    dev.arch()
+                ),
+            });
+        }
         let p = Problem::grouped(shape, hk, cli.causal)?;
         let backward = || {
             if cli.fused {

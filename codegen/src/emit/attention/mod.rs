@@ -895,6 +895,13 @@ fn loop_body(
             e.out.push_str(&hopper::last_pv_done(ind));
             pv_running = false;
         }
+        // Any statement waits for the updates of the accumulators it reads.
+        if grouped {
+            flight.wait(&mut e.out, ind, |p| match p {
+                Product::Update(v) => hopper::stmt_reads(s, v),
+                Product::Scores(_) | Product::Atomic(_) => false,
+            });
+        }
         if let Some((_, out, r, k)) = products.iter().find(|p| p.0 == i) {
             let ops = (row(*r), key(*k), wait_for(*k));
             if grouped {
@@ -909,12 +916,6 @@ fn loop_body(
             }
             pv_running = i == a.scores && f.geo.overlap;
             continue;
-        }
-        if grouped {
-            flight.wait(&mut e.out, ind, |p| match p {
-                Product::Update(v) => hopper::stmt_reads(s, v),
-                Product::Scores(_) | Product::Atomic(_) => false,
-            });
         }
         if let Some(x) = a.atomics.iter().find(|x| x.at == i) {
             let packed = packed_operand(a, body, x);
