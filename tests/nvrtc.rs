@@ -502,6 +502,30 @@ fn attention_backward_compiles_with_tensor_core_addmm() {
     }
 }
 
+/// The one-pass attention backward at its default off Hopper (the general
+/// lowering: the `mma.sync` program does not add atomically) and dQ's rounding
+/// compile for both architectures, causal and not. (Its Hopper program:
+/// `tests/attention.rs`.)
+#[test]
+fn one_pass_attention_backward_compiles_off_hopper() {
+    use attention_backward::{attention_dkdvdq, attention_dq_out};
+    let def = attention_dkdvdq::kernel();
+    let cfg = def.config().expect("the default config");
+    assert!(cfg.general, "{cfg}");
+    let specs: Vec<Spec> = [0, 1]
+        .into_iter()
+        .map(|c| {
+            let mut spec = def.declared_spec().expect("declared dtypes");
+            spec.constexprs = vec![c];
+            spec
+        })
+        .collect();
+    compile_all(def, &specs, std::slice::from_ref(&cfg));
+    let out = attention_dq_out::kernel();
+    let spec = out.declared_spec().expect("declared dtypes");
+    compile_all(out, &[spec], &[out.config().expect("the default config")]);
+}
+
 /// Flash attention: FlashAttention-2's shapes and the tuner's others, head
 /// dimensions 32 to 256, causal and not, compile for sm_90a. Configs whose
 /// accumulators take at most 96 registers a thread do not spill; from 128 to
