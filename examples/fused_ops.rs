@@ -111,6 +111,8 @@ struct Problem {
     a: Tensor<bf16>,
     b: Tensor<bf16>,
     out_shape: [usize; 2],
+    /// A's shape in the product this rank computes (the cuBLAS floor).
+    floor_a: [usize; 2],
     bias: Tensor<bf16>,
     bias_rows: bool,
 }
@@ -168,13 +170,30 @@ fn problem(
     };
     // B is the same on every rank where the op wants it whole.
     let mut b_rng = Rng::new(shared);
-    let (a, b, out_shape) = match name {
-        "ag_rows" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
-        "ag_cols" => (t([m, k / w], rng)?, t([k, n], &mut b_rng)?, [m, n]),
-        "matmul_all_gather" | "mag_stores" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n]),
-        "matmul_reduce_scatter" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n / w]),
-        "rs_rows" => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m / w, n]),
-        _ => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n]),
+    // And the product each rank computes (the benchmark's cuBLAS floor): A's rows
+    // and columns as the GEMM sees them, after a gather of A.
+    let (a, b, out_shape, floor_a) = match name {
+        "ag_rows" => (t([m / w, k], rng)?, t([k, n], &mut b_rng)?, [m, n], [m, k]),
+        "ag_cols" => (t([m, k / w], rng)?, t([k, n], &mut b_rng)?, [m, n], [m, k]),
+        "matmul_all_gather" | "mag_stores" => (
+            t([m / w, k], rng)?,
+            t([k, n], &mut b_rng)?,
+            [m, n],
+            [m / w, k],
+        ),
+        "matmul_reduce_scatter" => (
+            t([m, k / w], rng)?,
+            t([k / w, n], rng)?,
+            [m, n / w],
+            [m, k / w],
+        ),
+        "rs_rows" => (
+            t([m, k / w], rng)?,
+            t([k / w, n], rng)?,
+            [m / w, n],
+            [m, k / w],
+        ),
+        _ => (t([m, k / w], rng)?, t([k / w, n], rng)?, [m, n], [m, k / w]),
     };
     // Rows for the gathers (a per-row bias of the rows each rank computes), columns otherwise.
     let bias_rows = matches!(name, "ag_rows" | "matmul_all_gather" | "mag_stores");
@@ -189,6 +208,7 @@ fn problem(
         a,
         b,
         out_shape,
+        floor_a,
         bias,
         bias_rows,
     })
@@ -256,12 +276,8 @@ fn bench(
     let dev = pg.device().clone();
     let out = Tensor::<bf16>::empty(p.out_shape)?;
     // The floor: cuBLAS on the product this rank computes, with no communication.
-    let w = pg.world_size();
-    let (fm, fk, fb) = match p.name {
-        "ag_rows" | "ag_cols" => (m, k, &p.b),
-        "matmul_all_gather" => (m / w, k, &p.b),
-        _ => (m, k / w, &p.b),
-    };
+    let [fm, fk] = p.floor_a;
+    let fb = &p.b;
     let fa = tilefuse_testkit::random_tensor::<bf16>([fm, fk], 1.0)?;
     let mut fc = Tensor::<bf16>::empty([fm, fb.size(1)])?;
     let mut wss = [Some(fused_ws), Some(unfused_ws)];

@@ -13,6 +13,8 @@
 //! - `examples/all_reduce_bias_rms_norm` on three ranks (a ragged shape): each
 //!   reads every rank's partial from its symmetric buffer, and checks its
 //!   output against float64 and the other ranks' bits.
+//! - `examples/fused_ops --bench` on two ranks: every op checked against the
+//!   unfused path, then timed with its cuBLAS floor (each op's own shapes).
 
 mod common;
 
@@ -215,6 +217,39 @@ fn main() -> ExitCode {
     if !out.status.success() || o.matches("the same bits on every rank (ok)").count() != 3 {
         eprintln!(
             "interpret_dist: all_reduce_bias_rms_norm failed:\n{o}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return ExitCode::FAILURE;
+    }
+    // The op library's example with its benchmark (every op, both paths, its
+    // cuBLAS floor on the product a rank computes), two ranks, a ragged shape.
+    let bin = example("fused_ops");
+    let t = Instant::now();
+    let out = Command::new(launcher())
+        .args(["--nproc-per-node", "2", "--master-port", "0", "--"])
+        .arg(&bin)
+        .args(["64", "96", "128", "--bench"])
+        .env("TILEFUSE_INTERPRET", "1")
+        .env("TILEFUSE_DIST_TIMEOUT_S", "20")
+        .output();
+    let Ok(out) = out else {
+        eprintln!("interpret_dist: could not run {}", bin.display());
+        return ExitCode::FAILURE;
+    };
+    let o = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "interpret_dist fused_ops --bench ({:.1} s):\n{o}",
+        t.elapsed().as_secs_f64()
+    );
+    // Each op checked on both ranks, and one table row each from rank 0.
+    let ops = 8;
+    if !out.status.success()
+        || o.matches(": ‖fused − NCCL+cuBLAS‖").count() != 2 * ops
+        || o.matches("(ok)").count() != 2 * ops
+        || o.lines().filter(|l| l.starts_with("[rank0]: | ")).count() != ops
+    {
+        eprintln!(
+            "interpret_dist: fused_ops --bench failed:\n{o}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         return ExitCode::FAILURE;

@@ -32,6 +32,52 @@ pub struct Gpu {
     dev: std::sync::Arc<tilefuse::Device>,
     _shared: Option<std::sync::RwLockReadGuard<'static, ()>>,
     _alone: Option<std::sync::RwLockWriteGuard<'static, ()>>,
+    _held: Held,
+}
+
+thread_local! {
+    /// How many `Gpu`s this thread holds, and whether the outermost is alone.
+    static HELD: std::cell::Cell<(u32, bool)> = const { std::cell::Cell::new((0, false)) };
+}
+
+/// One `Gpu` of this thread's; the count goes down when it is dropped.
+struct Held;
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let (n, alone) = h.get();
+            let n = n.saturating_sub(1);
+            h.set((n, alone && n > 0));
+        });
+    }
+}
+
+/// A second `Gpu` on a thread that holds one (a helper asking again) must not
+/// take the lock again: `std`'s lock is not re-entrant, and a read behind a
+/// waiting writer blocks, so the test would wait on itself for ever. It
+/// shares the outer guard; asking to be alone under a shared guard is a bug
+/// in the test, said at once rather than deadlocked.
+fn nested(dev: &std::sync::Arc<tilefuse::Device>, alone: bool) -> Option<Gpu> {
+    let (n, outer_alone) = HELD.with(|h| h.get());
+    if n == 0 {
+        return None;
+    }
+    assert!(
+        !alone || outer_alone,
+        "gpu_alone() called while this test holds gpu(): take gpu_alone() first"
+    );
+    HELD.with(|h| h.set((n + 1, outer_alone)));
+    Some(Gpu {
+        dev: dev.clone(),
+        _shared: None,
+        _alone: None,
+        _held: Held,
+    })
+}
+
+fn first(alone: bool) {
+    HELD.with(|h| h.set((1, alone)));
 }
 
 impl std::ops::Deref for Gpu {
@@ -75,22 +121,32 @@ fn device_or_skip() -> Option<std::sync::Arc<tilefuse::Device>> {
 /// With `TILEFUSE_REQUIRE_GPU=1`, a missing GPU fails the test instead.
 pub fn gpu() -> Option<Gpu> {
     let dev = device_or_skip()?;
+    if let Some(g) = nested(&dev, false) {
+        return Some(g);
+    }
     let g = gpu_lock().read().unwrap_or_else(|p| p.into_inner());
+    first(false);
     Some(Gpu {
         dev,
         _shared: Some(g),
         _alone: None,
+        _held: Held,
     })
 }
 
 /// Like [`gpu`], but no other test uses the GPU meanwhile.
 pub fn gpu_alone() -> Option<Gpu> {
     let dev = device_or_skip()?;
+    if let Some(g) = nested(&dev, true) {
+        return Some(g);
+    }
     let g = gpu_lock().write().unwrap_or_else(|p| p.into_inner());
+    first(true);
     Some(Gpu {
         dev,
         _shared: None,
         _alone: Some(g),
+        _held: Held,
     })
 }
 
