@@ -692,8 +692,8 @@ fn packed_sequences_take_the_attention_lowering() {
 /// `dQ += dS·K`) takes the attention lowering: `dO` a second row operand
 /// beside `q` in shared memory, `k` and `v` streamed (their loads waited for
 /// where first read), 16 rows a warp by default so both scores fit beside the
-/// accumulator; the Hopper default stays the `mma.sync` one (the Hopper
-/// program takes it too: see `the_hopper_program_runs_the_backwards_kernels`).
+/// accumulator (the default off Hopper; there the Hopper program's: see
+/// `the_hopper_program_runs_the_backwards_kernels`).
 #[test]
 fn the_backwards_dq_takes_the_attention_lowering() {
     use common::examples::attention_backward::attention_dq;
@@ -710,7 +710,7 @@ fn the_backwards_dq_takes_the_attention_lowering() {
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
     let ext = [Some(4), Some(16), Some(2048), Some(128), Some(2048)];
-    let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, NO_WGMMA, &ext), &ext);
     assert_eq!(
         (c.block_sizes.clone(), c.num_warps, c.wgmma),
         (vec![1, 1, 64, 128, 64], 4, false)
@@ -742,9 +742,10 @@ fn the_backwards_dq_takes_the_attention_lowering() {
 /// second from `dO` and `v`), a wait where each result is first read and
 /// none between the two updates; `lse` and `delta` of the step's queries
 /// staged in shared memory once a warpgroup; the scores' first `wgmma`
-/// overwriting instead of zeroed accumulators. Its default (opt-in until
-/// measured): 128 rows, 64 keys a step, three stages; NVRTC compiles it
-/// without spills.
+/// overwriting instead of zeroed accumulators. Its default, the untuned one
+/// on Hopper at head dimensions 64 and 128 (those checked on an H200; others
+/// keep `mma.sync`): 128 rows, 64 keys a step, three stages; NVRTC compiles
+/// it without spills.
 #[test]
 fn the_hopper_program_runs_the_backwards_kernels() {
     use common::examples::attention_backward::{attention_dkdv, attention_dq};
@@ -759,12 +760,19 @@ fn the_hopper_program_runs_the_backwards_kernels() {
             .map(|d| Some(if d.whole { 128 } else { 2048 }))
             .collect();
         let plain = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
+        let c = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext);
+        assert_eq!(plain, c, "{}: the Hopper program by default", def.name());
+        let unchecked: Vec<Option<usize>> = ir
+            .dims
+            .iter()
+            .map(|d| Some(if d.whole { 96 } else { 2048 }))
+            .collect();
+        let other = default_config_at(ir, &spec, H200, &unchecked);
         assert!(
-            !plain.wgmma,
-            "{} keeps mma.sync by default: {plain}",
+            !other.wgmma,
+            "{} at head dimension 96 keeps mma.sync: {other}",
             def.name()
         );
-        let c = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext);
         let (a, _) = planned_attention(ir);
         assert_eq!(
             (
@@ -837,8 +845,9 @@ fn the_hopper_program_runs_the_backwards_kernels() {
 /// The one-pass backward (`attention_dkdvdq`: dK/dV's kernel adding each
 /// step's `dS·K` into dQ's f32 accumulator) takes the attention lowering, the
 /// atomic its atomic product (`k` a row operand); the `mma.sync` program
-/// refuses it and says what to set, the untuned default is the general
-/// lowering's (asked for), and the Hopper program runs it: `dS` stored into
+/// refuses it and says what to set, the untuned default off Hopper (and at
+/// head dimensions not checked there) is the general lowering's (asked
+/// for), and the Hopper program runs it, by default on Hopper: `dS` stored into
 /// shared memory from dK's packed operand, after a barrier of both
 /// warpgroups each multiplies 64 of the head dimension's columns over the
 /// block's 128 keys (`wgmma` with both operands MN-major), then adds them,
@@ -866,7 +875,9 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
             .iter()
             .map(|x| Some(if x.whole { d } else { 2048 }))
             .collect();
-        let plain = default_config_at(ir, &spec, H200, &ext);
+        let hopper = default_config_at(ir, &spec, H200, &ext);
+        assert_eq!(hopper, default_wgmma_attention(ir).unwrap(), "{d}");
+        let plain = default_config_at(ir, &spec, NO_WGMMA, &ext);
         assert!(plain.general && !plain.wgmma, "{plain}");
         let err = lower(ir, &spec, &plain.clone().general(false))
             .unwrap_err()
@@ -920,6 +931,13 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
             assert!(spilled <= most, "{d}: {log}");
         }
     }
+    let at_96: Vec<Option<usize>> = ir
+        .dims
+        .iter()
+        .map(|x| Some(if x.whole { 96 } else { 2048 }))
+        .collect();
+    let other = default_config_at(ir, &spec, H200, &at_96);
+    assert!(other.general && !other.wgmma, "head dimension 96: {other}");
     // The tuner's seeds reach the Hopper program (not the general default's flag).
     let space = tilefuse::codegen::ConfigSpace::new(ir, &spec, H200);
     let hopper: Vec<Config> = space
@@ -940,7 +958,7 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
 /// computed as `k·qᵀ`, `k` and `v` the row operands, `q` and `dO` streamed),
 /// dV and dK two accumulators, a loop over a group's query heads around the
 /// key loop (their batch index `th * group + g`); 64 rows, 32 queries a step
-/// and 4 warps by default.
+/// and 4 warps by default off Hopper.
 #[test]
 fn the_backwards_dkdv_takes_the_attention_lowering() {
     use common::examples::attention_backward::attention_dkdv;
@@ -961,7 +979,7 @@ fn the_backwards_dkdv_takes_the_attention_lowering() {
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
     let ext = DKDV_4X16X2048X128;
-    let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, NO_WGMMA, &ext), &ext);
     assert_eq!(
         (c.block_sizes.clone(), c.num_warps, c.wgmma),
         (vec![1, 1, 64, 128, 1, 32], 4, false)
@@ -997,6 +1015,12 @@ const H200: Target = Target {
     shared_limit: 227 * 1024,
     wgmma: true,
     sms: 132,
+};
+
+/// A target without the Hopper instructions (the `mma.sync` programs' defaults).
+const NO_WGMMA: Target = Target {
+    wgmma: false,
+    ..H200
 };
 
 /// An attention kernel's plan and the names of tensors it picks.

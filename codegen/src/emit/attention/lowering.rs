@@ -54,10 +54,14 @@ impl Lowering for Attention {
     }
 
     /// On a target with `wgmma`, the Hopper program's default
-    /// ([`default_wgmma_attention`]) where this specialization lowers with it,
-    /// for the forward's form. The backward's kernels lower with it too but
-    /// keep the `mma.sync` program until it is measured on the GPU (the
-    /// tuner's seeds and `default_wgmma_attention` reach it).
+    /// ([`default_wgmma_attention`]) where this specialization lowers with it:
+    /// for the forward at any head dimension; for the backward's kernels (dQ,
+    /// dK/dV, and the one pass with dQ's atomic adds) at head dimensions 64
+    /// and 128, those checked against float64 on an H200. There the two
+    /// kernels took 1.260 ms against `mma.sync`'s 2.288 at 4×16×2048×128
+    /// (causal 0.779 against 1.298; docs/perf-history.md, "The backward's
+    /// Hopper program measured"). Other head dimensions keep `mma.sync` (the
+    /// one pass the general lowering) until checked.
     fn default_at(
         &self,
         k: &Planned,
@@ -66,7 +70,8 @@ impl Lowering for Attention {
         target: Target,
         extents: &[Option<usize>],
     ) -> Config {
-        if target.wgmma && a.is_forward() {
+        let checked_backward = || matches!(extents.get(a.d), Some(Some(64 | 128)));
+        if target.wgmma && (a.is_forward() || checked_backward()) {
             let c = wgmma_default(k, a);
             if lower(k, spec, &c).is_ok() {
                 return c;
