@@ -817,10 +817,27 @@ fn the_hopper_program_runs_the_backwards_kernels() {
         // Column vectors: dK/dV's lse and delta, staged.
         if def.name() == "attention_dkdv" {
             assert!(
-                src.contains("__shared__ float tf_cv[2][2][2][64];"),
+                src.contains("float (*const tf_cv)[2][2][64] = reinterpret_cast<float (*)[2][2][64]>(tf_smem + (tf_scv - tf_smem_u32(tf_smem)));"),
                 "{src}"
             );
             assert!(src.contains("tf_cv[tf_cw >> 2][tf_it & 1][0][tf_j * 8 + 2 * tf_t + tf_e]"));
+            // In the dynamic shared memory, counted: the row tiles, the
+            // rings, then the column vectors (2 warpgroups × 2 steps × 2
+            // vectors × 64 keys of f32), then the barriers.
+            assert!(!src.contains("__shared__ float"), "no static buffers");
+            let (rows, rings, cv) = (2 * 128 * 128 * 2, 2 * 3 * 64 * 128 * 2, 2 * 2 * 2 * 64 * 4);
+            assert!(
+                src.contains(&format!(
+                    "tf_scv = tf_sv + {}u, tf_bq = tf_scv + {cv}u",
+                    3 * 64 * 128 * 2
+                )),
+                "{src}"
+            );
+            assert!(
+                l.shared_bytes as usize >= rows + rings + cv,
+                "{}",
+                l.shared_bytes
+            );
             // The group's query heads: one sequence of steps, the key operands'
             // head computed at each.
             assert!(src.contains("tf_it < tf_steps;"), "{src}");

@@ -138,7 +138,14 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     } else {
         2 * g.bm * g.bn * 2
     };
-    let tiles = rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes;
+    // The backward's column vectors (`lse`, `delta`), staged a step at a time
+    // (see [`column_vectors`]): two buffers a warpgroup of each.
+    let columns = match key_loop {
+        Stmt::Loop { body, .. } if !forward => column_loads(e, &a.batch, g.n, body),
+        _ => Vec::new(),
+    };
+    let cv_bytes = consumers * 2 * columns.len() * g.bn * 4;
+    let tiles = rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes + cv_bytes;
     let bars = 8 * (1 + 2 * rings.len() * stages);
     let shared = tiles + bars + ATOM;
 
@@ -198,6 +205,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     if ds_bytes > 0 {
         let _ = write!(bases, "tf_sds = {} + {}u, ", prev.0, prev.1);
         prev = ("tf_sds".to_string(), ds_bytes);
+    }
+    if cv_bytes > 0 {
+        let _ = write!(bases, "tf_scv = {} + {}u, ", prev.0, prev.1);
+        prev = ("tf_scv".to_string(), cv_bytes);
     }
     let _ = write!(bases, "tf_bq = {} + {}u", prev.0, prev.1);
     let mut bar_names = String::new();
@@ -522,7 +533,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let (declare, stage) = if forward {
         (String::new(), String::new())
     } else {
-        column_vectors(e, &mut frags, kv_body, consumers)?
+        column_vectors(e, &mut frags, &columns)?
     };
     let _ = write!(
         e.out,
@@ -601,21 +612,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
 
 /// The key loop's f32 loads over its keys alone (the backward's `lse` and
 /// `delta` of the loop's queries, a column of the scores each), staged for
-/// each step in shared memory: a warpgroup's threads load the step's `bn`
-/// values of each once, then every element reads its column there. Loaded
-/// in each element instead, their 64-bit addresses and early-issued loads
-/// cost the dK/dV program hundreds of bytes of spills. Two buffers a
-/// warpgroup (by step parity): a thread writes one only after every thread
-/// of its warpgroup passed the last step's barrier, done with its reads of
-/// the step before. Returns the buffers' declaration and the step's staging
-/// code (both empty without such loads), and records the loads in `frags`.
-fn column_vectors(
-    e: &Emitter,
-    frags: &mut Frags,
-    body: &[Stmt],
-    consumers: usize,
-) -> Result<(String, String), CodegenError> {
-    let g = *frags.geo;
+/// each step in shared memory by [`column_vectors`].
+fn column_loads(e: &Emitter, batch: &[DimId], n: DimId, body: &[Stmt]) -> Vec<Expr> {
     let mut loads: Vec<Expr> = Vec::new();
     for s in body {
         for x in s.exprs() {
@@ -623,9 +621,9 @@ fn column_vectors(
                 if let Expr::Load { tensor, .. } = y {
                     let dims: Vec<DimId> = super::frag::dims_of(e, y)
                         .into_iter()
-                        .filter(|d| !frags.batch.contains(d) && !e.k.dims[*d].each)
+                        .filter(|d| !batch.contains(d) && !e.k.dims[*d].each)
                         .collect();
-                    if dims == [g.n]
+                    if dims == [n]
                         && e.spec.tensors[*tensor].dtype == crate::dtype::DType::F32
                         && !loads.contains(y)
                     {
@@ -635,6 +633,25 @@ fn column_vectors(
             });
         }
     }
+    loads
+}
+
+/// [`column_loads`]' values staged for each step in shared memory (at
+/// `tf_scv`, in the program's dynamic shared memory, so its size counts
+/// them): a warpgroup's threads load the step's `bn` values of each once,
+/// then every element reads its column there. Loaded in each element
+/// instead, their 64-bit addresses and early-issued loads cost the dK/dV
+/// program hundreds of bytes of spills. Two buffers a warpgroup (by step
+/// parity): a thread writes one only after every thread of its warpgroup
+/// passed the last step's barrier, done with its reads of the step before.
+/// Returns the buffers' declaration and the step's staging code (both empty
+/// without such loads), and records the loads in `frags`.
+fn column_vectors(
+    e: &Emitter,
+    frags: &mut Frags,
+    loads: &[Expr],
+) -> Result<(String, String), CodegenError> {
+    let g = *frags.geo;
     if loads.is_empty() {
         return Ok((String::new(), String::new()));
     }
@@ -652,10 +669,12 @@ fn column_vectors(
         ));
     }
     let declare = format!(
-        "    __shared__ float tf_cv[{consumers}][2][{n}][{bn}];  // the steps' column vectors\n",
+        "    // The steps' column vectors: [warpgroup][step parity][vector][key].\n\
+         \x20   float (*const tf_cv)[2][{n}][{bn}] = reinterpret_cast<float (*)[2][{n}][{bn}]>(tf_smem + (tf_scv - tf_smem_u32(tf_smem)));\n",
         n = loads.len(),
         bn = g.bn,
     );
+
     let step = format!(
         "      {{  // the step's column vectors, once a warpgroup, read from shared memory\n\
          \x20       float (*tf_cvw)[{bn}] = tf_cv[tf_cw >> 2][tf_it & 1];\n\
