@@ -532,14 +532,20 @@ struct Cli {
     /// only the first batch's first key/value head is checked.
     #[arg(long)]
     bench: bool,
-    /// Run dQ and dK/dV on the Hopper (`wgmma`) program's default instead of
-    /// the untuned default (the `mma.sync` program).
+    /// Pin the Hopper (`wgmma`) program's default for dQ and dK/dV (or the
+    /// one pass) at any head dimension (the untuned default on Hopper at 64
+    /// and 128).
     #[arg(long)]
     hopper: bool,
     /// The one-pass backward (`attention_dkdvdq`: dQ accumulated atomically
     /// in the dK/dV pass) instead of dK/dV and dQ apart.
     #[arg(long)]
     fused: bool,
+    /// With `--fused`, on the Hopper program: dQ's adds staged in shared
+    /// memory and made by the TMA unit (`Config::tma_store`), two stages past
+    /// head dimension 64 (three do not fit beside the staging).
+    #[arg(long, requires = "fused")]
+    tma_add: bool,
 }
 
 fn main() -> ExitCode {
@@ -581,19 +587,20 @@ fn main() -> ExitCode {
             dev.name(),
             dev.arch(),
             if cli.causal { ", causal" } else { "" },
-            match (cli.fused, cli.hopper) {
-                (true, true) => ", one pass, Hopper program",
-                (true, false) => ", one pass",
-                (false, true) => ", Hopper program",
-                (false, false) => "",
+            match (cli.fused, cli.hopper || cli.tma_add, cli.tma_add) {
+                (true, _, true) => ", one pass, Hopper program, dQ added by TMA",
+                (true, true, _) => ", one pass, Hopper program",
+                (true, false, _) => ", one pass",
+                (false, true, _) => ", Hopper program",
+                (false, false, _) => "",
             }
         );
-        if cli.hopper && !dev.is_host() && !dev.target().wgmma {
+        if (cli.hopper || cli.tma_add) && !dev.is_host() && !dev.target().wgmma {
             return Err(tilefuse::Error::Argument {
                 context: "attention_backward".into(),
-                arg: "--hopper".into(),
+                arg: if cli.tma_add { "--tma-add" } else { "--hopper" }.into(),
                 message: format!(
-                    "the Hopper program needs sm_90 (wgmma, TMA); this GPU is {}: drop --hopper",
+                    "the Hopper program needs sm_90 (wgmma, TMA); this GPU is {}: drop the flag",
                     dev.arch()
                 ),
             });
@@ -672,7 +679,7 @@ fn main() -> ExitCode {
         }
         Ok(ok)
     };
-    if !cli.hopper {
+    if !cli.hopper && !cli.tma_add {
         return exit_code(run());
     }
     let hopper = |k: &tilefuse::KernelDef| -> tilefuse::Result<Config> {
@@ -686,7 +693,12 @@ fn main() -> ExitCode {
     };
     if cli.fused {
         let one = attention_dkdvdq::kernel();
-        return exit_code(hopper(one).and_then(|c| one.with_config(c, run)));
+        let config = hopper(one).map(|c| match (cli.tma_add, shape[3] > 64) {
+            (true, true) => c.tma_store(true).num_stages(2),
+            (true, false) => c.tma_store(true),
+            (false, _) => c,
+        });
+        return exit_code(config.and_then(|c| one.with_config(c, run)));
     }
     let (dq, dkdv) = (attention_dq::kernel(), attention_dkdv::kernel());
     exit_code(hopper(dq).and_then(|c| {

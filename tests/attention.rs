@@ -970,6 +970,105 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
     );
 }
 
+/// `tma_store` on the one pass's Hopper program: each step's dQ staged in
+/// shared memory (a warpgroup's 64 rows by its columns, f32 boxes of 32
+/// columns swizzled as the TMA unit reads them) and added by the TMA unit
+/// (`cp.reduce.async.bulk.tensor … .add`, a descriptor of `dq_acc` with the
+/// step's rows along its sequence axis), after the last step's adds read the
+/// staging, and all of them done before the block leaves; the staging is
+/// counted in the shared memory (three stages at head dimension 128 then
+/// pass the H200's 227 KB: two fit). NVRTC compiles it without spills.
+/// Without an atomic product, or without `wgmma`, `tma_store` is an error
+/// that says so.
+#[test]
+fn the_one_pass_can_add_dq_by_tma() {
+    use common::examples::attention_backward::{attention_dkdvdq, attention_dq};
+    use tilefuse::codegen::Param;
+    let def = attention_dkdvdq::kernel();
+    let ir = def.ir().unwrap();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![1];
+    for (d, stages) in [(128usize, 2), (64, 3)] {
+        let ext: Vec<Option<usize>> = ir
+            .dims
+            .iter()
+            .map(|x| Some(if x.whole { d } else { 2048 }))
+            .collect();
+        let plain =
+            fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext).num_stages(stages);
+        let c = plain.clone().tma_store(true);
+        let (l0, l) = (
+            lower(ir, &spec, &plain).unwrap(),
+            lower(ir, &spec, &c).unwrap(),
+        );
+        assert_eq!(l.path, "attention (wgmma)");
+        let staging = 2 * 64 * 64 * 4; // 2 warpgroups × 64 rows × 64 columns of f32
+        assert_eq!(l.shared_bytes, l0.shared_bytes + staging, "{d}");
+        assert!(
+            l.shared_bytes as usize <= H200.shared_limit,
+            "{d}: {}",
+            l.shared_bytes
+        );
+        let src = &l.source;
+        for piece in [
+            "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group",
+            "const __grid_constant__ tf_tmap tf_map_add",
+            "if (tf_lead) asm volatile(\"cp.async.bulk.wait_group.read 0;\"",
+            "st.shared.v2.f32",
+            "tf_tma_add_4d(&tf_map_add, tf_dqb + tf_box * 8192u, ",
+            "asm volatile(\"cp.async.bulk.wait_group 0;\"",
+        ] {
+            assert!(src.contains(piece), "{d}: {piece} in {src}");
+        }
+        assert!(
+            !src.contains("red.global.add.v2") && !src.contains("atomicAdd(t"),
+            "{d}: no thread's adds"
+        );
+        let param = l.params.iter().find_map(|p| match p {
+            Param::TensorMap {
+                tensor,
+                box_inner: 32,
+                box_outer,
+                rows_axis,
+            } => Some((*tensor, *box_outer, *rows_axis)),
+            _ => None,
+        });
+        let dq_acc = ir.kernel().tensors.iter().position(|t| t.name == "dq_acc");
+        assert_eq!(param, Some((dq_acc.unwrap(), 64, Some(2))), "{d}");
+        if common::nvrtc_or_skip() {
+            let log = tilefuse::runtime::jit::resource_report(def.name(), src, "sm_90a").unwrap();
+            assert!(log.contains(" 0 bytes spill stores"), "{d}: {log}");
+        }
+    }
+    // Three stages at head dimension 128 do not fit beside the staging.
+    let ext: Vec<Option<usize>> = ir
+        .dims
+        .iter()
+        .map(|x| Some(if x.whole { 128 } else { 2048 }))
+        .collect();
+    let three = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext).tma_store(true);
+    assert!(lower(ir, &spec, &three).unwrap().shared_bytes as usize > H200.shared_limit);
+    // Not without an atomic product, nor off the Hopper program.
+    let dq = attention_dq::kernel();
+    let mut dq_spec = dq.declared_spec().unwrap();
+    dq_spec.constexprs = vec![1];
+    let hopper = default_wgmma_attention(dq.ir().unwrap())
+        .unwrap()
+        .tma_store(true);
+    let err = lower(dq.ir().unwrap(), &dq_spec, &hopper)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`tma_store`") && err.contains("atomic product"),
+        "{err}"
+    );
+    let general = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext)
+        .wgmma(false)
+        .tma_store(true);
+    let err = lower(ir, &spec, &general).unwrap_err().to_string();
+    assert!(err.contains("set `wgmma`"), "{err}");
+}
+
 /// The backward's dK/dV kernel takes the attention lowering too: its grid's
 /// keys are the program's rows and its loop walks the queries (`q·kᵀ`
 /// computed as `k·qᵀ`, `k` and `v` the row operands, `q` and `dO` streamed),

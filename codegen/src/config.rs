@@ -61,7 +61,11 @@ pub struct Config {
     /// with 16-byte aligned rows (a `signal` after the store then waits until
     /// the TMA unit has written the tile); takes 16 KB
     /// of shared memory per consumer warpgroup (two 64 × 64 staging boxes), so
-    /// the default's four stages still fit on an H100/H200.
+    /// the default's four stages still fit on an H100/H200. On the Hopper
+    /// attention program with an atomic product (the one-pass backward's dQ):
+    /// each step's product staged in shared memory and added by the TMA unit
+    /// (`cp.reduce.async.bulk.tensor … .add`) instead of by every thread
+    /// (32 KB of staging at head dimension 128: two stages fit beside it).
     #[serde(default)]
     pub tma_store: bool,
     /// Hopper matmuls, with a persistent grid and two consumer warpgroups: each

@@ -382,7 +382,8 @@ fn attention_backward_matches_f64_on_the_hopper_program() {
 /// 64 queries a step, `dS` through shared memory into a `wgmma` per step;
 /// elsewhere the general lowering), on the general lowering pinned (its
 /// tensor-core tiles), and on Hopper at `default_wgmma_attention` pinned,
-/// ragged and grouped, causal and not, against float64.
+/// its dQ added by the threads and by the TMA unit (`tma_store`), ragged and
+/// grouped, causal and not, against float64.
 #[test]
 fn one_pass_attention_backward_matches_f64() {
     let Some(dev) = gpu() else { return };
@@ -399,10 +400,15 @@ fn one_pass_attention_backward_matches_f64() {
     let mut configs = vec![("default", None), ("general", Some(general))];
     if dev.compute_capability().0 == 9 {
         let hopper = tilefuse::codegen::default_wgmma_attention(def.ir().unwrap()).unwrap();
+        // dQ's adds by the TMA unit (two stages: three do not fit at 128).
+        let by_tma = hopper.clone().tma_store(true).num_stages(2);
         configs.push(("wgmma", Some(hopper)));
+        configs.push(("wgmma, dQ by TMA", Some(by_tma)));
     }
     for (name, cfg) in configs {
-        let extra = (name == "wgmma").then_some(([1, 2, 333, 64], 1, true));
+        let extra = name
+            .starts_with("wgmma")
+            .then_some(([1, 2, 333, 64], 1, true));
         for (shape, hk, causal) in cases.into_iter().chain(extra) {
             let run = || run_and_check_fused(shape, hk, causal);
             let errs = match &cfg {

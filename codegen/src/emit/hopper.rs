@@ -116,6 +116,27 @@ pub(super) fn tma_load_fn(rank: usize) -> String {
     )
 }
 
+/// `tf_tma_add_{rank}d(map, src, c0, …)`: a box of shared memory added
+/// element by element into the tensor at (c0, …) (coordinates innermost
+/// first) by the TMA unit (`cp.reduce.async.bulk.tensor … .add`), clipped to
+/// the tensor, completing in this thread's bulk group.
+pub(super) fn tma_add_fn(rank: usize) -> String {
+    let coords: Vec<String> = (0..rank).map(|i| format!("int c{i}")).collect();
+    let slots: Vec<String> = (0..rank).map(|i| format!("%{}", i + 1)).collect();
+    let ins: Vec<String> = (0..rank).map(|i| format!("\"r\"(c{i})")).collect();
+    format!(
+        r#"__device__ __forceinline__ void tf_tma_add_{rank}d(const tf_tmap* map, tf_u32 src, {coords}) {{
+  asm volatile("cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.add.tile.bulk_group [%0, {{{slots}}}], [%{src}];"
+               :: "l"((tf_u64)map), {ins}, "r"(src) : "memory");
+}}
+"#,
+        coords = coords.join(", "),
+        slots = slots.join(", "),
+        ins = ins.join(", "),
+        src = rank + 1,
+    )
+}
+
 /// Where a `wgmma`'s A operand comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum WgmmaA {

@@ -19,9 +19,11 @@
 //!   product one `wgmma` group waited for where its result is first read (see
 //!   `InFlight` in the parent module), per-step column vectors (`lse`, `delta`)
 //!   staged in shared memory ([`column_vectors`]), and an atomic product (the
-//!   one pass's dQ, [`atomic_product`]) through a swizzled `dS` tile.
+//!   one pass's dQ, [`atomic_product`]) through a swizzled `dS` tile, its
+//!   adds by the threads (vector reductions) or, with `Config::tma_store`,
+//!   staged in shared memory and added by the TMA unit ([`tma_add_axis`]).
 
-use super::super::hopper::{tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
+use super::super::hopper::{tma_add_fn, tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
 use super::frag::{Frags, Geo, Layout};
 use super::AttentionShape;
@@ -145,7 +147,30 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         _ => Vec::new(),
     };
     let cv_bytes = consumers * 2 * columns.len() * g.bn * 4;
-    let tiles = rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes + cv_bytes;
+    // With `tma_store`, the atomic product's rows axis in its tensor, and its
+    // staging: each warpgroup's share of the step's 64 rows, f32, in boxes of
+    // 32 columns (128 bytes, swizzled as the TMA unit reads them).
+    let tma_add = match (key_loop, a.atomics.as_slice()) {
+        (Stmt::Loop { body, .. }, [x]) if e.cfg.tma_store => {
+            Some((x.tensor, tma_add_axis(e, &g, &body[x.at])?))
+        }
+        _ if e.cfg.tma_store => {
+            return Err(config_err(
+                e.k,
+                e.cfg,
+                "`tma_store` on an attention kernel adds its one atomic product by TMA; this kernel has \
+                 none (or several): drop `tma_store`",
+            ))
+        }
+        _ => None,
+    };
+    let sdq_bytes = if tma_add.is_some() {
+        consumers * atomic_split(&g).n * 64 * 4
+    } else {
+        0
+    };
+    let tiles =
+        rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes + sdq_bytes + cv_bytes;
     let bars = 8 * (1 + 2 * rings.len() * stages);
     let shared = tiles + bars + ATOM;
 
@@ -163,12 +188,15 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         let n = atomic_split(&g).n;
         helpers += &wgmma_fn_acc("tf_wgmma_dq", n, dtype, WgmmaA::SharedTransposed, true);
     }
+    if tma_add.is_some() {
+        helpers += &tma_add_fn(rank);
+    }
     helpers += &super::pack_fn(dtype);
     let named: Vec<(String, TensorId, usize)> = (rows.iter().enumerate())
         .map(|(r, &t)| (RowOp(r).name(), t, g.bm))
         .chain((rings.iter().enumerate()).map(|(i, &t)| (KeyOp(i).name(), t, g.bn)))
         .collect();
-    let maps: Vec<(Param, String)> = named
+    let mut maps: Vec<(Param, String)> = named
         .iter()
         .map(|(name, t, rows)| {
             (
@@ -182,6 +210,18 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             )
         })
         .collect();
+    if let Some((tensor, axis)) = tma_add {
+        // f32 boxes of the step's 64 rows by 32 columns (128 bytes).
+        maps.push((
+            Param::TensorMap {
+                tensor,
+                box_inner: 32,
+                box_outer: g.bn,
+                rows_axis: Some(axis),
+            },
+            "const __grid_constant__ tf_tmap tf_map_add".to_string(),
+        ));
+    }
     let extra: Vec<(Param, &str)> = maps.iter().map(|(p, d)| (*p, d.as_str())).collect();
     let params = e.begin(threads, 1, &helpers, &extra);
     let (m, n) = (a.m, a.n);
@@ -205,6 +245,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     if ds_bytes > 0 {
         let _ = write!(bases, "tf_sds = {} + {}u, ", prev.0, prev.1);
         prev = ("tf_sds".to_string(), ds_bytes);
+    }
+    if sdq_bytes > 0 {
+        let _ = write!(bases, "tf_sdq = {} + {}u, ", prev.0, prev.1);
+        prev = ("tf_sdq".to_string(), sdq_bytes);
     }
     if cv_bytes > 0 {
         let _ = write!(bases, "tf_scv = {} + {}u, ", prev.0, prev.1);
@@ -602,6 +646,12 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         );
     }
     frags.ind = "    ".into();
+    if tma_add.is_some() {
+        // The TMA unit's adds of the last steps done before the block leaves.
+        e.out.push_str(
+            "    if ((tf_cw & 3) == 0 && lane == 0) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n",
+        );
+    }
     for s in &body[a.kv_loop + 1..] {
         outside(e, &mut frags, s)?;
     }
@@ -715,6 +765,37 @@ fn atomic_split_of(consumers: usize, hd: usize) -> AtomicSplit {
             n: hd,
             split_n: false,
         }
+    }
+}
+
+/// With [`Config::tma_store`](crate::Config::tma_store), where the TMA unit
+/// adds an atomic product's step (`s`, the `atomic_add`) into its tensor: the
+/// axis of the step's rows, its index the loop's tile (the last index must be
+/// the head dimension's tile, the others neither); an error naming the
+/// statement otherwise.
+fn tma_add_axis(e: &Emitter, g: &Geo, s: &Stmt) -> Result<usize, CodegenError> {
+    let Stmt::Atomic { index, at, .. } = s else {
+        return Err(config_err(e.k, e.cfg, "`tma_store`: no atomic product"));
+    };
+    let tile = |x: &Expr, d: DimId| matches!(x, Expr::TileIndex(t) if *t == d);
+    let rows: Vec<usize> = (0..index.len()).filter(|&i| tile(&index[i], g.n)).collect();
+    let others_free = index.iter().enumerate().all(|(i, x)| {
+        i + 1 == index.len()
+            || rows.contains(&i)
+            || !super::frag::dims_of(e, x)
+                .iter()
+                .any(|&d| d == g.n || d == g.d)
+    });
+    match (rows.as_slice(), index.last()) {
+        ([r], Some(last)) if *r + 1 < index.len() && tile(last, g.d) && others_free => Ok(*r),
+        _ => Err(CodegenError::Unsupported {
+            kernel: e.k.name.clone(),
+            at: at.clone(),
+            message: "`tma_store` adds the product by TMA boxes: index the tensor with the loop's tile \
+                      (its rows) and, last, the head dimension's tile, the other indices by neither; \
+                      or drop `tma_store`"
+                .into(),
+        }),
     }
 }
 
@@ -895,6 +976,62 @@ pub(super) fn atomic_product(
     flight.issued(super::Product::Atomic(x.at));
     let inner = format!("{ind}  ");
     flight.wait(&mut e.out, &inner, |p| p == super::Product::Atomic(x.at));
+    if e.cfg.tma_store {
+        tma_add_axis(e, &g, s)?;
+        // The boxes' origin: each index at the step's first row and this
+        // warpgroup's first column (innermost first for the TMA unit).
+        let mut coords: Vec<(DimId, String)> =
+            f.batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
+        coords.push((g.n, format!("tb{}", g.n)));
+        coords.push((g.d, format!("({col0})")));
+        let cx = e.ctx(&coords);
+        let mut origin = Vec::new();
+        for (i, c) in index.iter().enumerate() {
+            let (c, ty) = cx.emit(c, at)?;
+            let c = super::super::expr::convert(&c, ty, crate::dtype::CTy::I64);
+            origin.push(if i + 1 == index.len() {
+                format!("(int)({c}) + tf_box * 32")
+            } else {
+                format!("(int)({c})")
+            });
+        }
+        origin.reverse();
+        let _ = write!(
+            e.out,
+            "{ind}  // dQ's adds by the TMA unit: the warpgroup's rows by its {n} columns staged\n\
+             {ind}  // (boxes of 32 f32 columns, 128-byte swizzled), once the last step's adds read them.\n\
+             {ind}  const bool tf_lead = (tf_cw & 3) == 0 && lane == 0;\n\
+             {ind}  const tf_u32 tf_dqb = tf_sdq + (tf_cw >> 2) * {wg_bytes}u;\n\
+             {ind}  if (tf_lead) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");\n\
+             {ind}  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + (tf_cw >> 2)) : \"memory\");\n\
+             {ind}  #pragma unroll\n\
+             {ind}  for (int tf_j = 0; tf_j < {nj}; ++tf_j)\n\
+             {ind}  #pragma unroll\n\
+             {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
+             {ind}    const int tf_r = (tf_cw & 3) * 16 + tf_h * 8 + tf_g;\n\
+             {ind}    const int tf_ch = (tf_j & 3) * 2 + (tf_t >> 1);  // the 16-byte chunk in the box's row\n\
+             {ind}    asm volatile(\"st.shared.v2.f32 [%0], {{%1, %2}};\" :: \"r\"(tf_dqb + (tf_j >> 2) * {box}u + tf_r * 128 + ((tf_ch ^ (tf_r & 7)) << 4) + ((tf_t & 1) << 3)),\n\
+             {ind}        \"f\"(tf_dq[tf_j * 4 + tf_h * 2]{scale}), \"f\"(tf_dq[tf_j * 4 + tf_h * 2 + 1]{scale}) : \"memory\");\n\
+             {ind}  }}\n\
+             {ind}  asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the TMA unit's reads\n\
+             {ind}  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + (tf_cw >> 2)) : \"memory\");\n\
+             {ind}  if (tf_lead) {{\n\
+             {ind}    #pragma unroll\n\
+             {ind}    for (int tf_box = 0; tf_box < {boxes}; ++tf_box)\n\
+             {ind}      tf_tma_add_{rank}d(&tf_map_add, tf_dqb + tf_box * {box}u, {origin});\n\
+             {ind}    asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");\n\
+             {ind}  }}\n\
+             {ind}}}\n",
+            n = split.n,
+            nj = split.n / 8,
+            wg_bytes = split.n * 64 * 4,
+            box = 64 * 128,
+            boxes = split.n / 32,
+            rank = index.len(),
+            origin = origin.join(", "),
+        );
+        return Ok(());
+    }
     let _ = write!(
         e.out,
         "{ind}  #pragma unroll\n\

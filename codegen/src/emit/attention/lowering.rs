@@ -141,7 +141,8 @@ impl Lowering for Attention {
         super::space::seeds(a, space)
     }
 
-    /// `wgmma` (its Hopper program), none of the matmul's other options, no
+    /// `wgmma` (its Hopper program), `tma_store` there for an atomic product
+    /// (its adds by the TMA unit), none of the matmul's other options, no
     /// `occupancy`.
     fn check_options(
         &self,
@@ -149,11 +150,19 @@ impl Lowering for Attention {
         a: &AttentionShape,
         c: &Config,
     ) -> Result<(), CodegenError> {
+        if c.tma_store && (!c.wgmma || a.atomics.is_empty()) {
+            return Err(crate::emit::config_err(
+                k,
+                c,
+                "`tma_store` on an attention kernel has the TMA unit add its atomic product (the one-pass \
+                 backward's dQ) on the Hopper program: set `wgmma` for a kernel with one, else drop `tma_store`",
+            ));
+        }
         no_matmul_options(
             k,
-            c,
+            &c.clone().tma_store(false),
             true,
-            "`persistent`, `cluster_m`, `stage`, `tma_store`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
+            "`persistent`, `cluster_m`, `stage`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
         )?;
         no_occupancy(k, c)?;
         if c.overlap && !c.wgmma {
