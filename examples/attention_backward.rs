@@ -8,7 +8,7 @@
 //! over them). Every gradient is checked against float64.
 //!
 //! ```text
-//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]   (default 1 2 200 64)
+//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused [--tma-add]]   (default 1 2 200 64)
 //! ```
 //!
 //! The forward takes the attention program, and so do the backward's
@@ -548,6 +548,9 @@ struct Cli {
     tma_add: bool,
 }
 
+/// The command line, for the errors clap does not make.
+const USAGE: &str = "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused [--tma-add]]";
+
 fn main() -> ExitCode {
     tilefuse::runtime::log::init();
     let cli = match tilefuse_testkit::args::<Cli>("attention_backward") {
@@ -557,24 +560,19 @@ fn main() -> ExitCode {
     let shape = match cli.shape.as_slice() {
         [] => [1, 2, 200, 64],
         [b, h, s, d] if [*b, *h, *s, *d].contains(&0) => {
-            eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]: every size must be at least 1"
-            );
+            eprintln!("{USAGE}: every size must be at least 1");
             return ExitCode::from(2);
         }
         [b, h, s, d] => [*b, *h, *s, *d],
         other => {
-            eprintln!(
-                "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]: expected four sizes, got {}",
-                other.len()
-            );
+            eprintln!("{USAGE}: expected four sizes, got {}", other.len());
             return ExitCode::from(2);
         }
     };
     let hk = cli.kv_heads.unwrap_or(shape[1]);
     if hk == 0 || shape[1] % hk != 0 {
         eprintln!(
-            "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused]: --kv-heads {hk}: expected a divisor of the {} query heads",
+            "{USAGE}: --kv-heads {hk}: expected a divisor of the {} query heads",
             shape[1]
         );
         return ExitCode::from(2);
