@@ -767,19 +767,11 @@ fn the_hopper_program_runs_the_backwards_kernels() {
         let ir = def.ir().unwrap();
         let mut spec = def.declared_spec().unwrap();
         spec.constexprs = vec![1];
-        let ext: Vec<Option<usize>> = ir
-            .dims
-            .iter()
-            .map(|d| Some(if d.whole { 128 } else { 2048 }))
-            .collect();
+        let ext = extents(ir, 128, 2048);
         let plain = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
         let c = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext);
         assert_eq!(plain, c, "{}: the Hopper program by default", def.name());
-        let unchecked: Vec<Option<usize>> = ir
-            .dims
-            .iter()
-            .map(|d| Some(if d.whole { 96 } else { 2048 }))
-            .collect();
+        let unchecked = extents(ir, 96, 2048);
         let other = default_config_at(ir, &spec, H200, &unchecked);
         assert!(
             !other.wgmma,
@@ -900,11 +892,7 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
     for d in [64usize, 128] {
-        let ext: Vec<Option<usize>> = ir
-            .dims
-            .iter()
-            .map(|x| Some(if x.whole { d } else { 2048 }))
-            .collect();
+        let ext = extents(ir, d, 2048);
         let hopper = default_config_at(ir, &spec, H200, &ext);
         assert_eq!(hopper, default_wgmma_attention(ir).unwrap(), "{d}");
         let plain = default_config_at(ir, &spec, NO_WGMMA, &ext);
@@ -961,11 +949,7 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
             assert!(spilled <= most, "{d}: {log}");
         }
     }
-    let at_96: Vec<Option<usize>> = ir
-        .dims
-        .iter()
-        .map(|x| Some(if x.whole { 96 } else { 2048 }))
-        .collect();
+    let at_96 = extents(ir, 96, 2048);
     let other = default_config_at(ir, &spec, H200, &at_96);
     assert!(other.general && !other.wgmma, "head dimension 96: {other}");
     // The tuner's seeds reach the Hopper program (not the general default's flag).
@@ -1002,11 +986,7 @@ fn the_one_pass_can_add_dq_by_tma() {
     let mut spec = def.declared_spec().unwrap();
     spec.constexprs = vec![1];
     for (d, stages) in [(128usize, 2), (64, 3)] {
-        let ext: Vec<Option<usize>> = ir
-            .dims
-            .iter()
-            .map(|x| Some(if x.whole { d } else { 2048 }))
-            .collect();
+        let ext = extents(ir, d, 2048);
         let plain =
             fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext).num_stages(stages);
         let c = plain.clone().tma_store(true);
@@ -1054,11 +1034,7 @@ fn the_one_pass_can_add_dq_by_tma() {
         }
     }
     // Three stages at head dimension 128 do not fit beside the staging.
-    let ext: Vec<Option<usize>> = ir
-        .dims
-        .iter()
-        .map(|x| Some(if x.whole { 128 } else { 2048 }))
-        .collect();
+    let ext = extents(ir, 128, 2048);
     let three = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext).tma_store(true);
     assert!(lower(ir, &spec, &three).unwrap().shared_bytes as usize > H200.shared_limit);
     // Not without an atomic product, nor off the Hopper program.
@@ -1145,6 +1121,15 @@ const H200: Target = Target {
     wgmma: true,
     sms: 132,
 };
+
+/// A kernel's extents: `whole` for its `whole(…)` dimensions (the head
+/// dimension), `other` for the rest.
+fn extents(ir: &Planned, whole: usize, other: usize) -> Vec<Option<usize>> {
+    ir.dims
+        .iter()
+        .map(|d| Some(if d.whole { whole } else { other }))
+        .collect()
+}
 
 /// A target without the Hopper instructions (the `mma.sync` programs' defaults).
 const NO_WGMMA: Target = Target {
