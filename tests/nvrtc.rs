@@ -14,6 +14,18 @@ const ARCHS: [&str; 2] = ["sm_90a", "sm_80"];
 /// Held by every test that compiles, so the compile counter sees only its own.
 static COMPILES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// `def`'s declared spec with its one `#[constexpr]` flag off, then on.
+fn flag_specs(def: &KernelDef) -> Vec<Spec> {
+    [0, 1]
+        .into_iter()
+        .map(|c| {
+            let mut spec = def.declared_spec().expect("declared dtypes");
+            spec.constexprs = vec![c];
+            spec
+        })
+        .collect()
+}
+
 fn compile_all(def: &KernelDef, specs: &[Spec], configs: &[Config]) {
     if !common::nvrtc_or_skip() {
         return;
@@ -108,14 +120,7 @@ fn default_gemm_config_does_not_spill() {
 #[test]
 fn all_gather_matmul_compiles() {
     let def = all_gather_matmul::ag_matmul::kernel();
-    let specs: Vec<_> = [0, 1]
-        .into_iter()
-        .map(|along_k| {
-            let mut spec = def.declared_spec().expect("declared dtypes");
-            spec.constexprs = vec![along_k];
-            spec
-        })
-        .collect();
+    let specs = flag_specs(def); // along_k off and on
     let configs = [
         def.config().expect("default config"),
         Config::new(&[64, 64, 32]).num_warps(4).num_stages(2),
@@ -512,14 +517,7 @@ fn one_pass_attention_backward_compiles_off_hopper() {
     let def = attention_dkdvdq::kernel();
     let cfg = def.config().expect("the default config");
     assert!(cfg.general, "{cfg}");
-    let specs: Vec<Spec> = [0, 1]
-        .into_iter()
-        .map(|c| {
-            let mut spec = def.declared_spec().expect("declared dtypes");
-            spec.constexprs = vec![c];
-            spec
-        })
-        .collect();
+    let specs = flag_specs(def); // causal off and on
     compile_all(def, &specs, std::slice::from_ref(&cfg));
     let out = attention_dq_out::kernel();
     let spec = out.declared_spec().expect("declared dtypes");
