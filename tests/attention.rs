@@ -646,10 +646,23 @@ fn packed_sequences_take_the_attention_lowering() {
             assert!(src.contains("const long long tb4 = (v0 + tb2);"), "{src}");
             assert!(src.contains("if (tb4 >= tf_end4) return;"), "{src}");
             assert!(src.contains("const long long tf_beg5 = v0;"), "{src}");
-            assert!(
-                src.contains("< tf_end4) t4["),
-                "stores stop at the rows' end"
-            );
+            if cfg.wgmma {
+                assert!(
+                    src.contains("< tf_end4;")
+                        && src.contains("if (tf_sm[0]) t4[tf_so[0]] = tf_sv[0];"),
+                    "stores stop at the rows' end"
+                );
+                // A thread's two neighbouring bf16 columns in one store where they can be.
+                assert!(
+                    src.contains("*(unsigned int*)(t4 + tf_so[0]) = (unsigned int)tf_sv[0] | ((unsigned int)tf_sv[1] << 16);"),
+                    "{src}"
+                );
+            } else {
+                assert!(
+                    src.contains("< tf_end4) t4["),
+                    "stores stop at the rows' end"
+                );
+            }
             assert_eq!(src.contains("tf_min_i(tb4 + B4, tf_end4)"), causal == 1);
             if cfg.wgmma {
                 assert!(src.contains("&tf_map_q, 0, (int)tb1, (int)(tb4), tf_bq);"));

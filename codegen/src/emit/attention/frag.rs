@@ -112,6 +112,19 @@ impl Geo {
     }
 
     /// `for` headers over a layout's elements (fully unrolled), and the closing braces.
+    /// [`Geo::loop_open`] of [`Layout::Out`] without the innermost loop over a
+    /// thread's two neighbouring columns (`tf_e`): the body takes both.
+    pub fn pairs_open(&self, ind: &str) -> (String, String) {
+        let mut s = String::new();
+        for (v, n) in [("tf_mi", self.mi), ("tf_j", self.di), ("tf_h", 2)] {
+            let _ = write!(
+                s,
+                "{ind}#pragma unroll\n{ind}for (int {v} = 0; {v} < {n}; ++{v})\n"
+            );
+        }
+        (format!("{s}{ind}{{\n"), format!("{ind}}}\n"))
+    }
+
     pub fn loop_open(&self, l: Layout, ind: &str) -> (String, String) {
         let unroll = |v: &str, n: usize| {
             format!("{ind}#pragma unroll\n{ind}for (int {v} = 0; {v} < {n}; ++{v})\n")
@@ -490,6 +503,34 @@ impl Frags<'_> {
         } else {
             ""
         };
+        if l == Layout::Out && matches!(dst, DType::BF16 | DType::F16) && e.cfg.wgmma {
+            // A thread's two neighbouring columns (`tf_e`) in one 4-byte store
+            // where both are in the tensor, next to each other and aligned
+            // (strides are data: tested at run time), else one at a time. The
+            // Hopper program's only: the `mma.sync` one's dK/dV, at 255
+            // registers, spills 12 bytes holding both elements' places.
+            let (open, close) = self.geo.pairs_open(ind);
+            let _ = write!(
+                e.out,
+                "{open}{ind}  unsigned short tf_sv[2];\n\
+                 {ind}  bool tf_sm[2];\n\
+                 {ind}  long long tf_so[2];\n\
+                 {ind}  #pragma unroll\n\
+                 {ind}  for (int tf_e = 0; tf_e < 2; ++tf_e) {{\n\
+                 {ind}    tf_sm[tf_e] = {mask};\n\
+                 {ind}    tf_so[tf_e] = {off};\n\
+                 {ind}    tf_sv[tf_e] = 0;\n\
+                 {ind}    if (tf_sm[tf_e]) tf_sv[tf_e] = {v};  // its loads only inside\n\
+                 {ind}  }}\n\
+                 {ind}  if (tf_sm[0] && tf_sm[1] && tf_so[1] == tf_so[0] + 1 && (((unsigned long long)(t{tensor} + tf_so[0])) & 3ull) == 0)\n\
+                 {ind}    *(unsigned int*)(t{tensor} + tf_so[0]) = (unsigned int)tf_sv[0] | ((unsigned int)tf_sv[1] << 16);\n\
+                 {ind}  else {{\n\
+                 {ind}    if (tf_sm[0]) t{tensor}[tf_so[0]] = tf_sv[0];\n\
+                 {ind}    if (tf_sm[1]) t{tensor}[tf_so[1]] = tf_sv[1];\n\
+                 {ind}  }}\n{close}"
+            );
+            return Ok(());
+        }
         let (open, close) = self.geo.loop_open(l, ind);
         let _ = write!(
             e.out,
