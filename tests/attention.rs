@@ -826,6 +826,18 @@ fn the_hopper_program_runs_the_backwards_kernels() {
                 "{src}"
             );
             assert!(src.contains("tf_cv[tf_cw >> 2][tf_it & 1][0][tf_j * 8 + 2 * tf_t + tf_e]"));
+            // Loaded a step ahead into registers, staged at the step: the
+            // first step's before the loop, the next step's after the
+            // staging's barrier, each only where that step is one.
+            let (first, staged, next) = (
+                at("if (0 < tf_steps) {"),
+                at("tf_cvw[0][tf_c] = tf_cvn[tf_r][0];"),
+                at("if (tf_itn < tf_steps) {"),
+            );
+            let consumers_loop = src.rfind("for (int tf_it = 0;").unwrap();
+            assert!(first < consumers_loop && consumers_loop < staged, "{src}");
+            assert!(staged < next, "{src}");
+            assert!(src[next..].contains("tf_cvn[tf_r][1] = "), "{src}");
             // In the dynamic shared memory, counted: the row tiles, the
             // rings, then the column vectors (2 warpgroups × 2 steps × 2
             // vectors × 64 keys of f32), then the barriers.
@@ -893,8 +905,15 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
     spec.constexprs = vec![1];
     for d in [64usize, 128] {
         let ext = extents(ir, d, 2048);
+        // By default dQ is added by the TMA unit, in the stages that fit
+        // beside its staging (two at 128); the threads' adds below.
         let hopper = default_config_at(ir, &spec, H200, &ext);
-        assert_eq!(hopper, default_wgmma_attention(ir).unwrap(), "{d}");
+        let stages = if d == 128 { 2 } else { 3 };
+        let by_tma = default_wgmma_attention(ir)
+            .unwrap()
+            .tma_store(true)
+            .num_stages(stages);
+        assert_eq!(hopper, by_tma, "{d}");
         let plain = default_config_at(ir, &spec, NO_WGMMA, &ext);
         assert!(plain.general && !plain.wgmma, "{plain}");
         let err = lower(ir, &spec, &plain.clone().general(false))
@@ -937,9 +956,11 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
             assert!(src.contains("float tf_dq[32];"), "64 columns, its own keys");
         }
         if common::nvrtc_or_skip() {
-            // 16 bytes at head dimension 128 with the causal mask.
+            // 32 bytes at head dimension 128 with the causal mask (12
+            // before the column vectors were loaded a step ahead; the
+            // default, dQ by the TMA unit, spills none).
             let log = tilefuse::runtime::jit::resource_report(def.name(), src, "sm_90a").unwrap();
-            let most = if d == 128 { 16 } else { 0 };
+            let most = if d == 128 { 32 } else { 0 };
             let spilled = log
                 .split(" bytes spill stores")
                 .next()
@@ -952,19 +973,28 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
     let at_96 = extents(ir, 96, 2048);
     let other = default_config_at(ir, &spec, H200, &at_96);
     assert!(other.general && !other.wgmma, "head dimension 96: {other}");
-    // The tuner's seeds reach the Hopper program (not the general default's flag).
-    let space = tilefuse::codegen::ConfigSpace::new(ir, &spec, H200);
+    // The tuner's seeds reach the Hopper program (not the general default's
+    // flag), with dQ added by the TMA unit and by the threads, at a launch's
+    // extents as the tuner makes its space.
+    let space =
+        tilefuse::codegen::ConfigSpace::new(ir, &spec, H200).with_extents(&extents(ir, 128, 2048));
     let hopper: Vec<Config> = space
         .seeds(&spec, false)
         .into_iter()
         .filter(|c| c.wgmma && !c.general)
         .collect();
-    assert!(
-        hopper
-            .iter()
-            .any(|c| lower(ir, &spec, c).is_ok_and(|l| l.path == "attention (wgmma)")),
-        "{hopper:?}"
-    );
+    for tma in [true, false] {
+        assert!(
+            hopper.iter().any(|c| c.tma_store == tma
+                && lower(ir, &spec, c).is_ok_and(|l| l.path == "attention (wgmma)")),
+            "tma_store {tma}: {hopper:?}"
+        );
+    }
+    // `tma_store` only where it applies: not on the `mma.sync` program's seeds.
+    assert!(space
+        .seeds(&spec, false)
+        .iter()
+        .all(|c| c.wgmma || !c.tma_store));
 }
 
 /// `tma_store` on the one pass's Hopper program: each step's dQ staged in

@@ -577,7 +577,12 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let (declare, stage) = if forward {
         (String::new(), String::new())
     } else {
-        column_vectors(e, &mut frags, &columns)?
+        // A step's coordinates from `tf_it`, for the next step's loads.
+        let step_tiles = format!(
+            "{}          const long long tb{n} = tf_beg{n} + (long long){tile_of_step} * B{n};\n",
+            each_tiles(e, "          ")
+        );
+        column_vectors(e, &mut frags, &columns, &step_tiles, &steps)?
     };
     let _ = write!(
         e.out,
@@ -691,15 +696,21 @@ fn column_loads(e: &Emitter, batch: &[DimId], n: DimId, body: &[Stmt]) -> Vec<Ex
 /// them): a warpgroup's threads load the step's `bn` values of each once,
 /// then every element reads its column there. Loaded in each element
 /// instead, their 64-bit addresses and early-issued loads cost the dK/dV
-/// program hundreds of bytes of spills. Two buffers a warpgroup (by step
+/// program hundreds of bytes of spills. Each thread loads its values a step
+/// ahead into registers (`tf_cvn`), so their latency passes under a step's
+/// products instead of stalling the step's start (the top stall of the
+/// backward's programs on an H200). Two buffers a warpgroup (by step
 /// parity): a thread writes one only after every thread of its warpgroup
 /// passed the last step's barrier, done with its reads of the step before.
-/// Returns the buffers' declaration and the step's staging code (both empty
-/// without such loads), and records the loads in `frags`.
+/// `step_tiles` declares a step's tile indices from `tf_it`. Returns the
+/// buffers' declaration with the first step's loads and the step's staging
+/// code (both empty without such loads), and records the loads in `frags`.
 fn column_vectors(
     e: &Emitter,
     frags: &mut Frags,
     loads: &[Expr],
+    step_tiles: &str,
+    steps: &str,
 ) -> Result<(String, String), CodegenError> {
     let g = *frags.geo;
     if loads.is_empty() {
@@ -709,31 +720,64 @@ fn column_vectors(
         frags.batch.iter().map(|&b| (b, format!("tb{b}"))).collect();
     coords.push((g.n, format!("(tb{} + tf_c)", g.n)));
     let ctx = e.ctx(&coords);
-    let mut fill = String::new();
+    // A thread's columns: every 128th from its place in the warpgroup.
+    let per = g.bn.div_ceil(128);
+    let mut fetch = String::new();
+    let mut stage = String::new();
     for (i, x) in loads.iter().enumerate() {
         let (c, _) = ctx.emit(x, "a column of the step")?;
-        let _ = writeln!(fill, "          tf_cvw[{i}][tf_c] = {c};");
+        let _ = writeln!(fetch, "            tf_cvn[tf_r][{i}] = {c};");
+        let _ = writeln!(stage, "            tf_cvw[{i}][tf_c] = tf_cvn[tf_r][{i}];");
         frags.staged.push((
             x.clone(),
             format!("tf_cv[tf_cw >> 2][tf_it & 1][{i}][tf_j * 8 + 2 * tf_t + tf_e]"),
         ));
     }
+    let each_column = |body: &str| {
+        format!(
+            "        #pragma unroll\n\
+             \x20       for (int tf_r = 0; tf_r < {per}; ++tf_r) {{\n\
+             \x20         const int tf_c = (tf_cw & 3) * 32 + lane + tf_r * 128;\n\
+             \x20         if (tf_c < {bn}) {{\n\
+             {body}\
+             \x20         }}\n\
+             \x20       }}\n",
+            bn = g.bn,
+        )
+    };
+    // Step `at`'s values into `tf_cvn` where it is one (a step's tile
+    // indices divide by the loop's tile count), in a scope of their own.
+    let fetch_step = |at: &str| {
+        format!(
+            "        if ({at} < {steps}) {{\n\
+             \x20         const int tf_it = {at};\n\
+             {step_tiles}\
+             {loads}\
+             \x20       }}\n",
+            loads = each_column(&fetch)
+        )
+    };
     let declare = format!(
         "    // The steps' column vectors: [warpgroup][step parity][vector][key].\n\
-         \x20   float (*const tf_cv)[2][{n}][{bn}] = reinterpret_cast<float (*)[2][{n}][{bn}]>(tf_smem + (tf_scv - tf_smem_u32(tf_smem)));\n",
+         \x20   float (*const tf_cv)[2][{n}][{bn}] = reinterpret_cast<float (*)[2][{n}][{bn}]>(tf_smem + (tf_scv - tf_smem_u32(tf_smem)));\n\
+         \x20   float tf_cvn[{per}][{n}];  // this thread's columns of the next step\n\
+         {first}",
         n = loads.len(),
         bn = g.bn,
+        first = fetch_step("0"),
     );
-
     let step = format!(
         "      {{  // the step's column vectors, once a warpgroup, read from shared memory\n\
          \x20       float (*tf_cvw)[{bn}] = tf_cv[tf_cw >> 2][tf_it & 1];\n\
-         \x20       for (int tf_c = (tf_cw & 3) * 32 + lane; tf_c < {bn}; tf_c += 128) {{\n\
-         {fill}\
-         \x20       }}\n\
+         {store}\
          \x20       asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + (tf_cw >> 2)) : \"memory\");\n\
+         \x20       // The next step's, their latency under this step's products.\n\
+         \x20       const int tf_itn = tf_it + 1;\n\
+         {next}\
          \x20     }}\n",
         bn = g.bn,
+        store = each_column(&stage),
+        next = fetch_step("tf_itn"),
     );
     Ok((declare, step))
 }

@@ -56,8 +56,9 @@ impl Lowering for Attention {
     /// On a target with `wgmma`, the Hopper program's default
     /// ([`default_wgmma_attention`]) where this specialization lowers with it:
     /// for the forward at any head dimension; for the backward's kernels (dQ,
-    /// dK/dV, and the one pass with dQ's atomic adds) at head dimensions 64
-    /// and 128, those checked against float64 on an H200. There the two
+    /// dK/dV, and the one pass with dQ's atomic adds, those by the TMA unit)
+    /// at head dimensions 64 and 128, those checked against float64 on an
+    /// H200. There the two
     /// kernels took 1.260 ms against `mma.sync`'s 2.288 at 4×16×2048×128
     /// (causal 0.779 against 1.298; docs/perf-history.md, "The backward's
     /// Hopper program measured"). Other head dimensions keep `mma.sync` (the
@@ -73,8 +74,24 @@ impl Lowering for Attention {
         let checked_backward = || matches!(extents.get(a.d), Some(Some(64 | 128)));
         if target.wgmma && (a.is_forward() || checked_backward()) {
             let c = wgmma_default(k, a);
-            if lower(k, spec, &c).is_ok() {
-                return c;
+            // The one pass's dQ added by the TMA unit, in three stages where
+            // they fit beside its staging, else two (at head dimension 128
+            // three pass 227 KB): 1.212 → 1.013 ms at 4×16×2048×128 on an
+            // H200, causal 0.744 → 0.630 (docs/perf-history.md, "The one
+            // pass's dQ by TMA measured").
+            let tma = (!a.atomics.is_empty()).then(|| c.clone().tma_store(true));
+            let candidates = tma
+                .into_iter()
+                .flat_map(|t| [t.clone(), t.num_stages(2)])
+                .chain([c]);
+            for c in candidates {
+                // Fitted to the launch's head dimension, as it will run.
+                let fitted = crate::fit_whole_dims(k, c.clone(), extents);
+                let fits = lower(k, spec, &fitted)
+                    .is_ok_and(|l| l.shared_bytes as usize <= target.shared_limit);
+                if fits {
+                    return c;
+                }
             }
         }
         if !a.atomics.is_empty() {

@@ -23,9 +23,9 @@ pub(super) fn axes(a: &AttentionShape) -> Vec<Axis> {
 
 /// On Hopper, the wgmma program's (rows, keys a step, stages),
 /// FlashAttention-3's shapes first (176 keys: its non-causal choice at head
-/// dimension 128), each with the default's `overlap`, and the default's tile
-/// without it; then the `mma.sync` program's (rows, keys a step, warps),
-/// FlashAttention-2's shapes first.
+/// dimension 128), each with the default's `overlap` and `tma_store`, and the
+/// default's tile without them; then the `mma.sync` program's (rows, keys a
+/// step, warps), FlashAttention-2's shapes first.
 pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
     // 192 rows: three consumer warpgroups (head dimension 64 only: their
     // registers hold 96 accumulators a thread), FlashAttention-3's tile there.
@@ -48,13 +48,17 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
         (256, 64, 8),
         (64, 128, 4),
     ];
-    let overlap = space.default_config().overlap;
+    let (overlap, tma_add) = (
+        space.default_config().overlap,
+        space.default_config().tma_store,
+    );
     let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
         // The attention programs' configs (a default on the general lowering,
         // the one pass's off Hopper, asks for it: these do not).
         let mut c = Config {
             wgmma,
             overlap: wgmma && overlap,
+            tma_store: wgmma && tma_add,
             general: false,
             ..space.default_config().clone()
         }
@@ -76,6 +80,21 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
                 .overlap(false)
         })
         .filter(|_| space.target().wgmma);
+    // The one pass's default with dQ added by the threads' atomics, in the
+    // three stages the TMA unit's staging takes room from.
+    let without_tma_add = tma_add
+        .then(|| {
+            space
+                .default_config()
+                .clone()
+                .tma_store(false)
+                .num_stages(3)
+        })
+        .filter(|_| space.target().wgmma);
     let portable = PROVEN.iter().map(|&(bm, bn, w)| seed(bm, bn, w, false));
-    hopper.chain(without_overlap).chain(portable).collect()
+    hopper
+        .chain(without_overlap)
+        .chain(without_tma_add)
+        .chain(portable)
+        .collect()
 }
