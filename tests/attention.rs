@@ -192,6 +192,89 @@ fn the_hopper_program_lowers() {
     assert!(!default_config_for(ir, &spec, plain).wgmma);
 }
 
+/// `persistent` on the forward's Hopper program: one wave of blocks, each
+/// walking the grid's programs (`tf_tile`), both roles decoding a tile's
+/// indices and key bounds; the ring's steps counted across tiles (`tf_r0`),
+/// `q`'s barrier a phase a tile, the consumers releasing `q` once every
+/// `q·kᵀ` of the tile is done (before its last `p·v` and stores) and the
+/// producer loading the next tile's `q` after that, the last tile's `v`
+/// stage released for the next tile. NVRTC compiles it without spills at
+/// head dimension 128 (causal and not). Elsewhere an error says where it
+/// applies.
+#[test]
+fn the_hopper_forward_walks_its_tiles_when_persistent() {
+    for causal in [0, 1] {
+        let (ir, spec) = forward(causal);
+        let ext = extents(ir, 128, 4096);
+        let plain = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext);
+        let c = plain.clone().persistent(true);
+        let (l0, l) = (
+            lower(ir, &spec, &plain).unwrap(),
+            lower(ir, &spec, &c).unwrap(),
+        );
+        assert!(l.persistent && !l0.persistent);
+        assert_eq!(l.shared_bytes, l0.shared_bytes + 8, "q's release barrier");
+        let src = &l.source;
+        let walk = "for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {";
+        assert_eq!(src.matches(walk).count(), 2, "{src}");
+        assert_eq!(
+            src.matches("long long tf_pid = (unsigned)tf_tile;").count()
+                + src.matches("(int)((unsigned)tf_tile >> tf_lg)").count(),
+            2,
+            "{src}"
+        );
+        let at = |x: &str| src.find(x).unwrap_or_else(|| panic!("{x} in {src}"));
+        let (q_wait, q_load) = (
+            at("if (tf_tc > 0) tf_mbar_wait(tf_eq, (tf_tc - 1) & 1);"),
+            at("tf_mbar_expect_tx(tf_bq, "),
+        );
+        assert!(q_wait < q_load, "{src}");
+        assert!(src.contains("tf_mbar_init(tf_eq, 8);"), "{src}");
+        assert!(src.contains("tf_mbar_spin(tf_bq, tf_tc & 1);"), "{src}");
+        assert!(src.contains("const int tf_ri = tf_r0 + tf_it;"), "{src}");
+        assert!(
+            src.contains("const int tf_st = (tf_r0 + tf_nt - 1) % 3;"),
+            "{src}"
+        );
+        let (q_free, last_pv, v_free, stores) = (
+            at("if (lane == 0) tf_mbar_arrive(tf_eq);"),
+            src.rfind("tf_wgmma_pv(").unwrap(),
+            at("if (lane == 0) tf_mbar_arrive(tf_ev + tf_st * 8);"),
+            src.rfind("t3[tf_so[0]] = tf_sv[0];").unwrap(),
+        );
+        assert!(
+            q_free < last_pv && last_pv < v_free && v_free < stores,
+            "{src}"
+        );
+        assert_eq!(src.matches("tf_r0 += tf_nt;").count(), 2, "{src}");
+        if common::nvrtc_or_skip() {
+            let log =
+                tilefuse::runtime::jit::resource_report("tf_attention", src, "sm_90a").unwrap();
+            assert!(log.contains(" 0 bytes spill stores"), "{causal}: {log}");
+        }
+    }
+    // Not on the backward's kernels, nor off the Hopper program.
+    let (ir, spec) = forward(0);
+    let portable = Config::new(&[1, 1, 128, 128, 64])
+        .num_warps(4)
+        .persistent(true);
+    let err = lower(ir, &spec, &portable).unwrap_err().to_string();
+    assert!(err.contains("set `wgmma`"), "{err}");
+    let dkdv = common::examples::attention_backward::attention_dkdv::kernel();
+    let mut dkdv_spec = dkdv.declared_spec().unwrap();
+    dkdv_spec.constexprs = vec![0];
+    let c = default_wgmma_attention(dkdv.ir().unwrap())
+        .unwrap()
+        .persistent(true);
+    let err = lower(dkdv.ir().unwrap(), &dkdv_spec, &c)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`persistent` walks a forward attention kernel"),
+        "{err}"
+    );
+}
+
 #[test]
 fn hopper_configs_the_lowering_cannot_run_say_why() {
     let (ir, spec) = forward(0);
@@ -204,7 +287,7 @@ fn hopper_configs_the_lowering_cannot_run_say_why() {
     assert!(err(c(192, 128, 128, 12, 2)).contains("3 consumer warpgroups"));
     assert!(err(c(256, 64, 128, 16, 2)).contains("4, 8 or 12 consumer warps"));
     assert!(err(c(128, 128, 128, 8, 5)).contains("2 to 4 stages"));
-    assert!(err(c(128, 128, 128, 8, 3).persistent(true)).contains("leave them unset"));
+    assert!(err(c(128, 128, 128, 8, 3).cluster_m(2)).contains("leave them unset"));
     // `overlap` needs the Hopper program.
     let portable = lower(ir, &spec, &c(128, 128, 64, 4, 3).overlap(true));
     assert!(portable

@@ -214,6 +214,33 @@ fn attention_matches_f64_with_the_softmax_overlapping_the_last_product() {
     wgmma_checks(true);
 }
 
+/// `persistent`: one wave of blocks walking the grid's tiles. 2×9×1000 at
+/// head dimension 128 is 144 row tiles of 128, past an H200's or H100's 132
+/// blocks, so some blocks walk two (ragged, causal and not; grouped-query
+/// with 3 key/value heads; cross-attention with fewer keys).
+#[test]
+fn attention_matches_f64_with_persistent_blocks() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    let cfg = Config::new(&[1, 1, 128, 128, 128])
+        .num_warps(8)
+        .num_stages(3)
+        .wgmma(true)
+        .overlap(true)
+        .persistent(true);
+    for causal in [false, true] {
+        check(2, 9, 1000, 1000, 128, causal, Some(cfg.clone()));
+    }
+    check_kernel(
+        Which::Grouped(3),
+        (2, 9, 1000, 1000, 128),
+        true,
+        Some(cfg.clone()),
+    );
+    check(2, 9, 1000, 333, 128, false, Some(cfg));
+}
+
 /// The Hopper program's other schedule: a key loop that reads the accumulator
 /// after `p·v` waits for each tile's `p·v` and releases its stage's `k` and `v`
 /// after both products (one and two consumer warpgroups, 2 and 3 stages).

@@ -22,6 +22,10 @@
 //!   one pass's dQ, [`atomic_product`]) through a swizzled `dS` tile, its
 //!   adds by the threads (vector reductions) or, with `Config::tma_store`,
 //!   staged in shared memory and added by the TMA unit ([`tma_add_axis`]).
+//! - With `Config::persistent` (a forward kernel): one wave of blocks, each
+//!   walking the grid's programs; the ring's steps run on across tiles, and
+//!   the producer loads the next tile's `q` (and keys) once the consumers
+//!   are done with this tile's `q·kᵀ`, under its last `p·v` and stores.
 
 use super::super::hopper::{tma_add_fn, tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
@@ -110,6 +114,21 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let consumers = g.warps / 4;
     let stages = g.stages;
     let forward = a.is_forward();
+    // A persistent grid (`Config::persistent`): one wave of blocks, each
+    // walking the grid's programs, its producer loading the next tile's `q`
+    // and keys while the consumers finish this one's.
+    let persistent = e.cfg.persistent;
+    let waits = body[..a.kv_loop]
+        .iter()
+        .any(|s| matches!(s, Stmt::Wait { .. }));
+    if persistent && (!forward || a.packed.is_some() || !a.outer_each.is_empty() || waits) {
+        return Err(config_err(
+            e.k,
+            e.cfg,
+            "`persistent` walks a forward attention kernel's tiles on the Hopper program (no packed \
+             sequences, no `each` loop around the keys, no `wait`); drop `persistent` for this kernel",
+        ));
+    }
     // The key loop, inside the loops over `each` tiles around it (the
     // backward's dK/dV: a group's query heads), all walked as one sequence of
     // steps through the ring.
@@ -171,7 +190,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     };
     let tiles =
         rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes + sdq_bytes + cv_bytes;
-    let bars = 8 * (1 + 2 * rings.len() * stages);
+    let bars = 8 * (1 + 2 * rings.len() * stages + usize::from(persistent));
     let shared = tiles + bars + ATOM;
 
     let mut helpers = String::from(HELPERS);
@@ -225,11 +244,32 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let extra: Vec<(Param, &str)> = maps.iter().map(|(p, d)| (*p, d.as_str())).collect();
     let params = e.begin(threads, 1, &helpers, &extra);
     let (m, n) = (a.m, a.n);
-    super::program_tiles(e, a);
+    // A persistent block's per-tile code (the program's tile indices, the
+    // key operands' batch indices, the block statements and the key loop's
+    // bounds), emitted once and placed in each role's walk over the tiles.
+    let mut tile_code = String::new();
+    if persistent {
+        e.out.push_str(super::PREAMBLE);
+        let count = super::program_count(e, a);
+        let _ = writeln!(
+            e.out,
+            "  const long long tf_tiles = {count};  // the grid's programs"
+        );
+        let at = e.out.len();
+        super::program_tile_of(e, a, "(unsigned)tf_tile");
+        tile_code = e.out.split_off(at);
+    } else {
+        super::program_tiles(e, a);
+    }
     // Key operands indexed by an `each` loop around the key loop find their
     // rows at each step (the producer's, below).
     let kv = if a.outer_each.is_empty() {
-        super::kv_batch(e, a)?
+        let at = e.out.len();
+        let kv = super::kv_batch(e, a)?;
+        if persistent {
+            tile_code += &e.out.split_off(at);
+        }
+        kv
     } else {
         Vec::new()
     };
@@ -270,6 +310,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             prev.1
         );
         prev = (name, stages * 8);
+    }
+    if persistent {
+        // The consumers' release of a tile's `q` (every consumer warp's).
+        let _ = write!(bar_names, ", tf_eq = {} + {}u", prev.0, prev.1);
     }
     let inits: String = ops
         .iter()
@@ -317,6 +361,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20 if (tid == 0) {{\n\
          \x20   tf_mbar_init(tf_bq, 1);\n\
          \x20   tf_mbar_init(tf_done(), {cw});\n\
+         {eq_init}\
          \x20   for (int s = 0; s < {stages}; ++s) {{\n\
          {inits}\
          \x20   }}\n\
@@ -325,10 +370,16 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20 __syncthreads();\n",
         atom_m1 = ATOM - 1,
         cw = 4 * consumers,
+        eq_init = if persistent {
+            format!("    tf_mbar_init(tf_eq, {});\n", 4 * consumers)
+        } else {
+            String::new()
+        },
     );
     // Block-level statements before the key loop run on every thread: the
     // producer needs their scalars (the loop's bound, a packed sequence's
     // rows) and their `wait`s.
+    let block_at = e.out.len();
     let mut waited = false;
     for (i, s) in body[..a.kv_loop].iter().enumerate() {
         if a.packed.as_ref().is_some_and(|p| p.rows_loop == i) {
@@ -352,6 +403,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
     };
     key_tiles(e, *dim, range.as_deref(), until.as_ref())?;
+    if persistent {
+        tile_code += &e.out.split_off(block_at);
+    }
     // Steps: the key tiles, once for each index of the `each` loops around
     // them (`tf_it / tf_nt` counts those, the innermost fastest).
     let steps = if a.outer_each.is_empty() {
@@ -455,7 +509,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         .iter()
         .map(|o| {
             format!(
-                "        if (tf_it >= {stages}) tf_mbar_wait({empty} + s * 8, tf_free);\n\
+                "        if (tf_ri >= {stages}) tf_mbar_wait({empty} + s * 8, tf_free);\n\
                  \x20       tf_mbar_expect_tx({full} + s * 8, {kv_bytes}u);\n\
                  {loads}",
                 empty = o.empty(),
@@ -471,22 +525,46 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             )
         })
         .collect();
+    // Each role's walk over the tiles (persistent), the ring's steps counted
+    // across them (`tf_r0`: the steps before this tile's); else one tile.
+    let walk = |ind: &str, q_wait: &str| -> String {
+        if !persistent {
+            return format!("{ind}const int tf_r0 = 0;  // the ring's steps before this tile's\n");
+        }
+        let code: String = tile_code
+            .lines()
+            .map(|l| format!("{ind}  {}\n", l.trim_start()))
+            .collect();
+        let wait = if q_wait.is_empty() {
+            String::new()
+        } else {
+            format!("{ind}  if (tf_tc > 0) tf_mbar_wait(tf_eq, (tf_tc - 1) & 1);  // {q_wait}\n")
+        };
+        format!(
+            "{ind}int tf_r0 = 0, tf_tc = 0;  // the ring's steps before this tile's; tiles walked\n\
+             {ind}for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {{\n\
+             {code}{wait}"
+        )
+    };
     let _ = write!(
         e.out,
         "  if (warp < 4) {{\n\
          \x20   // Producer: one thread issues every load.\n\
          \x20   asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");\n\
          \x20   if (tid == 0) {{\n\
+         {producer_walk}\
          \x20     tf_mbar_expect_tx(tf_bq, {row_bytes}u);\n\
          {row_loads}\
          \x20     for (int tf_it = 0; tf_it < {steps}; ++tf_it) {{\n\
-         \x20       const int s = tf_it % {stages};\n\
-         \x20       const tf_u32 tf_free = ((tf_it / {stages}) & 1) ^ 1;  // the stage's last tile released it\n\
+         \x20       const int tf_ri = tf_r0 + tf_it;  // the step's place in the ring\n\
+         \x20       const int s = tf_ri % {stages};\n\
+         \x20       const tf_u32 tf_free = ((tf_ri / {stages}) & 1) ^ 1;  // the stage's last tile released it\n\
          {each}\
          {kv_lines}\
          \x20       const int tf_row = (int)(tf_beg{n} + (long long){tile_of_step} * B{n});\n\
          {ring_loads}\
          \x20     }}\n\
+         {walk_end}\
          \x20     tf_mbar_wait(tf_done(), 0);  // the consumers finished: bounded, see tf_mbar_spin\n\
          \x20   }}\n\
          \x20 }} else {{\n\
@@ -496,9 +574,17 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20   const int lane = tid & 31, tf_cw = warp - 4;\n\
          \x20   const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_cw * 16;\n\
          \x20   const tf_u32 tf_qw = tf_sq + (tf_cw >> 2) * {wg_rows}u;\n\
+         {consumer_walk}\
          {deferred}",
         row_bytes = rows.len() * q_bytes,
         each = each_tiles(e, "        "),
+        producer_walk = walk("      ", "the consumers are done with the last tile's q: load this one's"),
+        walk_end = if persistent {
+            "      tf_r0 += tf_nt;\n      }\n"
+        } else {
+            ""
+        },
+        consumer_walk = walk("    ", ""),
         last = 4 * consumers - 1,
         creg = consumer_regs(consumers),
         wg_rows = 64 * 128,
@@ -587,12 +673,13 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     let _ = write!(
         e.out,
         "{declare}\
-         \x20   tf_mbar_spin(tf_bq, 0);\n\
+         \x20   tf_mbar_spin(tf_bq, {q_phase});\n\
          \x20   for (int tf_it = 0; tf_it < {steps}; ++tf_it) {{  // tile `{name}`\n\
          {each}\
          \x20     const long long tb{n} = tf_beg{n} + (long long){tile_of_step} * B{n};\n\
-         \x20     const int tf_st = tf_it % {stages};\n\
-         \x20     const tf_u32 tf_ph = (tf_it / {stages}) & 1;\n\
+         \x20     const int tf_ri = tf_r0 + tf_it;  // the step's place in the ring\n\
+         \x20     const int tf_st = tf_ri % {stages};\n\
+         \x20     const tf_u32 tf_ph = (tf_ri / {stages}) & 1;\n\
          \x20     const tf_u32 {bufs};\n\
          {spins}\
          {opaque}\
@@ -616,24 +703,39 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         },
         name = e.k.dims[n].name,
         each = each_tiles(e, "      "),
+        q_phase = if persistent { "tf_tc & 1" } else { "0" },
     );
     loop_body(e, a, &mut frags, &fast_body, false)?;
     e.out.push_str("      } else {\n");
     loop_body(e, a, &mut frags, kv_body, true)?;
+    // Every `q·kᵀ` of the tile is complete: the producer may load the next
+    // tile's `q` while this one's last `p·v` and stores run.
+    let q_free = if persistent {
+        "    if (lane == 0) tf_mbar_arrive(tf_eq);  // this tile's q is done with\n"
+    } else {
+        ""
+    };
     if g.defer_pv {
         // The last tile's `p·v`.
         let _ = write!(
             e.out,
-            "      }}\n    }}\n    if (tf_nt > 0) {{\n\
-             \x20     const int tf_st = (tf_nt - 1) % {stages};\n\
+            "      }}\n    }}\n{q_free}    if (tf_nt > 0) {{\n\
+             \x20     const int tf_st = (tf_r0 + tf_nt - 1) % {stages};\n\
              \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
-             \x20     tf_mbar_spin(tf_bv + tf_st * 8, ((tf_nt - 1) / {stages}) & 1);\n\
+             \x20     tf_mbar_spin(tf_bv + tf_st * 8, ((tf_r0 + tf_nt - 1) / {stages}) & 1);\n\
              \x20     asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
              {pv}\
              \x20     asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
              \x20     asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n\
+             {v_free}\
              \x20   }}\n",
             pv = pv_issue(&g, "      ", &format!("v{}", a.acc), "tf_pa", "tf_vb"),
+            // The next tile's steps reuse the stage.
+            v_free = if persistent {
+                "      if (lane == 0) tf_mbar_arrive(tf_ev + tf_st * 8);  // its v is done with\n"
+            } else {
+                ""
+            },
         );
     } else {
         let what = if forward {
@@ -647,7 +749,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             .collect();
         let _ = write!(
             e.out,
-            "      }}\n      if (lane == 0) {{  // {what}\n{releases}      }}\n    }}\n"
+            "      }}\n      if (lane == 0) {{  // {what}\n{releases}      }}\n    }}\n{q_free}"
         );
     }
     frags.ind = "    ".into();
@@ -660,9 +762,14 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     for s in &body[a.kv_loop + 1..] {
         outside(e, &mut frags, s)?;
     }
+    if persistent {
+        e.out.push_str("    tf_r0 += tf_nt;\n    }\n");
+    }
     e.out
         .push_str("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n}\n");
-    Ok(e.finish(params, threads, shared, "attention (wgmma)"))
+    let mut l = e.finish(params, threads, shared, "attention (wgmma)");
+    l.persistent = persistent;
+    Ok(l)
 }
 
 /// The key loop's f32 loads over its keys alone (the backward's `lse` and
@@ -1260,10 +1367,10 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
         "{ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"
     );
     let last_pv = format!(
-        "{ind}const int tf_pst = (tf_it + {s1}) % {stages};  // the last tile's stage\n\
+        "{ind}const int tf_pst = (tf_ri + {s1}) % {stages};  // the last tile's stage\n\
          {ind}if (tf_it > 0) {{\n\
          {ind}  const tf_u32 tf_vb = tf_sv + tf_pst * {kv}u;\n\
-         {ind}  tf_mbar_spin(tf_bv + tf_pst * 8, ((tf_it - 1) / {stages}) & 1);\n\
+         {ind}  tf_mbar_spin(tf_bv + tf_pst * 8, ((tf_ri - 1) / {stages}) & 1);\n\
          {pv}\
          {ind}}}\n",
         s1 = g.stages - 1,

@@ -159,8 +159,9 @@ impl Lowering for Attention {
     }
 
     /// `wgmma` (its Hopper program), `tma_store` there for an atomic product
-    /// (its adds by the TMA unit), none of the matmul's other options, no
-    /// `occupancy`.
+    /// (its adds by the TMA unit), `persistent` there for a forward kernel
+    /// (one wave of blocks walking the tiles), none of the matmul's other
+    /// options, no `occupancy`.
     fn check_options(
         &self,
         k: &Kernel,
@@ -175,11 +176,19 @@ impl Lowering for Attention {
                  backward's dQ) on the Hopper program: set `wgmma` for a kernel with one, else drop `tma_store`",
             ));
         }
+        if c.persistent && !(c.wgmma && a.is_forward()) {
+            return Err(crate::emit::config_err(
+                k,
+                c,
+                "`persistent` walks a forward attention kernel's tiles on the Hopper program: set `wgmma` \
+                 on a forward kernel, else drop `persistent`",
+            ));
+        }
         no_matmul_options(
             k,
-            &c.clone().tma_store(false),
+            &c.clone().tma_store(false).persistent(false),
             true,
-            "`persistent`, `cluster_m`, `stage`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
+            "`cluster_m`, `stage`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
         )?;
         no_occupancy(k, c)?;
         if c.overlap && !c.wgmma {

@@ -250,6 +250,28 @@ impl KeyOp {
 /// ones; where the first do (causal dK/dV), the first row tiles first, slice by
 /// slice (grouping slices there cost ptxas a spill); else the last first.
 fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
+    e.out.push_str(PREAMBLE);
+    program_tile_of(e, a, "blockIdx.x");
+}
+
+/// The block's shared memory and thread index, before its tiles.
+const PREAMBLE: &str =
+    "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n  const int tid = threadIdx.x;\n";
+
+/// How many programs the launch's grid has (the row tiles of every slice),
+/// for a persistent block's walk over them.
+fn program_count(e: &Emitter, a: &AttentionShape) -> String {
+    let r = a.row_tile();
+    let mut count = format!("(({} + B{r} - 1) / B{r})", e.end(r));
+    for b in a.programs(e.k) {
+        let _ = write!(count, " * ({})", e.end(b));
+    }
+    count
+}
+
+/// Program `tile`'s (an unsigned expression below 2^31) tile indices: `tb{r}`
+/// of its row tile and `tb{b}` of the grid's other dimensions.
+fn program_tile_of(e: &mut Emitter, a: &AttentionShape, tile: &str) {
     let (r, d) = (a.row_tile(), a.d);
     let programs = a.programs(e.k);
     let order = work_order(e.k, a).filter(|_| a.packed.is_none());
@@ -264,9 +286,7 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
             };
             let _ = write!(
                 e.out,
-                "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
-                 \x20 const int tid = threadIdx.x;\n\
-                 \x20 long long tf_pid = blockIdx.x;\n\
+                "  long long tf_pid = {tile};\n\
                  \x20 const long long tf_mt = ({mext} + B{r} - 1) / B{r};\n\
                  \x20 const long long tb{r} = ({rank}) * B{r};\n\
                  \x20 tf_pid /= tf_mt;\n",
@@ -285,9 +305,7 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
             let rank = "tf_mt - 1 - tf_u % tf_mt";
             let _ = write!(
                 e.out,
-                "  extern __shared__ __align__(1024) unsigned char tf_smem[];\n\
-                 \x20 const int tid = threadIdx.x;\n\
-                 \x20 // Programs take their row tiles longest first across groups of slices\n\
+                "  // Programs take their row tiles longest first across groups of slices\n\
                  \x20 // whose keys and values fit {l2} MiB of L2 together: 2^tf_lg slices\n\
                  \x20 // (at most {most}; a power of two that divides their number, so a shift\n\
                  \x20 // and a mask find a program's). A launch's programs number below 2^31:\n\
@@ -295,9 +313,9 @@ fn program_tiles(e: &mut Emitter, a: &AttentionShape) {
                  \x20 const int tf_mt = (int)(({mext} + B{r} - 1) / B{r});\n\
                  \x20 const long long tf_fit = tf_max_i(1ll, ({l2}ll << 20) / tf_max_i(1ll, t{k}_n{axis} * (long long)B{d} * 4ll));\n\
                  \x20 const int tf_lg = min(min({most_lg}, __ffsll({slices}) - 1), 63 - __clzll(tf_fit));\n\
-                 \x20 const int tf_u = (int)(blockIdx.x >> tf_lg);\n\
+                 \x20 const int tf_u = (int)({tile} >> tf_lg);\n\
                  \x20 const long long tb{r} = (long long)({rank}) * B{r};\n\
-                 \x20 int tf_pid = ((tf_u / tf_mt) << tf_lg) | (int)(blockIdx.x & ((1u << tf_lg) - 1u));\n",
+                 \x20 int tf_pid = ((tf_u / tf_mt) << tf_lg) | (int)({tile} & ((1u << tf_lg) - 1u));\n",
                 mext = e.end(r),
                 slices = slices,
                 k = a.k,
