@@ -198,9 +198,10 @@ fn the_hopper_program_lowers() {
 /// `q`'s barrier a phase a tile, the consumers releasing `q` once every
 /// `q·kᵀ` of the tile is done (before its last `p·v` and stores) and the
 /// producer loading the next tile's `q` after that, the last tile's `v`
-/// stage released for the next tile. NVRTC compiles it without spills at
-/// head dimension 128 (causal and not). Elsewhere an error says where it
-/// applies.
+/// stage released for the next tile, and that `p·v` issued even for a tile
+/// without keys (`p` zero). NVRTC compiles it without spills at head
+/// dimension 128 (causal and not), and without serializing the `wgmma`s
+/// (C7520). Elsewhere an error says where it applies.
 #[test]
 fn the_hopper_forward_walks_its_tiles_when_persistent() {
     for causal in [0, 1] {
@@ -233,13 +234,13 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
         assert!(src.contains("tf_mbar_spin(tf_bq, tf_tc & 1);"), "{src}");
         assert!(src.contains("const int tf_ri = tf_r0 + tf_it;"), "{src}");
         assert!(
-            src.contains("const int tf_st = (tf_r0 + tf_nt - 1) % 3;"),
+            src.contains("const int tf_st = tf_nt > 0 ? (tf_r0 + tf_nt - 1) % 3 : 0;"),
             "{src}"
         );
         let (q_free, last_pv, v_free, stores) = (
             at("if (lane == 0) tf_mbar_arrive(tf_eq);"),
             src.rfind("tf_wgmma_pv(").unwrap(),
-            at("if (lane == 0) tf_mbar_arrive(tf_ev + tf_st * 8);"),
+            at("if (lane == 0 && tf_nt > 0) tf_mbar_arrive(tf_ev + tf_st * 8);"),
             src.rfind("t3[tf_so[0]] = tf_sv[0];").unwrap(),
         );
         assert!(
@@ -251,7 +252,15 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
             let log =
                 tilefuse::runtime::jit::resource_report("tf_attention", src, "sm_90a").unwrap();
             assert!(log.contains(" 0 bytes spill stores"), "{causal}: {log}");
+            assert!(!log.contains("C7520"), "wgmma serialized: {log}");
         }
+        // The last tile's `p·v` issued whether or not the tile had keys (a
+        // guarded issue inside the tile loop serialized every `wgmma`).
+        assert!(src.contains("tf_u32 tf_pa[8][4] = {};"), "{src}");
+        assert!(
+            src.contains("if (tf_nt > 0) tf_mbar_spin(tf_bv + tf_st * 8"),
+            "{src}"
+        );
     }
     // Not on the backward's kernels, nor off the Hopper program.
     let (ir, spec) = forward(0);

@@ -590,8 +590,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         wg_rows = 64 * 128,
         deferred = if g.defer_pv {
             format!(
-                "    tf_u32 tf_pa[{kk}][4];  // the last tile's `p`, multiplied with its `v` next iteration\n{first}",
+                "    tf_u32 tf_pa[{kk}][4]{zero};  // the last tile's `p`, multiplied with its `v` next iteration\n{first}",
                 kk = g.bn / 16,
+                // Zero for a persistent tile without keys (see its last `p·v`).
+                zero = if persistent { " = {}" } else { "" },
                 first = if consumers >= 2 {
                     // The last warpgroup gives the first its first turn.
                     format!(
@@ -719,10 +721,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         // The last tile's `p·v`.
         let _ = write!(
             e.out,
-            "      }}\n    }}\n{q_free}    if (tf_nt > 0) {{\n\
-             \x20     const int tf_st = (tf_r0 + tf_nt - 1) % {stages};\n\
-             \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
-             \x20     tf_mbar_spin(tf_bv + tf_st * 8, ((tf_r0 + tf_nt - 1) / {stages}) & 1);\n\
+            "      }}\n    }}\n{q_free}{last}\
              \x20     asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
              {pv}\
              \x20     asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n\
@@ -730,9 +729,27 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
              {v_free}\
              \x20   }}\n",
             pv = pv_issue(&g, "      ", &format!("v{}", a.acc), "tf_pa", "tf_vb"),
-            // The next tile's steps reuse the stage.
+            // Persistent: issued even for a tile without keys (its `p` then
+            // zero, its stage any): under the tile loop a guarded issue had
+            // ptxas serialize every `wgmma` of the kernel (C7520), 1.5× the
+            // time. The next tile's steps reuse the stage.
+            last = if persistent {
+                format!(
+                    "    {{  // the last tile's p·v\n\
+                     \x20     const int tf_st = tf_nt > 0 ? (tf_r0 + tf_nt - 1) % {stages} : 0;\n\
+                     \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
+                     \x20     if (tf_nt > 0) tf_mbar_spin(tf_bv + tf_st * 8, ((tf_r0 + tf_nt - 1) / {stages}) & 1);\n"
+                )
+            } else {
+                format!(
+                    "    if (tf_nt > 0) {{\n\
+                     \x20     const int tf_st = (tf_r0 + tf_nt - 1) % {stages};\n\
+                     \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
+                     \x20     tf_mbar_spin(tf_bv + tf_st * 8, ((tf_r0 + tf_nt - 1) / {stages}) & 1);\n"
+                )
+            },
             v_free = if persistent {
-                "      if (lane == 0) tf_mbar_arrive(tf_ev + tf_st * 8);  // its v is done with\n"
+                "      if (lane == 0 && tf_nt > 0) tf_mbar_arrive(tf_ev + tf_st * 8);  // its v is done with\n"
             } else {
                 ""
             },
