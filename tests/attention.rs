@@ -262,6 +262,30 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
             "{src}"
         );
     }
+    // The default on Hopper where every program walks as many keys (not
+    // causal) at head dimensions up to 128 (64: three consumer warpgroups
+    // still); the tuner's seeds keep the one-tile grid to compare.
+    use tilefuse::codegen::config::default_config_at;
+    for (causal, d, on) in [
+        (0, 128, true),
+        (0, 64, true),
+        (1, 128, false),
+        (0, 256, false),
+    ] {
+        let (ir, spec) = forward(causal);
+        let ext = extents(ir, d, 4096);
+        let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
+        assert_eq!(c.persistent, on, "causal {causal}, d {d}: {c}");
+        if d == 64 {
+            assert_eq!((c.block_sizes[TM], c.num_warps), (192, 12), "{c}");
+        }
+        if on {
+            let space = tilefuse::codegen::ConfigSpace::new(ir, &spec, H200).with_extents(&ext);
+            let seeds = space.seeds(&spec, false);
+            assert!(seeds.iter().any(|c| c.wgmma && !c.persistent), "{seeds:?}");
+            assert!(seeds.iter().all(|c| c.wgmma || !c.persistent), "{seeds:?}");
+        }
+    }
     // Not on the backward's kernels, nor off the Hopper program.
     let (ir, spec) = forward(0);
     let portable = Config::new(&[1, 1, 128, 128, 64])

@@ -73,7 +73,18 @@ impl Lowering for Attention {
     ) -> Config {
         let checked_backward = || matches!(extents.get(a.d), Some(Some(64 | 128)));
         if target.wgmma && (a.is_forward() || checked_backward()) {
-            let c = wgmma_default(k, a);
+            let mut c = wgmma_default(k, a);
+            // Persistent blocks where every program walks as many keys (no
+            // causal triangle: a static walk balances it) at head dimensions
+            // up to 128: 8×16×4096×128 1.836 → 1.799 ms on an H200,
+            // 32×16×1024 0.637 → 0.586, 16k equal, GQA and 64 2% faster;
+            // causal long sequences 1.5× slower, 256 6% (docs/perf-history.md,
+            // "Persistent blocks on the forward's Hopper program").
+            let uniform = super::work_order(k.kernel(), a).is_none();
+            let small_head = matches!(extents.get(a.d), Some(Some(d)) if *d <= 128);
+            if a.is_forward() && a.packed.is_none() && uniform && small_head {
+                c = c.persistent(true);
+            }
             // The one pass's dQ added by the TMA unit, in three stages where
             // they fit beside its staging, else two (at head dimension 128
             // three pass 227 KB): 1.212 → 1.013 ms at 4×16×2048×128 on an
@@ -123,7 +134,9 @@ impl Lowering for Attention {
         if *given == self.default_config(k, a) && fitted.block_sizes[a.d] > 128 && a.is_forward() {
             fitted = fitted.num_warps(8);
         }
-        if *given == wgmma_default(k, a) && fitted.block_sizes[a.d] > 128 {
+        // The Hopper default's fits, with or without its persistent blocks.
+        let hopper_default = given.clone().persistent(false) == wgmma_default(k, a);
+        if hopper_default && fitted.block_sizes[a.d] > 128 {
             fitted.block_sizes[a.n] = 64;
             fitted = fitted.num_stages(2).overlap(false);
         }
@@ -132,11 +145,7 @@ impl Lowering for Attention {
         // 1.423 → 1.200 ms, causal 0.828 → 0.781 (docs/perf-history.md, "Three
         // consumer warpgroups at head dimension 64").
         // Packed sequences keep 128 rows: their causal program spills 8 bytes at 192.
-        if *given == wgmma_default(k, a)
-            && fitted.block_sizes[a.d] <= 64
-            && a.is_forward()
-            && a.packed.is_none()
-        {
+        if hopper_default && fitted.block_sizes[a.d] <= 64 && a.is_forward() && a.packed.is_none() {
             fitted.block_sizes[a.row_tile()] = 192;
             fitted.block_sizes[a.m] = 192;
             fitted = fitted.num_warps(12).num_stages(2);

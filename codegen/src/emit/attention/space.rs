@@ -48,9 +48,10 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
         (256, 64, 8),
         (64, 128, 4),
     ];
-    let (overlap, tma_add) = (
+    let (overlap, tma_add, persistent) = (
         space.default_config().overlap,
         space.default_config().tma_store,
+        space.default_config().persistent,
     );
     let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
         // The attention programs' configs (a default on the general lowering,
@@ -59,6 +60,7 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
             wgmma,
             overlap: wgmma && overlap,
             tma_store: wgmma && tma_add,
+            persistent: wgmma && persistent,
             general: false,
             ..space.default_config().clone()
         }
@@ -80,6 +82,10 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
                 .overlap(false)
         })
         .filter(|_| space.target().wgmma);
+    // The forward's default without its persistent blocks.
+    let one_tile_a_block = persistent
+        .then(|| space.default_config().clone().persistent(false))
+        .filter(|_| space.target().wgmma);
     // The one pass's default with dQ added by the threads' atomics, in the
     // three stages the TMA unit's staging takes room from.
     let without_tma_add = tma_add
@@ -95,6 +101,7 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
     hopper
         .chain(without_overlap)
         .chain(without_tma_add)
+        .chain(one_tile_a_block)
         .chain(portable)
         .collect()
 }
