@@ -263,19 +263,20 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
         );
     }
     // The default on Hopper where every program walks as many keys (not
-    // causal) at head dimensions up to 128 (64: three consumer warpgroups
-    // still); the tuner's seeds keep the one-tile grid to compare.
+    // causal), up to 4096 of them, at head dimensions up to 128 (64: three
+    // consumer warpgroups still); the tuner's seeds keep the one-tile grid.
     use tilefuse::codegen::config::default_config_at;
-    for (causal, d, on) in [
-        (0, 128, true),
-        (0, 64, true),
-        (1, 128, false),
-        (0, 256, false),
+    for (causal, d, s, on) in [
+        (0, 128, 4096, true),
+        (0, 64, 1024, true),
+        (1, 128, 4096, false),
+        (0, 256, 4096, false),
+        (0, 128, 16384, false),
     ] {
         let (ir, spec) = forward(causal);
-        let ext = extents(ir, d, 4096);
+        let ext = extents(ir, d, s);
         let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
-        assert_eq!(c.persistent, on, "causal {causal}, d {d}: {c}");
+        assert_eq!(c.persistent, on, "causal {causal}, d {d}, {s} keys: {c}");
         if d == 64 {
             assert_eq!((c.block_sizes[TM], c.num_warps), (192, 12), "{c}");
         }

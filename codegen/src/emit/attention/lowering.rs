@@ -75,14 +75,17 @@ impl Lowering for Attention {
         if target.wgmma && (a.is_forward() || checked_backward()) {
             let mut c = wgmma_default(k, a);
             // Persistent blocks where every program walks as many keys (no
-            // causal triangle: a static walk balances it) at head dimensions
-            // up to 128: 8×16×4096×128 1.836 → 1.799 ms on an H200,
-            // 32×16×1024 0.637 → 0.586, 16k equal, GQA and 64 2% faster;
-            // causal long sequences 1.5× slower, 256 6% (docs/perf-history.md,
+            // causal triangle: a static walk balances it), up to 4096 of
+            // them, at head dimensions up to 128: 8×16×4096×128 1.836 →
+            // 1.799 ms on an H200, 32×16×1024 0.637 → 0.586, GQA and 64 2%
+            // faster; 16k keys equal on one H200, 2–5% slower on another
+            // (blocks walking apart share less of L2); causal long
+            // sequences 1.5× slower, 256 6% (docs/perf-history.md,
             // "Persistent blocks on the forward's Hopper program").
             let uniform = super::work_order(k.kernel(), a).is_none();
             let small_head = matches!(extents.get(a.d), Some(Some(d)) if *d <= 128);
-            if a.is_forward() && a.packed.is_none() && uniform && small_head {
+            let few_keys = matches!(extents.get(a.n), Some(Some(n)) if *n <= 4096);
+            if a.is_forward() && a.packed.is_none() && uniform && small_head && few_keys {
                 c = c.persistent(true);
             }
             // The one pass's dQ added by the TMA unit, in three stages where
