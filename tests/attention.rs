@@ -295,14 +295,7 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
     let err = lower(ir, &spec, &portable).unwrap_err().to_string();
     assert!(err.contains("set `wgmma`"), "{err}");
     let dkdv = common::examples::attention_backward::attention_dkdv::kernel();
-    let mut dkdv_spec = dkdv.declared_spec().unwrap();
-    dkdv_spec.constexprs = vec![0];
-    let c = default_wgmma_attention(dkdv.ir().unwrap())
-        .unwrap()
-        .persistent(true);
-    let err = lower(dkdv.ir().unwrap(), &dkdv_spec, &c)
-        .unwrap_err()
-        .to_string();
+    let err = hopper_default_error(dkdv, 0, |c| c.persistent(true));
     assert!(
         err.contains("`persistent` walks a forward attention kernel"),
         "{err}"
@@ -1185,15 +1178,7 @@ fn the_one_pass_can_add_dq_by_tma() {
     let three = fit_whole_dims(ir, default_wgmma_attention(ir).unwrap(), &ext).tma_store(true);
     assert!(lower(ir, &spec, &three).unwrap().shared_bytes as usize > H200.shared_limit);
     // Not without an atomic product, nor off the Hopper program.
-    let dq = attention_dq::kernel();
-    let mut dq_spec = dq.declared_spec().unwrap();
-    dq_spec.constexprs = vec![1];
-    let hopper = default_wgmma_attention(dq.ir().unwrap())
-        .unwrap()
-        .tma_store(true);
-    let err = lower(dq.ir().unwrap(), &dq_spec, &hopper)
-        .unwrap_err()
-        .to_string();
+    let err = hopper_default_error(attention_dq::kernel(), 1, |c| c.tma_store(true));
     assert!(
         err.contains("`tma_store`") && err.contains("atomic product"),
         "{err}"
@@ -1268,6 +1253,20 @@ const H200: Target = Target {
     wgmma: true,
     sms: 132,
 };
+
+/// The error that lowering `def`'s Hopper default, changed by `change`,
+/// gives (`causal` its constexpr).
+fn hopper_default_error(
+    def: &tilefuse::KernelDef,
+    causal: i64,
+    change: impl FnOnce(Config) -> Config,
+) -> String {
+    let ir = def.ir().unwrap();
+    let mut spec = def.declared_spec().unwrap();
+    spec.constexprs = vec![causal];
+    let c = change(default_wgmma_attention(ir).unwrap());
+    lower(ir, &spec, &c).unwrap_err().to_string()
+}
 
 /// A kernel's extents: `whole` for its `whole(…)` dimensions (the head
 /// dimension), `other` for the rest.
