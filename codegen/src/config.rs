@@ -29,9 +29,10 @@ pub struct Config {
     /// multiple of 16, and 2 to 4 stages of `k` and `v`.
     #[serde(default)]
     pub wgmma: bool,
-    /// Hopper matmuls: a persistent grid (one block per SM, each looping over output
-    /// tiles), so the producer loads the next tile while the consumers run the
-    /// epilogue; otherwise one block per tile.
+    /// Hopper matmuls and the Hopper attention program's forward: a persistent
+    /// grid (one wave of blocks, each looping over output tiles), so the producer
+    /// loads the next tile while the consumers run the epilogue; otherwise one
+    /// block per tile.
     #[serde(default)]
     pub persistent: bool,
     /// Hopper matmuls: blocks per thread-block cluster along M (1 or 2). A pair of
