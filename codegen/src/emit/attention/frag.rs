@@ -111,7 +111,6 @@ impl Geo {
         c
     }
 
-    /// `for` headers over a layout's elements (fully unrolled), and the closing braces.
     /// [`Geo::loop_open`] of [`Layout::Out`] without the innermost loop over a
     /// thread's two neighbouring columns (`tf_e`): the body takes both.
     pub fn pairs_open(&self, ind: &str) -> (String, String) {
@@ -125,6 +124,7 @@ impl Geo {
         (format!("{s}{ind}{{\n"), format!("{ind}}}\n"))
     }
 
+    /// `for` headers over a layout's elements (fully unrolled), and the closing braces.
     pub fn loop_open(&self, l: Layout, ind: &str) -> (String, String) {
         let unroll = |v: &str, n: usize| {
             format!("{ind}#pragma unroll\n{ind}for (int {v} = 0; {v} < {n}; ++{v})\n")

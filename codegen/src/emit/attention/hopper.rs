@@ -400,6 +400,14 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         range,
     } = key_loop
     else {
+        if persistent {
+            // Its walk holds the key loop; the tile code above has no place.
+            return Err(config_err(
+                e.k,
+                e.cfg,
+                "`persistent` walks the key loop's tiles; this kernel has none: drop `persistent`",
+            ));
+        }
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
     };
     key_tiles(e, *dim, range.as_deref(), until.as_ref())?;
