@@ -8,7 +8,7 @@ mod common;
 use common::examples::{attention, softmax};
 use tilefuse::codegen::{
     default_config, default_config_for, default_wgmma_attention, emit::AttentionShape,
-    fit_whole_dims, ir::Expr, ir::Stmt, lower, Config, Planned, Spec, Target,
+    fit_whole_dims, ir::Expr, ir::Stmt, lower, Config, Param, Planned, Spec, Target,
 };
 
 /// The forward example's planned kernel and its declared spec, causal (1)
@@ -214,10 +214,39 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
             lower(ir, &spec, &c).unwrap(),
         );
         assert!(l.persistent && !l0.persistent);
-        assert_eq!(l.shared_bytes, l0.shared_bytes + 8, "q's release barrier");
+        // q's release barrier; causal: the two words of the tiles taken.
+        assert_eq!(
+            l.shared_bytes,
+            l0.shared_bytes + 8 + 8 * causal as u32,
+            "q's release barrier"
+        );
         let src = &l.source;
-        let walk = "for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {";
-        assert_eq!(src.matches(walk).count(), 2, "{src}");
+        if causal == 0 {
+            let walk = "for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {";
+            assert_eq!(src.matches(walk).count(), 2, "{src}");
+            assert!(!l.params.contains(&Param::TileCounter));
+        } else {
+            // Causal: the producer takes each next tile from the counter and
+            // publishes it (or the end) with `q`'s arrival; the consumers read
+            // it after their wait on `q`.
+            assert!(l.params.contains(&Param::TileCounter));
+            let (take, end, publish, read) = (
+                "tf_tile = (long long)gridDim.x + atomicInc(tf_counter, (unsigned)(tf_tiles - 1));",
+                "\"r\"(0xffffffffu) : \"memory\");",
+                "\"r\"((tf_u32)tf_tile) : \"memory\");",
+                "if (tf_tn == 0xffffffffu) break;",
+            );
+            for x in [take, end, publish, read] {
+                assert_eq!(src.matches(x).count(), 1, "{x} in {src}");
+            }
+            let at = |x: &str| src.find(x).unwrap();
+            assert!(at(take) < at(end) && at(end) < at(publish), "{src}");
+            assert!(
+                at(publish) < at("tf_mbar_expect_tx(tf_bq, ")
+                    && at("tf_mbar_spin(tf_bq, tf_tc & 1);  // the tile's q") < at(read),
+                "{src}"
+            );
+        }
         assert_eq!(
             src.matches("long long tf_pid = (unsigned)tf_tile;").count()
                 + src.matches("(int)((unsigned)tf_tile >> tf_lg)").count(),

@@ -696,6 +696,13 @@ pub(crate) fn launch_variant(
         Some(p) => (0, p.shared_bytes as u32),
         None => gather_room(dev, &v.lowered, tensors),
     };
+    // A persistent kernel's tile counter: the split scratch's first counter,
+    // zero between launches (the kernel's atomic wrap leaves it so; a launch
+    // that failed has it zeroed with the others, see `status`).
+    let tile_counter = match v.lowered.params.contains(&Param::TileCounter) {
+        true => dev.split_scratch(0, 1)?.1,
+        false => 0,
+    };
     let mut values: Vec<u64> = Vec::with_capacity(v.lowered.params.len());
     for p in &v.lowered.params {
         values.push(match *p {
@@ -718,6 +725,7 @@ pub(crate) fn launch_variant(
             Param::SplitParts => split.parts,
             Param::SplitPartials => scratch.0,
             Param::SplitCounters => scratch.1,
+            Param::TileCounter => tile_counter,
         });
     }
     let mut next_map = maps.iter_mut();

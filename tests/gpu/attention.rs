@@ -217,7 +217,9 @@ fn attention_matches_f64_with_the_softmax_overlapping_the_last_product() {
 /// `persistent`: one wave of blocks walking the grid's tiles. 2×9×1000 at
 /// head dimension 128 is 144 row tiles of 128, past an H200's or H100's 132
 /// blocks, so some blocks walk two (ragged, causal and not; grouped-query
-/// with 3 key/value heads; cross-attention with fewer keys).
+/// with 3 key/value heads; cross-attention with fewer keys). Causal blocks
+/// take their tiles from a counter: the grouped launch after the first
+/// causal one finds it back at zero, or misses tiles (poisoned rows).
 #[test]
 fn attention_matches_f64_with_persistent_blocks() {
     let Some(_dev) = crate::wgmma::hopper() else {

@@ -76,6 +76,10 @@ pub enum Param {
     SplitPartials,
     /// Split tail: one arrival counter per split tile, zero at launch (`unsigned*`).
     SplitCounters,
+    /// A persistent kernel's tile counter (`unsigned*`), zero at launch: each
+    /// block takes its next tile with `atomicInc`, whose wrap leaves it zero
+    /// again once every block has taken its last (see the attention walk).
+    TileCounter,
     /// Bytes of shared memory the launch added for staged gathers
     /// ([`Lowered::gathers`]), 0 for none (`long long`).
     StageCap,

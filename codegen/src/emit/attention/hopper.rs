@@ -26,6 +26,8 @@
 //!   walking the grid's programs; the ring's steps run on across tiles, and
 //!   the producer loads the next tile's `q` (and keys) once the consumers
 //!   are done with this tile's `q·kᵀ`, under its last `p·v` and stores.
+//!   Where tiles walk different numbers of keys (causal), the blocks take
+//!   their tiles from a counter ([`Param::TileCounter`]), longest first.
 
 use super::super::hopper::{tma_add_fn, tma_load_fn, wgmma_fn, wgmma_fn_acc, WgmmaA, HELPERS};
 use super::super::{config_err, Emitter, Lowered, Param};
@@ -118,6 +120,12 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     // walking the grid's programs, its producer loading the next tile's `q`
     // and keys while the consumers finish this one's.
     let persistent = e.cfg.persistent;
+    // Where programs walk different numbers of keys (causal), a persistent
+    // block takes its next tile from a counter, longest first, as
+    // FlashAttention-3's scheduler: a fixed stride across the grid left the
+    // blocks that drew the long tiles working alone at the end (causal 16k
+    // keys, 1.5× the one-tile grid's time).
+    let dynamic = persistent && super::work_order(e.k, a).is_some();
     let waits = body[..a.kv_loop]
         .iter()
         .any(|s| matches!(s, Stmt::Wait { .. }));
@@ -190,7 +198,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     };
     let tiles =
         rows.len() * q_bytes + rings.len() * stages * kv_bytes + ds_bytes + sdq_bytes + cv_bytes;
-    let bars = 8 * (1 + 2 * rings.len() * stages + usize::from(persistent));
+    // Persistent: `q`'s release; dynamic: two words of the tiles taken.
+    let bars = 8 * (1 + 2 * rings.len() * stages + usize::from(persistent) + usize::from(dynamic));
     let shared = tiles + bars + ATOM;
 
     let mut helpers = String::from(HELPERS);
@@ -240,6 +249,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             },
             "const __grid_constant__ tf_tmap tf_map_add".to_string(),
         ));
+    }
+    if dynamic {
+        maps.push((Param::TileCounter, "unsigned* tf_counter".to_string()));
     }
     let extra: Vec<(Param, &str)> = maps.iter().map(|(p, d)| (*p, d.as_str())).collect();
     let params = e.begin(threads, 1, &helpers, &extra);
@@ -314,6 +326,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     if persistent {
         // The consumers' release of a tile's `q` (every consumer warp's).
         let _ = write!(bar_names, ", tf_eq = {} + {}u", prev.0, prev.1);
+    }
+    if dynamic {
+        // The producer's tiles for the consumers, a word each, by parity.
+        bar_names.push_str(", tf_tq = tf_eq + 8u");
     }
     let inits: String = ops
         .iter()
@@ -535,7 +551,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         .collect();
     // Each role's walk over the tiles (persistent), the ring's steps counted
     // across them (`tf_r0`: the steps before this tile's); else one tile.
-    let walk = |ind: &str, q_wait: &str| -> String {
+    let walk = |ind: &str, producer: bool| -> String {
         if !persistent {
             return format!("{ind}const int tf_r0 = 0;  // the ring's steps before this tile's\n");
         }
@@ -543,16 +559,44 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             .lines()
             .map(|l| format!("{ind}  {}\n", l.trim_start()))
             .collect();
-        let wait = if q_wait.is_empty() {
-            String::new()
-        } else {
-            format!("{ind}  if (tf_tc > 0) tf_mbar_wait(tf_eq, (tf_tc - 1) & 1);  // {q_wait}\n")
-        };
-        format!(
-            "{ind}int tf_r0 = 0, tf_tc = 0;  // the ring's steps before this tile's; tiles walked\n\
-             {ind}for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {{\n\
-             {code}{wait}"
-        )
+        let q_wait = format!(
+            "{ind}  if (tf_tc > 0) tf_mbar_wait(tf_eq, (tf_tc - 1) & 1);  // the consumers are done with the last tile's q\n"
+        );
+        let head = format!(
+            "{ind}int tf_r0 = 0, tf_tc = 0;  // the ring's steps before this tile's; tiles walked\n"
+        );
+        match (dynamic, producer) {
+            (false, _) => format!(
+                "{head}{ind}for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {{\n\
+                 {code}{}",
+                if producer { q_wait.as_str() } else { "" }
+            ),
+            // The block's first tile is its index, the next ones from the
+            // counter. Each block takes one past the last, so a launch takes
+            // exactly `tf_tiles` (a grid of at most that many blocks): the
+            // last `atomicInc` wraps the counter to zero for the next launch.
+            // The producer publishes each tile (or the end) beside `q`'s
+            // arrival, whose release the consumers' wait acquires.
+            (true, true) => format!(
+                "{head}{ind}for (long long tf_tile = blockIdx.x;; ++tf_tc) {{\n\
+                 {ind}  if (tf_tc > 0) tf_tile = (long long)gridDim.x + atomicInc(tf_counter, (unsigned)(tf_tiles - 1));\n\
+                 {ind}  if (tf_tile >= tf_tiles) {{  // none left: the consumers stop at the end mark\n\
+                 {q_wait}{ind}    asm volatile(\"st.shared.u32 [%0], %1;\" :: \"r\"(tf_tq + (tf_tc & 1) * 4u), \"r\"(0xffffffffu) : \"memory\");\n\
+                 {ind}    tf_mbar_arrive(tf_bq);\n\
+                 {ind}    break;\n\
+                 {ind}  }}\n\
+                 {code}{q_wait}{ind}  asm volatile(\"st.shared.u32 [%0], %1;\" :: \"r\"(tf_tq + (tf_tc & 1) * 4u), \"r\"((tf_u32)tf_tile) : \"memory\");\n"
+            ),
+            (true, false) => format!(
+                "{head}{ind}for (;; ++tf_tc) {{\n\
+                 {ind}  tf_mbar_spin(tf_bq, tf_tc & 1);  // the tile's q, and the tile\n\
+                 {ind}  tf_u32 tf_tn;\n\
+                 {ind}  asm volatile(\"ld.shared.u32 %0, [%1];\" : \"=r\"(tf_tn) : \"r\"(tf_tq + (tf_tc & 1) * 4u) : \"memory\");\n\
+                 {ind}  if (tf_tn == 0xffffffffu) break;\n\
+                 {ind}  const long long tf_tile = tf_tn;\n\
+                 {code}"
+            ),
+        }
     };
     let _ = write!(
         e.out,
@@ -586,13 +630,13 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          {deferred}",
         row_bytes = rows.len() * q_bytes,
         each = each_tiles(e, "        "),
-        producer_walk = walk("      ", "the consumers are done with the last tile's q: load this one's"),
+        producer_walk = walk("      ", true),
         walk_end = if persistent {
             "      tf_r0 += tf_nt;\n      }\n"
         } else {
             ""
         },
-        consumer_walk = walk("    ", ""),
+        consumer_walk = walk("    ", false),
         last = 4 * consumers - 1,
         creg = consumer_regs(consumers),
         wg_rows = 64 * 128,
