@@ -291,14 +291,16 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
             "{src}"
         );
     }
-    // The default on Hopper where every program walks as many keys (not
-    // causal), up to 4096 of them, at head dimensions up to 128 (64: three
-    // consumer warpgroups still); the tuner's seeds keep the one-tile grid.
+    // The default on Hopper up to 4096 keys at head dimensions up to 128
+    // (64: three consumer warpgroups still), causal or not; the tuner's seeds
+    // keep the one-tile grid.
     use tilefuse::codegen::config::default_config_at;
     for (causal, d, s, on) in [
         (0, 128, 4096, true),
         (0, 64, 1024, true),
-        (1, 128, 4096, false),
+        (1, 128, 4096, true),
+        (1, 64, 2048, true),
+        (1, 128, 16384, false),
         (0, 256, 4096, false),
         (0, 128, 16384, false),
     ] {

@@ -12,16 +12,31 @@ use serde::{Deserialize, Serialize};
 /// let c = Config::new(&[128, 256, 64]).num_warps(8).num_stages(3);
 /// assert_eq!(c.block_sizes, vec![128, 256, 64]);
 /// ```
+///
+/// A JSON config (`--config`, the tuner's cache) needs its block sizes; the
+/// fields it leaves out take [`Config::new`]'s values:
+///
+/// ```
+/// use tilefuse_codegen::Config;
+/// let c: Config = serde_json::from_str(r#"{"block_sizes":[128,256,64],"num_warps":8}"#).unwrap();
+/// assert_eq!(c, Config::new(&[128, 256, 64]).num_warps(8));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Config {
     pub block_sizes: Vec<usize>,
+    /// Warps a block (4 where a JSON config leaves it out, as [`Config::new`]).
+    #[serde(default = "four")]
     pub num_warps: usize,
     /// Tiles of a loop's loads in flight: the matmul paths' shared-memory
     /// ring; in the general lowering 1 (each tile loaded at its step) or 2
     /// and more (the next tile's loads issued before this one computes).
+    /// 3 where a JSON config leaves it out.
+    #[serde(default = "three")]
     pub num_stages: usize,
     /// Output tiles are visited in groups of this many tile rows, so blocks that run
-    /// together share rows of A and columns of B in L2.
+    /// together share rows of A and columns of B in L2. 8 where a JSON config
+    /// leaves it out.
+    #[serde(default = "eight")]
     pub group_m: usize,
     /// Matmuls and attention: the Hopper path (TMA + `wgmma`, sm_90a only);
     /// `num_warps` then counts the consumer warps, and a producer warpgroup comes
@@ -107,6 +122,18 @@ pub struct Config {
 
 fn one() -> usize {
     1
+}
+
+fn three() -> usize {
+    3
+}
+
+fn four() -> usize {
+    4
+}
+
+fn eight() -> usize {
+    8
 }
 
 impl Config {

@@ -74,18 +74,18 @@ impl Lowering for Attention {
         let checked_backward = || matches!(extents.get(a.d), Some(Some(64 | 128)));
         if target.wgmma && (a.is_forward() || checked_backward()) {
             let mut c = wgmma_default(k, a);
-            // Persistent blocks where every program walks as many keys (no
-            // causal triangle: a static walk balances it), up to 4096 of
-            // them, at head dimensions up to 128: 8×16×4096×128 1.836 →
-            // 1.799 ms on an H200, 32×16×1024 0.637 → 0.586, GQA and 64 2%
-            // faster; 16k keys equal on one H200, 2–5% slower on another
-            // (blocks walking apart share less of L2); causal long
-            // sequences 1.5× slower, 256 6% (docs/perf-history.md,
-            // "Persistent blocks on the forward's Hopper program").
-            let uniform = super::work_order(k.kernel(), a).is_none();
+            // Persistent blocks up to 4096 keys at head dimensions up to
+            // 128 (causal ones taking their tiles from a counter, longest
+            // first), on an H200: 8×16×4096×128 1.836 → 1.799 ms, causal
+            // 1.090 → 1.050; 32×16×1024 0.637 → 0.586, causal 0.500 →
+            // 0.443; GQA and 64 2–4% faster. 16k keys: equal or up to 5%
+            // slower (blocks walking apart share less of L2), causal 1%
+            // slower; 256: 6% slower, causal 1% faster (docs/perf-history.md,
+            // "Persistent blocks on the forward's Hopper program", "Causal
+            // tiles from a counter").
             let small_head = matches!(extents.get(a.d), Some(Some(d)) if *d <= 128);
             let few_keys = matches!(extents.get(a.n), Some(Some(n)) if *n <= 4096);
-            if a.is_forward() && a.packed.is_none() && uniform && small_head && few_keys {
+            if a.is_forward() && a.packed.is_none() && small_head && few_keys {
                 c = c.persistent(true);
             }
             // The one pass's dQ added by the TMA unit, in three stages where
