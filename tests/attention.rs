@@ -277,6 +277,33 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
             "{src}"
         );
         assert_eq!(src.matches("tf_r0 += tf_nt;").count(), 2, "{src}");
+        // The warpgroups' turns run on across tiles: the first is given once,
+        // before the walk; the second gives one after every step (the last
+        // tile's too), and the first takes that one after its walk.
+        let consumers = at("setmaxnreg.inc");
+        let (first_turn, walk, last_turn) = (
+            at("if (tf_cw >= 4) asm volatile(\"bar.arrive 2, 256;\""),
+            consumers + src[consumers..].find("int tf_r0 = 0, tf_tc = 0;").unwrap(),
+            at("if (tf_cw < 4) asm volatile(\"bar.sync 2, 256;\" ::: \"memory\");  // the turn given after the last step"),
+        );
+        assert!(
+            consumers < first_turn && first_turn < walk && walk < last_turn,
+            "{src}"
+        );
+        assert!(
+            !src.contains("tf_nt > 0) asm volatile(\"bar.arrive 2"),
+            "{src}"
+        );
+        assert!(
+            !src.contains("if (tf_it + 1 < tf_nt) asm volatile(\"bar.arrive 2"),
+            "{src}"
+        );
+        assert_eq!(
+            src.matches("else asm volatile(\"bar.arrive 2, 256;\"")
+                .count(),
+            2,
+            "the fast and the masked step: {src}"
+        );
         if common::nvrtc_or_skip() {
             let log =
                 tilefuse::runtime::jit::resource_report("tf_attention", src, "sm_90a").unwrap();

@@ -54,6 +54,9 @@ pub(super) struct Geo {
     /// the step waits for `p·v` only where it next touches the output
     /// ([`crate::Config::overlap`]).
     pub overlap: bool,
+    /// Hopper, a persistent forward: the warpgroups' turns at the tensor cores
+    /// run on across tiles (see `hopper::scores_product`).
+    pub persistent: bool,
 }
 
 impl Geo {

@@ -157,6 +157,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             .all(|(_, s)| !stmt_reads(s, a.acc));
     }
     g.overlap = g.defer_pv && e.cfg.overlap && forward;
+    g.persistent = persistent;
+    // Warpgroups taking turns at the tensor cores (see [`scores_product`]).
+    let pingpong = g.defer_pv && consumers >= 2;
     let threads = 128 * (consumers + 1);
     let q_bytes = g.bm * g.hd * 2;
     let kv_bytes = g.bn * g.hd * 2;
@@ -626,6 +629,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          \x20   const int lane = tid & 31, tf_cw = warp - 4;\n\
          \x20   const int tf_g = lane >> 2, tf_t = lane & 3, tf_wr = tf_cw * 16;\n\
          \x20   const tf_u32 tf_qw = tf_sq + (tf_cw >> 2) * {wg_rows}u;\n\
+         {first_turn}\
          {consumer_walk}\
          {deferred}",
         row_bytes = rows.len() * q_bytes,
@@ -637,6 +641,16 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             ""
         },
         consumer_walk = walk("    ", false),
+        // Persistent: the turns run on across tiles, the first given once.
+        first_turn = if pingpong && persistent {
+            format!(
+                "    // The warpgroups take turns at the tensor cores, the first one first, across tiles.\n\
+                 \x20   if (tf_cw >= {}) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");\n",
+                4 * (consumers - 1)
+            )
+        } else {
+            String::new()
+        },
         last = 4 * consumers - 1,
         creg = consumer_regs(consumers),
         wg_rows = 64 * 128,
@@ -646,7 +660,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
                 kk = g.bn / 16,
                 // Zero for a persistent tile without keys (see its last `p·v`).
                 zero = if persistent { " = {}" } else { "" },
-                first = if consumers >= 2 {
+                first = if pingpong && !persistent {
                     // The last warpgroup gives the first its first turn.
                     format!(
                         "    // The warpgroups take turns at the tensor cores, the first one first.\n\
@@ -833,6 +847,12 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     }
     if persistent {
         e.out.push_str("    tf_r0 += tf_nt;\n    }\n");
+        if pingpong {
+            // The last warpgroup gave a turn after its last step.
+            e.out.push_str(
+                "    if (tf_cw < 4) asm volatile(\"bar.sync 2, 256;\" ::: \"memory\");  // the turn given after the last step\n",
+            );
+        }
     }
     e.out
         .push_str("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n}\n");
@@ -1395,6 +1415,7 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         stages: c.num_stages,
         defer_pv: false,
         overlap: false,
+        persistent: false,
     })
 }
 
@@ -1476,7 +1497,7 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
     if pingpong {
         // Every turn one warpgroup takes is one the previous gave: the last
         // gives none after its last tile (the first's initial turn was given
-        // before the loop).
+        // before the loop), except in a persistent walk.
         for w in 0..groups - 1 {
             let _ = writeln!(
                 out,
@@ -1486,9 +1507,16 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
                 3 + w
             );
         }
+        // Persistent: the turns run on into the next tile (the first
+        // warpgroup takes one more after its last tile).
         let _ = writeln!(
             out,
-            "{ind}else if (tf_it + 1 < tf_nt) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");"
+            "{ind}else {}asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\");",
+            if g.persistent {
+                ""
+            } else {
+                "if (tf_it + 1 < tf_nt) "
+            }
         );
     }
     if g.overlap {

@@ -547,6 +547,7 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         stages: 2,
         defer_pv: false,
         overlap: false,
+        persistent: false,
     };
     // Scores (of each score-like product) and output accumulator, in f32
     // registers a thread; ~60 more go to operand fragments, row state and
