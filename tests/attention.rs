@@ -199,9 +199,11 @@ fn the_hopper_program_lowers() {
 /// `q·kᵀ` of the tile is done (before its last `p·v` and stores) and the
 /// producer loading the next tile's `q` after that, the last tile's `v`
 /// stage released for the next tile, and that `p·v` issued even for a tile
-/// without keys (`p` zero). NVRTC compiles it without spills at head
-/// dimension 128 (causal and not), and without serializing the `wgmma`s
-/// (C7520). Elsewhere an error says where it applies.
+/// without keys (`p` zero); causal blocks taking their tiles from a counter;
+/// the warpgroups' turns at the tensor cores running on across tiles. NVRTC
+/// compiles it without spills at head dimension 128 (causal and not), and
+/// without serializing the `wgmma`s (C7520). Elsewhere an error says where
+/// it applies.
 #[test]
 fn the_hopper_forward_walks_its_tiles_when_persistent() {
     for causal in [0, 1] {
