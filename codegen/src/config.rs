@@ -98,10 +98,12 @@ pub struct Config {
     /// FlashAttention-3 overlaps them within a warpgroup.
     #[serde(default)]
     pub overlap: bool,
-    /// Row kernels (reductions): the resident threads per SM the launch bounds ask
-    /// for, which caps each thread's registers at `65536 / occupancy`. More
-    /// threads keep more loads in flight; fewer leave registers for wide rows.
-    /// 0: derived from the registers the kernel's loads hold.
+    /// Row kernels and the general lowering: the resident threads per SM the
+    /// launch bounds ask for, which caps each thread's registers at
+    /// `65536 / occupancy`. More threads keep more loads in flight; fewer leave
+    /// registers for wide rows. 0: derived by the lowering (the row lowering
+    /// from the registers the kernel's loads hold; the general one asks for
+    /// 1536 threads where it stages gathered rows, else for one block).
     #[serde(default)]
     pub occupancy: usize,
     /// General kernels whose first tile loop only accumulates (a column sum's

@@ -150,6 +150,20 @@ fn a_gather_of_many_elements_a_row_stages_the_rows_in_shared_memory() {
     assert!(stage.worth(8192) && stage.worth(16384) && !stage.worth(16385));
     assert_eq!(stage.bytes(8192), 4 * 8192 * 2);
     assert_eq!(stage.bytes(1001), (4 * 1001 * 2usize).next_multiple_of(16));
+    // Its rows wait in shared memory, not registers: derived, the launch
+    // bounds ask for 1536 threads an SM; a config's occupancy overrides it.
+    assert!(
+        l.source.contains("__launch_bounds__(128, 12)"),
+        "{}",
+        l.source
+    );
+    let bounded = Config::new(&[4, 1024]).occupancy(1024);
+    let l = general(&k, &spec_of(&k, &ints(2)), &bounded);
+    assert!(
+        l.source.contains("__launch_bounds__(128, 8)"),
+        "{}",
+        l.source
+    );
     // One element a row: read where it is.
     let k = parse(
         "kernel pick(x: Tensor<bf16, 2>, labels: Tensor<i32, 1>, out: Tensor<f32, 1>; m) {
@@ -161,6 +175,11 @@ fn a_gather_of_many_elements_a_row_stages_the_rows_in_shared_memory() {
     let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[128]));
     assert!(l.gathers.is_empty());
     assert!(!kernel_part(&l).contains("tf_stage_cap"));
+    assert!(
+        l.source.contains("__launch_bounds__(128, 1)"),
+        "{}",
+        l.source
+    );
 }
 
 #[test]
@@ -772,6 +791,9 @@ fn scalar_accumulators_meet_across_the_threads() {
     let l = general(&k, &spec_of(&k, &ints(2)), &c);
     assert!(l.split_loop.is_some());
     let body = kernel_part(&l);
+    // Each program's share of a row is read once, by it alone: streamed.
+    assert!(body.contains("__ldcs((const uint4*)(tf_p + 0))"), "{body}");
+    assert!(!body.contains("*(const uint4*)"), "{body}");
     let threads = c.num_warps * 32;
     for want in [
         format!("for (int tf_q = tid; tf_q < tf_ways; tf_q += {threads}) {{"),

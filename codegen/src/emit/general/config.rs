@@ -525,7 +525,8 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
 /// What the tuner may change: each tunable dimension's block (powers of two
 /// from 1 to 8192), the warps, a loop's stages (1, or 2: a tile loaded
 /// ahead) and the threads an SM that the registers must leave room for
-/// (`occupancy`; 0 lets ptxas take what it likes).
+/// (`occupancy`; 0 leaves it to the lowering: one block an SM, so ptxas takes
+/// what it likes, or 1536 threads where the kernel stages gathered rows).
 pub fn axes(k: &Kernel) -> Vec<Axis> {
     let contiguous = contiguous_dims(k);
     let mut axes = Vec::new();
@@ -549,7 +550,7 @@ pub fn axes(k: &Kernel) -> Vec<Axis> {
     if has_tile_loop(k) {
         axes.push(Axis::Stages(vec![1, 2]));
     }
-    axes.push(Axis::Occupancy(vec![0, 768, 1024]));
+    axes.push(Axis::Occupancy(vec![0, 768, 1024, 1536]));
     axes
 }
 

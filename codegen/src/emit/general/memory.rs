@@ -513,14 +513,15 @@ impl Gen<'_, '_> {
             },
             spt * es / chunk,
         );
+        // A tensor read once along a walk streams past the caches (`stream`).
+        let streamed = self.streamed.contains(&t);
         for c in 0..nchunks {
-            self.w(
-                d2 + 1,
-                format!(
-                    "const {ctype} tf_w{c} = *(const {ctype}*)(tf_p + {});",
-                    c * chunk / es
-                ),
-            );
+            let p = format!("(const {ctype}*)(tf_p + {})", c * chunk / es);
+            let read = match streamed {
+                true => format!("__ldcs({p})"),
+                false => format!("*{p}"),
+            };
+            self.w(d2 + 1, format!("const {ctype} tf_w{c} = {read};"));
         }
         if v.raw.is_some() {
             // The run's first word, then the chunks' words in order.

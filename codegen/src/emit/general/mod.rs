@@ -37,6 +37,7 @@ mod rand;
 mod reduce;
 mod scan;
 pub(crate) mod split;
+mod stream;
 
 pub use config::{axes, default_config, seeds};
 pub use gather::GatherStage;
@@ -104,7 +105,21 @@ struct Gen<'e, 'a> {
     deferred: HashMap<usize, defer::Deferred>,
     /// Gathers staged through shared memory when the launch gives room ([`gather`]).
     gathers: Vec<GatherStage>,
+    /// Tensors read once along the walk the programs share: their vector
+    /// loads are streamed ([`stream`]).
+    streamed: Vec<TensorId>,
 }
+
+/// Resident threads an SM that a kernel staging gathered rows in shared
+/// memory asks its launch bounds for, when the config leaves `occupancy` to
+/// the lowering: its rows wait in shared memory, not registers, so a thread
+/// holds only its gathered values and indices. Given the whole register file
+/// ptxas took 60 a thread for index_select (16384×8192 bf16 → 4096 columns,
+/// H200): 4 blocks of 256 an SM, 64 KB of rows in flight, 80% of the copy
+/// bandwidth. Bounded for 1536 threads it takes 40 without spilling and runs
+/// at 94%; for 2048 (32 registers) it spills and runs at 63%
+/// (docs/perf-history.md, "Loads read once, streamed; staged rows' occupancy").
+const STAGED_THREADS: usize = 1536;
 
 /// Checks the config for this lowering: blocks that are powers of two (the
 /// layouts split them evenly) and 1 for `each` dimensions.
@@ -172,6 +187,9 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         deferred: HashMap::new(),
         paired: argreduce::paired(k),
         gathers: Vec::new(),
+        streamed: split
+            .map(|s| stream::read_once(k, s.dim))
+            .unwrap_or_default(),
     };
     let active: Vec<DimId> = k.grid.iter().copied().filter(|&d| !k.is_each(d)).collect();
     let root = g.scope_layout(&k.body, &active);
@@ -228,8 +246,13 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
     }
     // One block an SM unless the config asks for more (`occupancy`): the
     // registers a thread may take then shrink, so more of a memory-bound
-    // kernel's loads are in flight.
-    let min_blocks = crate::emit::options::occupancy_blocks(e.k, e.cfg, threads)?.unwrap_or(1);
+    // kernel's loads are in flight. Derived (0), a kernel that stages rows
+    // asks for [`STAGED_THREADS`].
+    let min_blocks = match crate::emit::options::occupancy_blocks(e.k, e.cfg, threads)? {
+        Some(b) => b,
+        None if !gathers.is_empty() => (STAGED_THREADS / threads).max(1),
+        None => 1,
+    };
     let params = e.begin(threads, min_blocks, "", &extra);
     let _ = writeln!(
         e.out,
