@@ -55,6 +55,13 @@ impl Lowering for Rows {
     /// to 86% at 4096 and stays at 63% at 8192. A single online walk
     /// (cross-entropy's log-sum-exp) reads each element once whatever the
     /// block, and runs best with several rows a block: it keeps the default.
+    /// Two walks past 4096 columns keep 8 warps (32 values a thread): with 4
+    /// (64 values) quantize_i8 ran 0.1038 ms against 0.1237 and rms_norm 0.1348
+    /// against 0.1400, but softmax spilled at the 72 registers its launch
+    /// bounds leave (0.3614 against 0.1337) and layer_norm_bwd ran 0.2975
+    /// against 0.1988 (H200, 16384×8192 bf16, docs/perf-history.md, "Causal
+    /// tiles from a counter; the row kernels' warps at 8192 columns"); the
+    /// tuner weighs 4 warps per kernel.
     /// A kernel that walks the row three times or more (LayerNorm's mean,
     /// variance, output) past 4096 columns: the first walk covers the row
     /// (8192 columns, 4 warps, 64 values a thread), the second 4096 a step,
