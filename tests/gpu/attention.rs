@@ -86,8 +86,20 @@ fn check_kernel(
         Which::Grouped(hk) => hk,
         _ => h,
     };
-    let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
     let k = random_tensor::<bf16>([b, hk, sk, d], 1.0).unwrap();
+    check_keys(which, (b, h, s, sk, d), causal, cfg, k)
+}
+
+/// [`check_kernel`] with the keys `k` given (`[b, hk, sk, d]`).
+fn check_keys(
+    which: Which,
+    (b, h, s, sk, d): (usize, usize, usize, usize, usize),
+    causal: bool,
+    cfg: Option<Config>,
+    k: Tensor<bf16>,
+) {
+    let [_, hk, _, _] = k.shape();
+    let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
     let v = random_tensor::<bf16>([b, hk, sk, d], 1.0).unwrap();
     let out = poisoned::<bf16>([b, h, s, d]).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
@@ -145,6 +157,30 @@ fn attention_matches_f64() {
     // Cross-attention: keys fewer and more than queries.
     check(1, 2, 300, 100, 64, false, None);
     check(1, 2, 100, 300, 64, false, None);
+}
+
+/// Keys that grow along the sequence (key `j` scaled by `2 (1 + j / 128)`),
+/// so a row's maximum rises tile after tile (about 1.75 a 128-key tile):
+/// every step rescales the output by a factor below 1, the case an online
+/// softmax with a stale or skipped rescale gets wrong. The default program
+/// matches float64, causal and not, at ragged sizes.
+#[test]
+fn attention_matches_f64_where_the_row_maximum_keeps_growing() {
+    let Some(_dev) = gpu() else { return };
+    for (s, d) in [(700, 128), (333, 64)] {
+        let mut rng = tilefuse_testkit::Rng::fresh();
+        let host: Vec<bf16> = (0..2 * s * d)
+            .map(|i| {
+                let j = i / d % s;
+                let x = (2.0 * rng.uniform() - 1.0) * 2.0 * (1.0 + j as f64 / 128.0);
+                bf16::from_f64(x)
+            })
+            .collect();
+        let k = Tensor::from_slice(&host, [1, 2, s, d]).unwrap();
+        for causal in [false, true] {
+            check_keys(Which::Example, (1, 2, s, s, d), causal, None, k.clone());
+        }
+    }
 }
 
 #[test]
