@@ -160,9 +160,9 @@ fn attention_matches_f64() {
 }
 
 /// Keys that grow along the sequence (key `j` scaled by `2 (1 + j / 128)`),
-/// so a row's maximum rises tile after tile (about 1.75 a 128-key tile):
-/// every step rescales the output by a factor below 1, the case an online
-/// softmax with a stale or skipped rescale gets wrong. The default program
+/// so a row's maximum rises tile after tile (about 1.75 a 128-key tile, by
+/// the keys' scale): nearly every step rescales the output by a factor below
+/// 1, the case an online softmax with a stale or skipped rescale gets wrong. The default program
 /// matches float64, causal and not, at ragged sizes.
 #[test]
 fn attention_matches_f64_where_the_row_maximum_keeps_growing() {
