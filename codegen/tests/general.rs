@@ -986,3 +986,23 @@ fn the_grids_other_tiles_share_the_budget_evenly() {
     let c = tilefuse_codegen::emit::general::default_config(&k, &ext);
     assert_eq!(c.block_sizes, vec![1, 8, 8, 64]);
 }
+
+#[test]
+fn a_whole_tile_reduces_without_masks_into_several_partials() {
+    let k = batched_softmax();
+    let l = general(&k, &spec_of(&k, &ints(3)), &Config::new(&[1, 4, 1024]));
+    let body = kernel_part(&l);
+    // The row's tiles but the last are whole: their elements go in unmasked,
+    // the last's masked; four partials a thread, combined by a tree.
+    let whole = "if (tb2 + 1024 <= s2) {";
+    assert_eq!(body.matches(whole).count(), 2, "{body}");
+    assert!(
+        body.contains("tf_a[r2 % 4] = (tf_a[r2 % 4] + v2_7[r2]);"),
+        "{body}"
+    );
+    assert!(
+        body.contains("if ((tb2 + tf_o0_2 + (r2 / 8) * 256 + (r2 % 8)) < s2) tf_a[r2 % 4] = (tf_a[r2 % 4] + v2_7[r2]);"),
+        "{body}"
+    );
+    assert!(body.contains("tf_a[1] = (tf_a[1] + tf_a[3]);"), "{body}");
+}

@@ -141,7 +141,6 @@ impl Gen<'_, '_> {
         depth: usize,
     ) -> Result<(), CodegenError> {
         let pre = self.hoist(&d.arg, at, l, depth)?;
-        let n = self.open(l, &d.total.dims, depth);
         let (x, xt) = self.ctx(l, &pre).emit(&d.arg, at)?;
         let x = convert(&x, xt, d.total.cty);
         let live = self.live_c(l, &[d.dim]);
@@ -155,8 +154,8 @@ impl Gen<'_, '_> {
             None => self.rsub.remove(&d.dim),
         };
         let sum = fill(d.op.entry().cuda, &[("a", &access), ("b", &x)]);
-        self.w(depth + n, format!("if ({live}) {access} = {sum};"));
-        self.close(n, depth);
+        let stmt = format!("{access} = {sum};");
+        self.masked_loops(l, &d.total.dims, &[d.dim], &live, &stmt, depth);
         Ok(())
     }
 

@@ -12,6 +12,9 @@ use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
 
+/// The partial results a thread keeps while combining its own elements.
+const ACCUMULATORS: usize = 4;
+
 /// Where the warps along a reduced (or scanned) dimension meet in shared
 /// memory: one slot per element of the other dimensions `out`.
 pub(super) struct WarpSlots {
@@ -92,22 +95,34 @@ impl Gen<'_, '_> {
         let depth = depth + 1;
         let n = self.open(l, &out, depth);
         let d1 = depth + n;
-        self.w(d1, format!("{{ {} tf_a = {identity};", cty.c()));
-        let count = lay.per_thread(p);
+        // Several partial results, so that the combines form short chains
+        // rather than one as long as the thread's elements (4 cycles each).
+        let parts = lay.per_thread(p).min(ACCUMULATORS);
+        let slot = format!("tf_a[r{dim} % {parts}]");
         self.w(
             d1,
             format!(
-                "#pragma unroll\n{}for (int r{dim} = 0; r{dim} < {count}; ++r{dim}) {{",
-                super::indent(d1)
+                "{{ {} tf_a[{parts}] = {{{}}};",
+                cty.c(),
+                vec![identity.to_string(); parts].join(", ")
             ),
         );
         let (x, xt) = self.ctx(l, pre).emit(arg, at)?;
         let live = self.live_c(l, &[dim]);
         let x = convert(&x, xt, cty);
-        self.w(d1 + 1, format!("if ({live}) tf_a = {};", comb("tf_a", &x)));
-        self.w(d1, "}");
+        let stmt = format!("{slot} = {};", comb(&slot, &x));
+        self.masked_loops(l, &[dim], &[dim], &live, &stmt, d1);
+        let mut width = parts;
+        while width > 1 {
+            let half = width.div_ceil(2);
+            for i in 0..width - half {
+                let (a, b) = (format!("tf_a[{i}]"), format!("tf_a[{}]", i + half));
+                self.w(d1, format!("{a} = {};", comb(&a, &b)));
+            }
+            width = half;
+        }
         let access = self.access(&v);
-        self.w(d1, format!("{access} = tf_a; }}"));
+        self.w(d1, format!("{access} = tf_a[0]; }}"));
         self.close(n, depth);
         // 2. Across the lanes along `dim`.
         if lay.tpw[p] > 1 {
