@@ -15,6 +15,13 @@ use crate::space::Axis;
 
 /// Elements of one scope's tile a program aims at.
 const BUDGET: usize = 4096;
+/// [`BUDGET`]'s multiple for a kernel whose programs each end in an atomic
+/// that every program shares ([`shared_atomics`]): each program's block
+/// reduction and its add into the same word are a fixed cost, which larger
+/// tiles spread. A whole-tensor sum (16384×8192 bf16, H200) took 0.0891 ms at
+/// `[4, 1024]` (32768 programs, 71% of copy) and 0.0751 at `[4, 2048]` (84%)
+/// (docs/perf-history.md, "Config sweeps of two untuned rows").
+const SHARED_ATOMIC_BUDGET: usize = 2;
 /// Elements a thread holds of a `whole` tile wider than [`BUDGET`], untuned:
 /// what a tile of 4096 over 4 warps gives.
 const WHOLE_PER_THREAD: usize = 32;
@@ -174,6 +181,32 @@ fn wide_factor(k: &Kernel, contiguous: &[DimId]) -> usize {
     } else {
         1
     }
+}
+
+/// Whether `k` writes only by atomics whose index names no tile of the grid
+/// and gathers nothing: every program adds into the same elements (a
+/// whole-tensor sum's `atomic_add(out[0], …)`).
+fn shared_atomics(k: &Kernel) -> bool {
+    let mut atomics = 0;
+    let mut other = false;
+    crate::ir::walk_stmts(&k.body, &mut |s| match s {
+        Stmt::Atomic { index, .. } => {
+            let mut named = false;
+            for c in index {
+                c.walk(&mut |x| {
+                    named |= matches!(x, Expr::TileIndex(d) | Expr::TileBegin(d) if k.grid.contains(d))
+                        || matches!(x, Expr::Load { .. });
+                });
+            }
+            match named {
+                true => other = true,
+                false => atomics += 1,
+            }
+        }
+        Stmt::Store { .. } | Stmt::Wait { .. } | Stmt::Signal { .. } => other = true,
+        _ => {}
+    });
+    atomics > 0 && !other
 }
 
 fn gathered_dims(k: &Kernel) -> Vec<DimId> {
@@ -368,7 +401,12 @@ pub(crate) fn fitted(k: &Kernel, extents: &[Option<usize>], split: Option<&Split
     // Tiles of 8-byte elements (i64) take half the elements: as many bytes
     // a thread, so as many registers (position ids at 4 × 1024 i64 spilled
     // 268 bytes).
-    let full = BUDGET / wide_factor(k, &contiguous);
+    let shared = if shared_atomics(k) {
+        SHARED_ATOMIC_BUDGET
+    } else {
+        1
+    };
+    let full = BUDGET * shared / wide_factor(k, &contiguous);
     for &d in grid.iter().chain(contiguous.iter()) {
         if bs[d] == 0 && contiguous.contains(&d) {
             let share = match sharing(d) {
@@ -655,6 +693,34 @@ mod tests {
             },
             at: String::new(),
         }];
+        let c = default_config(&k, &[Some(16384), Some(8192)]);
+        assert_eq!(c.block_sizes, vec![4, 1024]);
+    }
+
+    /// A whole-tensor sum (every program adds into `out[0]`) takes twice the
+    /// tile; an atomic into the program's own columns keeps the default's.
+    #[test]
+    fn programs_sharing_an_atomic_take_larger_tiles() {
+        let k = Kernel::parse(
+            "kernel total_sum(x: Tensor<bf16, 2>, out: Tensor<f32, 1>; m, n) {
+               for (tm, tn) in tile([m, n]) {
+                 atomic_add(out[0], x[(tm, tn)].cast::<f32>().sum(tn).sum(tm));
+               }
+             }",
+        )
+        .expect("the test kernel parses");
+        assert!(shared_atomics(&k));
+        let c = default_config(&k, &[Some(16384), Some(8192)]);
+        assert_eq!((c.block_sizes.clone(), c.num_warps), (vec![4, 2048], 4));
+        let k = Kernel::parse(
+            "kernel col_sums(x: Tensor<bf16, 2>, out: Tensor<f32, 1>; m, n) {
+               for (tm, tn) in tile([m, n]) {
+                 atomic_add(out[tn], x[(tm, tn)].cast::<f32>().sum(tm));
+               }
+             }",
+        )
+        .expect("the test kernel parses");
+        assert!(!shared_atomics(&k));
         let c = default_config(&k, &[Some(16384), Some(8192)]);
         assert_eq!(c.block_sizes, vec![4, 1024]);
     }
