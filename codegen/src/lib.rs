@@ -16,6 +16,7 @@ pub mod fit;
 pub mod hash;
 pub mod ir;
 pub mod literals;
+pub mod narrow;
 mod parse;
 pub mod plan;
 pub mod prims;

@@ -1006,3 +1006,42 @@ fn a_whole_tile_reduces_without_masks_into_several_partials() {
     );
     assert!(body.contains("tf_a[1] = (tf_a[1] + tf_a[3]);"), "{body}");
 }
+
+/// `pow` where its result is only rounded to a 16-bit float, and where not.
+#[test]
+fn a_power_rounded_to_16_bits_takes_the_special_function_units() {
+    let k = parse(
+        "kernel powers(x: Tensor<bf16, 1>, lo: Tensor<bf16, 1>, hi: Tensor<f32, 1>, twice: Tensor<f16, 1>; n, p) {
+           for ti in tile(n) {
+             let v = x[ti].cast::<f32>();
+             let m = pow(v.abs(), p);
+             lo[ti] = select(v < 0.0, -m, m).cast();
+             let w = pow(v, 1.5);
+             hi[ti] = w;
+             twice[ti] = (pow(pow(v, p), p) + w).cast();
+             lo[ti] = pow(pow(v, p), 2.0).cast::<bf16>();
+           }
+         }",
+    );
+    let mut kinds = ints(1);
+    kinds.push(ScalarKind::Float);
+    let l = general(&k, &spec_of(&k, &kinds), &Config::new(&[1024]));
+    let body = kernel_part(&l);
+    // `m` reaches the bf16 store through `-m`, `select` and `.cast()` only.
+    assert!(
+        body.contains("= tf_pow_narrow(fabsf(v0_1[r0]), s1);"),
+        "{body}"
+    );
+    // `w` is stored as f32 too; an argument of `pow`, or of `+`, is not
+    // narrow, however its result is stored.
+    assert!(body.contains("= powf(v0_1[r0], 1.5f);"), "{body}");
+    assert!(
+        body.contains("(powf(powf(v0_1[(tf_q * 8 + tf_j)], s1), s1) + v2_3["),
+        "{body}"
+    );
+    assert!(
+        body.contains("tf_round_bf16(tf_pow_narrow(powf(v0_1[(tf_q * 8 + tf_j)], s1), 2.0f))"),
+        "{body}"
+    );
+    assert_eq!(body.matches("tf_pow_narrow(").count(), 2, "{body}");
+}

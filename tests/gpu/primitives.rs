@@ -521,6 +521,163 @@ fn division_across_the_f32_range_is_within_two_ulp() {
     }
 }
 
+/// A value rounded once to a 16-bit float, and the distance to the next one.
+type Rounding = fn(f64) -> (f64, f64);
+
+/// Each binary operation with a narrow form (`pow` into a 16-bit float:
+/// `lg2.approx`, `ex2.approx`) against the float64 result rounded once to
+/// bf16 and to f16: within one unit of the last place (the f32 error before
+/// the rounding, far below it, moves a value only across a rounding
+/// boundary), over magnitudes from 2^-20 to 2^20, both signs, and the
+/// special values (zeros, infinities, NaN, subnormals, negative bases with
+/// integral and fractional exponents, 1 to a NaN power): the same zeros,
+/// infinities and NaNs. The sources are checked to take the narrow form.
+#[test]
+fn narrow_forms_round_as_the_float64_result_does() {
+    use half::{bf16, f16};
+    let specials_a = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1.0,
+        -1.0,
+        -2.0,
+        1.0e-40,
+        2.0,
+    ];
+    let specials_b = [
+        0.0f32,
+        3.0,
+        -3.0,
+        2.0,
+        0.5,
+        f32::NAN,
+        f32::INFINITY,
+        -1.0,
+        1.5,
+        -0.5,
+    ];
+    let mut rng = Rng::fresh();
+    let mut a = vec![0f32; M * N];
+    let mut b = vec![0f32; M * N];
+    for (i, (x, y)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
+        let (u, v, w) = (rng.uniform(), rng.uniform(), rng.uniform());
+        *x = if i % 7 == 0 {
+            specials_a[(i / 7) % specials_a.len()]
+        } else {
+            let sign = if w < -0.8 { -1.0 } else { 1.0 };
+            sign * 2f64.powf(20.0 * u) as f32
+        };
+        *y = if i % 5 == 0 {
+            specials_b[(i / 5) % specials_b.len()]
+        } else {
+            (6.0 * v) as f32
+        };
+    }
+    let nvrtc = crate::common::nvrtc_or_skip();
+    let dev = gpu();
+    for e in binary::TABLE.iter().filter(|e| !e.narrow.is_empty()) {
+        for half in ["bf16", "f16"] {
+            let f = e.function.expect("a narrow form is a function's");
+            let text = format!(
+                "kernel narrow(a: Tensor<f32, 2>, b: Tensor<f32, 2>, out: Tensor<{half}, 2>; m, n) {{\n  \
+                 for (tm, tn) in tile([m, n]) {{\n    out[(tm, tn)] = {f}(a[(tm, tn)], b[(tm, tn)]).cast();\n  }}\n}}\n"
+            );
+            let what = format!("{f} into {half}");
+            let def = define_text(&text, &what);
+            let spec = def.declared_spec().unwrap();
+            let cfg = default_config(def.ir().unwrap());
+            let source = def.lower(&spec, &cfg).unwrap().source;
+            let call = e.narrow.split('(').next().unwrap();
+            assert!(
+                source.contains(&format!("{call}(")),
+                "{what}: not narrow\n{source}"
+            );
+            if nvrtc {
+                for arch in ["sm_90a", "sm_80"] {
+                    def.compile(&spec, &cfg, arch)
+                        .unwrap_or_else(|err| panic!("{what} for {arch}: {err}"));
+                }
+            }
+            let Some(_dev) = &dev else { continue };
+            let ta = Tensor::from_slice(&a, [M, N]).unwrap();
+            let tb = Tensor::from_slice(&b, [M, N]).unwrap();
+            let scalars = [ScalarArg::Int(M as i64), ScalarArg::Int(N as i64)];
+            // The results as f64; a value rounded once, and its next one's distance.
+            let (got, round): (Vec<f64>, Rounding) = if half == "bf16" {
+                let to =
+                    Tensor::from_slice(&vec![bf16::from_f32(-12345.0); M * N], [M, N]).unwrap();
+                def.launch(
+                    &[ta.tensor_arg(), tb.tensor_arg(), to.tensor_arg()],
+                    &scalars,
+                    &[],
+                )
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+                let got = to
+                    .to_vec()
+                    .unwrap()
+                    .into_iter()
+                    .map(|v| v.to_f64())
+                    .collect();
+                (got, |x| {
+                    let r = bf16::from_f64(x);
+                    (
+                        r.to_f64(),
+                        (bf16::from_bits(r.to_bits() + 1).to_f64() - r.to_f64()).abs(),
+                    )
+                })
+            } else {
+                let to = Tensor::from_slice(&vec![f16::from_f32(-1234.0); M * N], [M, N]).unwrap();
+                def.launch(
+                    &[ta.tensor_arg(), tb.tensor_arg(), to.tensor_arg()],
+                    &scalars,
+                    &[],
+                )
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+                let got = to
+                    .to_vec()
+                    .unwrap()
+                    .into_iter()
+                    .map(|v| v.to_f64())
+                    .collect();
+                (got, |x| {
+                    let r = f16::from_f64(x);
+                    (
+                        r.to_f64(),
+                        (f16::from_bits(r.to_bits() + 1).to_f64() - r.to_f64()).abs(),
+                    )
+                })
+            };
+            for (i, &g) in got.iter().enumerate() {
+                let exact = (e.cpu)(f64::from(a[i]), f64::from(b[i]));
+                let (want, ulp) = round(exact);
+                let max = if half == "bf16" {
+                    bf16::MAX.to_f64()
+                } else {
+                    f16::MAX.to_f64()
+                };
+                let ok = if want.is_nan() || g.is_nan() {
+                    want.is_nan() && g.is_nan()
+                } else if want.is_infinite() {
+                    // Or the largest finite value, the rounding boundary
+                    // moved by the f32 error.
+                    g == want || (g.signum() == want.signum() && g.abs() == max)
+                } else {
+                    (g - want).abs() <= ulp
+                };
+                assert!(
+                    ok,
+                    "{what}, element {i}: {f}({}, {}) = {g} on the GPU, {want} rounded once",
+                    a[i], b[i]
+                );
+            }
+            eprintln!("{what}: ok");
+        }
+    }
+}
+
 /// `rand(..) op p` with one `p` for the whole tile compares the draw's words
 /// with a bound made from `p` (`tf_uniform_bound`) instead of the floats:
 /// the same masks as interpret mode's float compares, bit for bit, for each

@@ -35,6 +35,9 @@ pub struct ElemCtx<'a> {
     /// `(raw * scale)` (its `named_vars` entry); `exp(x - b)` folds the scale
     /// into the exponent's FMA.
     pub scaled_vars: HashMap<VarId, (String, String)>,
+    /// Where a value is only rounded to a 16-bit float: a primitive's
+    /// narrow form applies there.
+    pub narrow: &'a crate::narrow::Narrow,
 }
 
 /// The C expression of `tensor[i0, i1, …]`'s address offset.
@@ -281,6 +284,7 @@ impl ElemCtx<'_> {
                     (convert(&a, ta, operand_ty), convert(&b, tb, operand_ty))
                 };
                 let template = match ty {
+                    CTy::F32 if !entry.narrow.is_empty() && self.narrow.contains(e) => entry.narrow,
                     CTy::F32 => entry.cuda,
                     CTy::Bool => entry.cuda_bool,
                     _ => entry.cuda_int,

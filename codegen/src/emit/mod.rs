@@ -342,6 +342,8 @@ pub(crate) struct Emitter<'a> {
     /// The Hopper path's TMA-store epilogue ([`Config::tma_store`]): the store
     /// to this tensor goes through shared memory (see `tma_store`).
     pub tma_store: Option<TmaStore>,
+    /// Where values are only rounded to 16-bit floats.
+    pub narrow: crate::narrow::Narrow,
 }
 
 /// Where the TMA-store epilogue stages its tile (see `tma_store`): the tensor
@@ -381,6 +383,7 @@ impl<'a> Emitter<'a> {
             inline_vars: HashMap::new(),
             storers: ("threadIdx.x".into(), "__syncthreads();".into()),
             tma_store: None,
+            narrow: crate::narrow::Narrow::of(k, spec),
         }
     }
 
@@ -442,6 +445,7 @@ impl<'a> Emitter<'a> {
             inline_vars: self.inline_vars.clone(),
             precomputed: Vec::new(),
             scaled_vars: HashMap::new(),
+            narrow: &self.narrow,
         }
     }
 

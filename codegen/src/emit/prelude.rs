@@ -27,6 +27,9 @@ pub fn helpers() -> &'static str {
         for e in crate::prims::unary::TABLE {
             s.push_str(e.helpers);
         }
+        for e in crate::prims::binary::TABLE {
+            s.push_str(e.helpers);
+        }
         s.push_str(crate::prims::cast::HELPERS);
         s.push_str(crate::prims::atomic::HELPERS);
         s.push_str(crate::prims::rand::HELPERS);

@@ -38,12 +38,21 @@ pub struct Binary {
     /// [`super::wrap_int`]); `None` where the operation is undefined (an
     /// integer division by zero), which interpret mode reports.
     pub cpu_int: fn(i64, i64, DType) -> Option<i128>,
+    /// C on f32 values where the result is only rounded to a 16-bit float
+    /// ([`crate::narrow`]): cheaper, with an error far below that rounding.
+    /// Empty: [`Binary::cuda`] everywhere.
+    pub narrow: &'static str,
+    /// Device functions the C above calls, put in every kernel's prelude.
+    pub helpers: &'static str,
 }
 
 macro_rules! binary_table {
+    (@or) => { "" };
+    (@or $x:literal) => { $x };
     ($($op:ident: $sym:literal, $func:expr, $rule:ident, $doc:literal,
         cuda $cuda:literal, int $int:literal, bool $bool:literal,
-        cpu $cpu:expr, cpu_int $cpui:expr;)*) => {
+        cpu $cpu:expr, cpu_int $cpui:expr
+        $(, narrow $narrow:literal, helpers $helpers:literal)?;)*) => {
         /// Elementwise binary operations; see [`TABLE`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
         pub enum BinOp { $(#[doc = concat!("`", $sym, "`: ", $doc)] $op),* }
@@ -60,6 +69,8 @@ macro_rules! binary_table {
             cuda_bool: $bool,
             cpu: $cpu,
             cpu_int: $cpui,
+            narrow: binary_table!(@or $($narrow)?),
+            helpers: binary_table!(@or $($helpers)?),
         }),*];
 
         impl BinOp {
@@ -102,9 +113,11 @@ binary_table! {
     Max: "max", Some("max"), Arith, "the larger (a NaN loses)",
         cuda "fmaxf({a}, {b})", int "tf_max({a}, {b})", bool "",
         cpu f64::max, cpu_int |a, b, _| Some(i128::from(a.max(b)));
-    Pow: "powf", Some("powf"), Float, "`a` to the power `b` (also `pow(a, b)`)",
+    Pow: "powf", Some("powf"), Float, "`a` to the power `b` (also `pow(a, b)`); into a 16-bit float, `2^(b·log2 a)` by `lg2.approx` and `ex2.approx` (relative error below 2⁻¹⁴ where `|b·log2 a| < 128`, the rounding's 2⁻⁹ or 2⁻¹²)",
         cuda "powf({a}, {b})", int "", bool "",
-        cpu f64::powf, cpu_int |_, _, _| None;
+        cpu f64::powf, cpu_int |_, _, _| None,
+        narrow "tf_pow_narrow({a}, {b})",
+        helpers "// a^b through the special function units, for a result rounded to 16 bits:\n// ex2.approx's error grows with |b·log2 a| (2 + 1.16|x| ulp), 150 ulp of f32 at\n// most before the result overflows or underflows. a <= 0, infinities and NaNs\n// (their signs, zeros and NaNs) take powf.\n__device__ __forceinline__ float tf_pow_narrow(float a, float b) {\n  float l, r;\n  asm(\"lg2.approx.f32 %0, %1;\" : \"=f\"(l) : \"f\"(a));\n  asm(\"ex2.approx.f32 %0, %1;\" : \"=f\"(r) : \"f\"(b * l));\n  return (a > 0.0f && a < __int_as_float(0x7f800000) && fabsf(b) < __int_as_float(0x7f800000)) ? r : powf(a, b);\n}\n";
     Atan2: "atan2", Some("atan2"), Float, "the angle of the point `(b, a)`, as `a.atan2(b)`",
         cuda "atan2f({a}, {b})", int "", bool "",
         cpu f64::atan2, cpu_int |_, _, _| None;
