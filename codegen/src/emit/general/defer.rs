@@ -155,8 +155,7 @@ impl Gen<'_, '_> {
         };
         let sum = fill(d.op.entry().cuda, &[("a", &access), ("b", &x)]);
         let stmt = format!("{access} = {sum};");
-        self.masked_loops(l, &d.total.dims, &[d.dim], &live, &stmt, depth);
-        Ok(())
+        self.masked_loops(l, &d.total.dims, &[d.dim], &live, &stmt, depth)
     }
 
     /// After the loop (`tb{dim}` at 0, so the reduction masks nothing the

@@ -635,10 +635,42 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// `stmt` for every register of the loops `open` writes over `dims`
-    /// (layout `l`), masked by `live`: twice, once without the masks where the
-    /// tile is whole along `along` ([`Self::full_c`]), so that every tile but
-    /// the last runs none.
+    /// Code that masks elements by `live` (`body` writes it, given the guard
+    /// to put in front of a masked statement), written twice where it pays:
+    /// once without the masks, where the tile is whole along `along`
+    /// ([`Self::full_c`]), so that every tile but the last runs none. The
+    /// branch goes around the whole of `body`, loops over the other
+    /// dimensions included: inside them it would split the unrolled code
+    /// into blocks the compiler schedules one at a time (jagged_softmax's
+    /// 8 columns' exponentials: 13% slower).
+    fn unmasked_where_whole<F>(
+        &mut self,
+        l: usize,
+        along: &[DimId],
+        live: &str,
+        depth: usize,
+        body: &mut F,
+    ) -> Result<(), CodegenError>
+    where
+        F: FnMut(&mut Self, usize, Option<&str>) -> Result<(), CodegenError>,
+    {
+        let full = self.full_c(l, along);
+        if live == "true" {
+            body(self, depth, None)
+        } else if full == "true" {
+            body(self, depth, Some(live))
+        } else {
+            self.w(depth, format!("if ({full}) {{"));
+            body(self, depth + 1, None)?;
+            self.w(depth, "} else {");
+            body(self, depth + 1, Some(live))?;
+            self.w(depth, "}");
+            Ok(())
+        }
+    }
+
+    /// `stmt` for every register of `dims` (layout `l`), masked by `live`
+    /// where a tile along `along` is not whole ([`Self::unmasked_where_whole`]).
     fn masked_loops(
         &mut self,
         l: usize,
@@ -647,9 +679,8 @@ impl Gen<'_, '_> {
         live: &str,
         stmt: &str,
         depth: usize,
-    ) {
-        let full = self.full_c(l, along);
-        let body = |g: &mut Self, depth: usize, guard: Option<&str>| {
+    ) -> Result<(), CodegenError> {
+        self.unmasked_where_whole(l, along, live, depth, &mut |g, depth, guard| {
             let n = g.open(l, dims, depth);
             let line = match guard {
                 Some(live) => format!("if ({live}) {stmt}"),
@@ -657,18 +688,8 @@ impl Gen<'_, '_> {
             };
             g.w(depth + n, line);
             g.close(n, depth);
-        };
-        if live == "true" {
-            body(self, depth, None);
-        } else if full == "true" {
-            body(self, depth, Some(live));
-        } else {
-            self.w(depth, format!("if ({full}) {{"));
-            body(self, depth + 1, None);
-            self.w(depth, "} else {");
-            body(self, depth + 1, Some(live));
-            self.w(depth, "}");
-        }
+            Ok(())
+        })
     }
 
     /// Whether this thread is the one that writes a value over `dims` (layout

@@ -93,37 +93,54 @@ impl Gen<'_, '_> {
         // 1. This thread's elements along `dim`.
         self.w(depth, "{");
         let depth = depth + 1;
-        let n = self.open(l, &out, depth);
-        let d1 = depth + n;
         // Several partial results, so that the combines form short chains
         // rather than one as long as the thread's elements (4 cycles each).
-        let parts = lay.per_thread(p).min(ACCUMULATORS);
+        let count = lay.per_thread(p);
+        let parts = count.min(ACCUMULATORS);
         let slot = format!("tf_a[r{dim} % {parts}]");
-        self.w(
-            d1,
-            format!(
-                "{{ {} tf_a[{parts}] = {{{}}};",
-                cty.c(),
-                vec![identity.to_string(); parts].join(", ")
-            ),
-        );
         let (x, xt) = self.ctx(l, pre).emit(arg, at)?;
-        let live = self.live_c(l, &[dim]);
         let x = convert(&x, xt, cty);
         let stmt = format!("{slot} = {};", comb(&slot, &x));
-        self.masked_loops(l, &[dim], &[dim], &live, &stmt, d1);
+        let access = self.access(&v);
+        let init = format!(
+            "{{ {} tf_a[{parts}] = {{{}}};",
+            cty.c(),
+            vec![identity.to_string(); parts].join(", ")
+        );
+        let mut tree = Vec::new();
         let mut width = parts;
         while width > 1 {
             let half = width.div_ceil(2);
             for i in 0..width - half {
                 let (a, b) = (format!("tf_a[{i}]"), format!("tf_a[{}]", i + half));
-                self.w(d1, format!("{a} = {};", comb(&a, &b)));
+                tree.push(format!("{a} = {};", comb(&a, &b)));
             }
             width = half;
         }
-        let access = self.access(&v);
-        self.w(d1, format!("{access} = tf_a[0]; }}"));
-        self.close(n, depth);
+        let mut body = |g: &mut Self, depth: usize, guard: Option<&str>| {
+            let n = g.open(l, &out, depth);
+            let d1 = depth + n;
+            g.w(d1, &init);
+            let m = g.open(l, &[dim], d1);
+            match guard {
+                Some(live) => g.w(d1 + m, format!("if ({live}) {stmt}")),
+                None => g.w(d1 + m, &stmt),
+            }
+            g.close(m, d1);
+            for line in &tree {
+                g.w(d1, line);
+            }
+            g.w(d1, format!("{access} = tf_a[0]; }}"));
+            g.close(n, depth);
+            Ok(())
+        };
+        // One element a thread: its mask costs what a branch would.
+        let live = self.live_c(l, &[dim]);
+        if count == 1 {
+            body(self, depth, Some(&live))?;
+        } else {
+            self.unmasked_where_whole(l, &[dim], &live, depth, &mut body)?;
+        }
         // 2. Across the lanes along `dim`.
         if lay.tpw[p] > 1 {
             let n = self.open(l, &out, depth);
