@@ -1007,6 +1007,28 @@ fn a_whole_tile_reduces_without_masks_into_several_partials() {
     assert!(body.contains("tf_a[1] = (tf_a[1] + tf_a[3]);"), "{body}");
 }
 
+/// A thread with few elements along the reduced dimension keeps one
+/// accumulator and its masks: a second copy of the code, or partials, cost
+/// more there than they save.
+#[test]
+fn a_reduction_of_few_elements_a_thread_keeps_its_masks() {
+    let k = jagged_sum();
+    let l = general(&k, &spec_of(&k, &ints(2)), &Config::new(&[1, 128, 4]));
+    let body = kernel_part(&l);
+    // One row a thread along the jagged loop: the accumulation and the
+    // reduction after it keep their masks, one accumulator each.
+    assert!(!body.contains("<= tf_end2) {"), "{body}");
+    assert!(!body.contains("tf_a["), "{body}");
+    assert!(
+        body.contains("if ((tb2 + tf_o0_1) < tf_end2) tf_d2[r1] = (tf_d2[r1] + "),
+        "{body}"
+    );
+    assert!(
+        body.contains("if ((tb2 + tf_o0_1) < tf_end2) tf_a = (tf_a + tf_d2[r1]);"),
+        "{body}"
+    );
+}
+
 /// `pow` where its result is only rounded to a 16-bit float, and where not.
 #[test]
 fn a_power_rounded_to_16_bits_takes_the_special_function_units() {

@@ -70,6 +70,15 @@ struct Val {
     view: Option<(CTy, String)>,
 }
 
+/// The fewest elements a thread holds along a masked dimension for its
+/// masks to be worth a second, unmasked copy of the code
+/// ([`Gen::unmasked_where_whole`]). On an H200 the copy made welford (32
+/// elements a thread) 14-17% faster, cross_entropy 26%, argmax 27%, while
+/// jagged_softmax (4 rows a thread) ran 13% slower, rms_norm_dw (4) 1.4%
+/// and position_ids (16) 0.8% (docs/perf-history.md, "Reductions without
+/// masks, pow into 16 bits").
+pub(super) const UNMASKED_MIN: usize = 8;
+
 /// The lowering's state while it walks the kernel.
 struct Gen<'e, 'a> {
     e: &'e mut Emitter<'a>,
@@ -640,9 +649,8 @@ impl Gen<'_, '_> {
     /// once without the masks, where the tile is whole along `along`
     /// ([`Self::full_c`]), so that every tile but the last runs none. The
     /// branch goes around the whole of `body`, loops over the other
-    /// dimensions included: inside them it would split the unrolled code
-    /// into blocks the compiler schedules one at a time (jagged_softmax's
-    /// 8 columns' exponentials: 13% slower).
+    /// dimensions included, and only where a thread holds at least
+    /// [`UNMASKED_MIN`] elements along `along`.
     fn unmasked_where_whole<F>(
         &mut self,
         l: usize,
@@ -655,9 +663,14 @@ impl Gen<'_, '_> {
         F: FnMut(&mut Self, usize, Option<&str>) -> Result<(), CodegenError>,
     {
         let full = self.full_c(l, along);
+        let lay = &self.layouts[l];
+        let elements: usize = along
+            .iter()
+            .map(|&d| lay.pos(d).map_or(1, |p| lay.per_thread(p)))
+            .product();
         if live == "true" {
             body(self, depth, None)
-        } else if full == "true" {
+        } else if full == "true" || elements < UNMASKED_MIN {
             body(self, depth, Some(live))
         } else {
             self.w(depth, format!("if ({full}) {{"));
