@@ -524,6 +524,42 @@ fn division_across_the_f32_range_is_within_two_ulp() {
 /// A value rounded once to a 16-bit float, and the distance to the next one.
 type Rounding = fn(f64) -> (f64, f64);
 
+/// The 16-bit floats a narrow form rounds to: the next value up.
+trait Half: tilefuse::runtime::Element {
+    fn next(self) -> Self;
+}
+
+impl Half for half::bf16 {
+    fn next(self) -> Self {
+        half::bf16::from_bits(self.to_bits() + 1)
+    }
+}
+
+impl Half for half::f16 {
+    fn next(self) -> Self {
+        half::f16::from_bits(self.to_bits() + 1)
+    }
+}
+
+/// `out = f(a, b).cast()` into a poisoned `T` tensor, as f64.
+fn narrow_run<T: Half>(def: &KernelDef, a: &Tensor<f32>, b: &Tensor<f32>, what: &str) -> Vec<f64> {
+    let to = Tensor::from_slice(&[T::from_f64(-1234.0); M * N], [M, N]).unwrap();
+    let scalars = [ScalarArg::Int(M as i64), ScalarArg::Int(N as i64)];
+    def.launch(
+        &[a.tensor_arg(), b.tensor_arg(), to.tensor_arg()],
+        &scalars,
+        &[],
+    )
+    .unwrap_or_else(|err| panic!("{what}: {err}"));
+    to.to_vec().unwrap().into_iter().map(T::to_f64).collect()
+}
+
+/// `x` rounded once to `T`, and the distance from it to the next `T` up.
+fn rounded<T: Half>(x: f64) -> (f64, f64) {
+    let r = T::from_f64(x);
+    (r.to_f64(), (r.next().to_f64() - r.to_f64()).abs())
+}
+
 /// Each binary operation with a narrow form (`pow` into a 16-bit float:
 /// `lg2.approx`, `ex2.approx`) against the float64 result rounded once to
 /// bf16 and to f16: within one unit of the last place (the f32 error before
@@ -604,51 +640,10 @@ fn narrow_forms_round_as_the_float64_result_does() {
             let Some(_dev) = &dev else { continue };
             let ta = Tensor::from_slice(&a, [M, N]).unwrap();
             let tb = Tensor::from_slice(&b, [M, N]).unwrap();
-            let scalars = [ScalarArg::Int(M as i64), ScalarArg::Int(N as i64)];
-            // The results as f64; a value rounded once, and its next one's distance.
             let (got, round): (Vec<f64>, Rounding) = if half == "bf16" {
-                let to =
-                    Tensor::from_slice(&vec![bf16::from_f32(-12345.0); M * N], [M, N]).unwrap();
-                def.launch(
-                    &[ta.tensor_arg(), tb.tensor_arg(), to.tensor_arg()],
-                    &scalars,
-                    &[],
-                )
-                .unwrap_or_else(|err| panic!("{what}: {err}"));
-                let got = to
-                    .to_vec()
-                    .unwrap()
-                    .into_iter()
-                    .map(|v| v.to_f64())
-                    .collect();
-                (got, |x| {
-                    let r = bf16::from_f64(x);
-                    (
-                        r.to_f64(),
-                        (bf16::from_bits(r.to_bits() + 1).to_f64() - r.to_f64()).abs(),
-                    )
-                })
+                (narrow_run::<bf16>(def, &ta, &tb, &what), rounded::<bf16>)
             } else {
-                let to = Tensor::from_slice(&vec![f16::from_f32(-1234.0); M * N], [M, N]).unwrap();
-                def.launch(
-                    &[ta.tensor_arg(), tb.tensor_arg(), to.tensor_arg()],
-                    &scalars,
-                    &[],
-                )
-                .unwrap_or_else(|err| panic!("{what}: {err}"));
-                let got = to
-                    .to_vec()
-                    .unwrap()
-                    .into_iter()
-                    .map(|v| v.to_f64())
-                    .collect();
-                (got, |x| {
-                    let r = f16::from_f64(x);
-                    (
-                        r.to_f64(),
-                        (f16::from_bits(r.to_bits() + 1).to_f64() - r.to_f64()).abs(),
-                    )
-                })
+                (narrow_run::<f16>(def, &ta, &tb, &what), rounded::<f16>)
             };
             for (i, &g) in got.iter().enumerate() {
                 let exact = (e.cpu)(f64::from(a[i]), f64::from(b[i]));

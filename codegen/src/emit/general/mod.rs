@@ -602,12 +602,25 @@ impl Gen<'_, '_> {
     /// Whether the current element along each of `dims` is inside its extent
     /// and not a copy.
     fn live_c(&self, l: usize, dims: &[DimId]) -> String {
+        self.extent_terms(l, dims, |g, d| {
+            format!("{} < {}", g.coord_c(l, d), g.e.end(d))
+        })
+    }
+
+    /// `term(d)` for each of `dims` but `each` ones, with the copy flag of a
+    /// wrapped one, joined by `&&` ("true" for none).
+    fn extent_terms(
+        &self,
+        l: usize,
+        dims: &[DimId],
+        term: impl Fn(&Self, DimId) -> String,
+    ) -> String {
         let mut terms = Vec::new();
         for &d in dims {
             if self.k().is_each(d) {
                 continue;
             }
-            terms.push(format!("{} < {}", self.coord_c(l, d), self.e.end(d)));
+            terms.push(term(self, d));
             let lay = &self.layouts[l];
             if let Some(p) = lay.pos(d).filter(|&p| lay.wraps(p)) {
                 terms.push(format!("tf_u{l}_{p}"));
@@ -626,22 +639,9 @@ impl Gen<'_, '_> {
     /// go without them: a mask an element costs 2–4 instructions (a 64-bit
     /// compare, predicates saved to registers), as much as what it guards.
     fn full_c(&self, l: usize, dims: &[DimId]) -> String {
-        let mut terms = Vec::new();
-        for &d in dims {
-            if self.k().is_each(d) {
-                continue;
-            }
-            terms.push(format!("tb{d} + {} <= {}", self.block(d), self.e.end(d)));
-            let lay = &self.layouts[l];
-            if let Some(p) = lay.pos(d).filter(|&p| lay.wraps(p)) {
-                terms.push(format!("tf_u{l}_{p}"));
-            }
-        }
-        if terms.is_empty() {
-            "true".into()
-        } else {
-            terms.join(" && ")
-        }
+        self.extent_terms(l, dims, |g, d| {
+            format!("tb{d} + {} <= {}", g.block(d), g.e.end(d))
+        })
     }
 
     /// Code that masks elements by `live` (`body` writes it, given the guard
