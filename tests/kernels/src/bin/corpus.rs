@@ -176,8 +176,10 @@ fn chosen_configs(kernels: &[&tilefuse::KernelDef]) -> String {
 }
 
 /// Prints the CUDA C of every kernel of the cases `filter` matches, at the
-/// untuned default for a Hopper GPU with 132 SMs; with `config`, only each
-/// case's first kernel, at that config.
+/// untuned default for a Hopper GPU with 132 SMs before a launch fits it to
+/// its extents (a launch of col_sum at 16384×8192 takes `[128, 16]` where
+/// this prints `[1024, 2]`); with `config`, only each case's first kernel, at
+/// that config.
 fn print_sources(filter: Option<&str>, config: Option<&Config>) -> ExitCode {
     use tilefuse::codegen::{default_config_at, Target};
     let target = Target {
