@@ -74,9 +74,11 @@ struct Val {
 /// masks to be worth a second, unmasked copy of the code
 /// ([`Gen::unmasked_where_whole`]). On an H200 the copy made welford (32
 /// elements a thread) 14-17% faster, cross_entropy 26%, argmax 27%, while
-/// jagged_softmax (4 rows a thread) ran 13% slower, rms_norm_dw (4) 1.4%
-/// and position_ids (16) 0.8% (docs/perf-history.md, "Reductions without
-/// masks, pow into 16 bits").
+/// jagged_softmax (4 rows a thread) ran 13% slower and rms_norm_dw (4)
+/// 1.4%: below this count the masked code alone. position_ids (16) keeps
+/// the copy, the one kernel at this count or more that did not gain (0.8%
+/// slower) (docs/perf-history.md, "Reductions without masks, pow into 16
+/// bits").
 pub(super) const UNMASKED_MIN: usize = 8;
 
 /// The lowering's state while it walks the kernel.
