@@ -9,11 +9,15 @@
 //! times the case's first kernel at each config given instead
 //! (`corpus --bench col_sum --config '{"block_sizes":[128,16],"num_warps":1,"num_stages":3,"group_m":8,"split":64}'`).
 //! `corpus --source` prints each kernel's CUDA C at its untuned default for an
-//! H100/H200 (no GPU needed; extents unknown, so blocks not fitted to a launch),
-//! or the case's first kernel at the first `--config` given.
+//! H100/H200 (no GPU needed), or the case's first kernel at the first `--config`
+//! given. `--extents` fits the default to a launch's extents as the runtime
+//! does (`corpus --source col_sum --extents 8192,16384`: the tile dimensions'
+//! extents in the kernel's order, here `tn` then `tm`); without it the blocks
+//! are the shape-blind default's. `--ptxas` adds ptxas's report for `sm_90a`
+//! (registers, spills; NVRTC needed, no GPU).
 //!
 //! ```text
-//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench|--source] [--config JSON]... [FILTER]
+//! cargo run --release -p tilefuse-kernels --bin corpus -- [--bench|--source [--extents E,..] [--ptxas]] [--config JSON]... [FILTER]
 //! ```
 
 use clap::Parser;
@@ -36,6 +40,15 @@ struct Args {
     /// With --source: print the case's first kernel at the first one.
     #[arg(long, value_parser = tilefuse_testkit::config_json)]
     config: Vec<Config>,
+    /// With --source: the extents of the kernels' tile dimensions at a launch,
+    /// comma-separated in the kernel's order, to fit the default to as the
+    /// runtime does (`_` for one not known).
+    #[arg(long, value_parser = extents_arg)]
+    extents: Option<Extents>,
+    /// With --source: add ptxas's resource report for sm_90a (registers,
+    /// spills) after each kernel's source.
+    #[arg(long)]
+    ptxas: bool,
     /// Only the cases whose name contains one of these comma-separated parts.
     filter: Option<String>,
 }
@@ -47,7 +60,16 @@ fn main() -> ExitCode {
     };
     let (bench, filter) = (args.bench, args.filter.clone());
     if args.source {
-        return print_sources(filter.as_deref(), args.config.first());
+        let shown = Shown {
+            config: args.config.first(),
+            extents: args.extents.as_ref().map_or(&[][..], |e| &e.0[..]),
+            ptxas: args.ptxas,
+        };
+        return print_sources(filter.as_deref(), &shown);
+    }
+    if args.extents.is_some() || args.ptxas {
+        eprintln!("error: --extents and --ptxas shape what --source prints: they need --source");
+        return ExitCode::from(2);
     }
     if !args.config.is_empty() && !bench {
         eprintln!("error: --config times or prints configs: it needs --bench or --source");
@@ -175,38 +197,88 @@ fn chosen_configs(kernels: &[&tilefuse::KernelDef]) -> String {
     }
 }
 
+/// The extents `--extents` gives, per tile dimension (`None`: not known).
+#[derive(Clone)]
+struct Extents(Vec<Option<usize>>);
+
+fn extents_arg(s: &str) -> Result<Extents, String> {
+    s.split(',')
+        .map(|e| match e.trim() {
+            "_" => Ok(None),
+            n => n
+                .parse::<usize>()
+                .map(Some)
+                .map_err(|_| format!("`{n}`: an extent is a whole number or `_`")),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Extents)
+}
+
+/// What `--source` prints each kernel at: the first `--config`, else the
+/// untuned default fitted to `extents`; `ptxas` adds the resource report.
+struct Shown<'a> {
+    config: Option<&'a Config>,
+    extents: &'a [Option<usize>],
+    ptxas: bool,
+}
+
 /// Prints the CUDA C of every kernel of the cases `filter` matches, at the
-/// untuned default for a Hopper GPU with 132 SMs before a launch fits it to
-/// its extents (a launch of col_sum at 16384×8192 takes `[128, 16]` where
-/// this prints `[1024, 2]`); with `config`, only each case's first kernel, at
-/// that config.
-fn print_sources(filter: Option<&str>, config: Option<&Config>) -> ExitCode {
-    use tilefuse::codegen::{default_config_at, Target};
+/// untuned default for a Hopper GPU with 132 SMs, fitted to `shown.extents`
+/// as a launch at those extents fits it (with none, the shape-blind default:
+/// a launch of col_sum at 16384×8192 takes `[128, 16]` where that is
+/// `[1024, 2]`); with a config, only each case's first kernel, at that config.
+fn print_sources(filter: Option<&str>, shown: &Shown) -> ExitCode {
+    use tilefuse::codegen::{default_config_at, fit_default, fit_whole_dims, Target};
     let target = Target {
         shared_limit: 227 * 1024,
         wgmma: true,
         sms: 132,
     };
+    let ext = shown.extents;
     let mut seen = std::collections::HashSet::new();
     for case in tilefuse_kernels::cases() {
         if filter.is_some_and(|f| !matches(f, case.name)) {
             continue;
         }
         let kernels = (case.kernels)();
-        let take = if config.is_some() { 1 } else { kernels.len() };
+        let take = if shown.config.is_some() {
+            1
+        } else {
+            kernels.len()
+        };
         for def in kernels.into_iter().take(take) {
             if !seen.insert(def.name()) {
                 continue;
             }
             let lowered = def.declared_spec().and_then(|spec| {
-                let cfg = match config {
+                let cfg = match shown.config {
                     Some(c) => c.clone(),
-                    None => default_config_at(def.ir()?, &spec, target, &[]),
+                    None => {
+                        let ir = def.ir()?;
+                        let default = default_config_at(ir, &spec, target, ext);
+                        fit_whole_dims(ir, fit_default(ir, default, ext), ext)
+                    }
                 };
-                Ok((def.lower(&spec, &cfg)?, cfg))
+                let l = def.lower(&spec, &cfg)?;
+                let report = match shown.ptxas {
+                    true => Some(tilefuse::jit::resource_report(
+                        def.name(),
+                        &l.source,
+                        "sm_90a",
+                    )?),
+                    false => None,
+                };
+                Ok((l, cfg, report))
             });
             match lowered {
-                Ok((l, cfg)) => println!("// kernel `{}`, config {cfg}\n{}", def.name(), l.source),
+                Ok((l, cfg, report)) => {
+                    println!("// kernel `{}`, config {cfg}\n{}", def.name(), l.source);
+                    if let Some(r) = report {
+                        for line in r.lines().filter(|x| !x.trim().is_empty()) {
+                            println!("// {}", line.trim());
+                        }
+                    }
+                }
                 Err(e) => {
                     eprintln!("error: kernel `{}`: {e}", def.name());
                     return ExitCode::FAILURE;
