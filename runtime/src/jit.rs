@@ -70,8 +70,12 @@ fn program_log(prog: nvsys::nvrtcProgram) -> String {
 
 /// Compiles `source` to a cubin for `arch`, or takes it from the disk cache
 /// ([`crate::cache::cubins`]); `kernel` names it in errors and dumps. With
-/// `TILEFUSE_DUMP_DIR` set it always compiles, to write the compiler's report.
+/// `TILEFUSE_DUMP_DIR` set it always compiles, to write the compiler's report;
+/// with `TILEFUSE_OVERRIDE_DIR`, a hand-edited source there is compiled in
+/// place of `source` ([`crate::source_override`]).
 pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
+    let overridden = crate::source_override::lookup(kernel, arch, source)?;
+    let source = overridden.as_deref().unwrap_or(source);
     if std::env::var_os("TILEFUSE_DUMP_DIR").is_some() {
         return compile(kernel, source, arch, true);
     }

@@ -25,6 +25,7 @@ pub mod mode;
 pub mod private_copies;
 pub mod settings;
 pub mod side_stream;
+mod source_override;
 pub mod split_loop;
 pub mod split_tail;
 mod staging;
