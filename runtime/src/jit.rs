@@ -157,8 +157,8 @@ fn dump(kernel: &str, arch: &str, source: &str, log: &str, cubin: Option<&[u8]>)
         return;
     };
     let dir = PathBuf::from(dir);
-    let hash = tilefuse_codegen::hash::fnv1a64(source.as_bytes());
-    let stem = dir.join(format!("{kernel}-{arch}-{hash:016x}"));
+    // The name `TILEFUSE_OVERRIDE_DIR` looks a source up by.
+    let stem = crate::source_override::path_in(&dir, kernel, arch, source);
     let written = std::fs::create_dir_all(&dir)
         .and_then(|()| std::fs::write(stem.with_extension("cu"), source))
         .and_then(|()| std::fs::write(stem.with_extension("log"), log))

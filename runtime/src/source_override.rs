@@ -25,8 +25,9 @@ pub(crate) fn lookup(kernel: &str, arch: &str, source: &str) -> Result<Option<St
     }
 }
 
-/// The path under `dir` that overrides `source`: the name `TILEFUSE_DUMP_DIR`
-/// writes it under.
+/// The path under `dir` that overrides `source`, and the name
+/// `TILEFUSE_DUMP_DIR` writes it under (its log and cubin beside it, the
+/// extension changed).
 pub(crate) fn path_in(dir: &Path, kernel: &str, arch: &str, source: &str) -> PathBuf {
     let hash = tilefuse_codegen::hash::fnv1a64(source.as_bytes());
     dir.join(format!("{kernel}-{arch}-{hash:016x}.cu"))

@@ -20,6 +20,7 @@ mod bench;
 mod cli;
 mod compare;
 mod rng;
+mod skip;
 
 pub use bench::{bench_bandwidth, print_versus};
 pub use cli::{
@@ -27,3 +28,4 @@ pub use cli::{
 };
 pub use compare::{erf_f64, gelu_f64, matmul_f64, rel_error, rel_error_tensors};
 pub use rng::{poisoned, random_tensor, random_vec, Rng};
+pub use skip::nvrtc_or_skip;

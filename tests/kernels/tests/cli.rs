@@ -51,3 +51,25 @@ fn extents_that_are_not_numbers_or_without_source_are_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("they need --source"));
 }
+
+/// `--ptxas` adds ptxas's report after the source (NVRTC needed: skipped
+/// without it, unless the run requires it).
+#[test]
+fn ptxas_reports_the_registers_after_the_source() {
+    if !tilefuse_testkit::nvrtc_or_skip() {
+        return;
+    }
+    let out = corpus(&["--source", "col_sum", "--extents", "8192,16384", "--ptxas"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let kernel = text.find("__global__").expect("the kernel's source");
+    let report = text
+        .find("// ptxas info    : Used ")
+        .expect("the registers");
+    assert!(kernel < report, "{text}");
+    assert!(text.contains("spill stores"), "{text}");
+}
