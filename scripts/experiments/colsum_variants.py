@@ -193,4 +193,5 @@ def main():
     for t, l in results[:10]:
         print(' ', l)
 
-main()
+if __name__ == '__main__':
+    main()
