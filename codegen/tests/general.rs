@@ -683,6 +683,27 @@ fn a_column_sum_shares_its_loop_among_programs() {
     // The shares meet before the store and the atomic after the loop.
     let meet = body.find("tf_last").unwrap_or(usize::MAX);
     assert!(meet < body.find("// cols[tn] = acc").unwrap_or(0), "{body}");
+    // Eight warps down the rows leave each column's sum in every warp: only
+    // the owners (warp 0) read the shares, and the other warps take the sums
+    // from them through shared memory.
+    let eight = Config::new(&[256, 64]).num_warps(8).split(16);
+    let l8 = general(&k, &spec_of(&k, &ints(2)), &eight);
+    let body = kernel_part(&l8);
+    let owners = body
+        .find("if (tf_o0_1 == 0) {  // the owners read the shares")
+        .unwrap_or_else(|| panic!("no owners' meet:\n{body}"));
+    let shared = body[owners..]
+        .find("__syncthreads();")
+        .map(|i| i + owners)
+        .unwrap_or(0);
+    let reads = body[owners..]
+        .find("__ldcg(")
+        .map_or(usize::MAX, |i| i + owners);
+    assert!(owners < reads && reads < shared, "{body}");
+    assert!(
+        body[shared..].contains("= ((float*)(tf_smem + 0))[(0) * 256 + tf_o0_0 + r0];"),
+        "{body}"
+    );
     // Without `split` the loop is the program's own.
     let l = general(&k, &spec_of(&k, &ints(2)), &c.clone().split(0));
     assert!(l.split_loop.is_none());
