@@ -101,6 +101,17 @@ fn an_offset_and_a_gather_are_masked_by_the_tensor() {
     assert!(body.contains("<= t2_n1"), "{body}");
     // The shifted run is vectorized only where its start is aligned.
     assert!(body.contains("% 8 == 0"), "{body}");
+    // The gathered rows' vector loads keep their lines in L2 (ids repeat);
+    // the shifted tensor's are plain.
+    assert_eq!(
+        body.matches("tf_ld_l2_last((const uint4*)(tf_p").count(),
+        1,
+        "{body}"
+    );
+    assert_eq!(body.matches("= *(const uint4*)(tf_p").count(), 1, "{body}");
+    let kept = body.find("tf_ld_l2_last(").unwrap_or(usize::MAX);
+    let gathered_row = body.find("(long long)(tf_l").unwrap_or(0);
+    assert!(gathered_row < kept, "{body}");
 }
 
 /// `x[(tm, idx[tn])]` reads many elements of each of the program's rows: the

@@ -117,18 +117,18 @@ __device__ __forceinline__ float tf_ld_cg(const float* p) { float v; asm volatil
 // kept in L2 ahead of what streams past them (`evict_last`), so a repeated
 // row comes from L2 rather than DRAM again (memory.rs, `kept`).
 #if __CUDA_ARCH__ >= 800
-__device__ __forceinline__ tf_u64 tf_keep_policy() { tf_u64 p; asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p)); return p; }
-__device__ __forceinline__ uint4 tf_ld_keep(const uint4* a) {
-  uint4 v; asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a), "l"(tf_keep_policy()) : "memory"); return v;
+__device__ __forceinline__ tf_u64 tf_l2_last_policy() { tf_u64 p; asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p)); return p; }
+__device__ __forceinline__ uint4 tf_ld_l2_last(const uint4* a) {
+  uint4 v; asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a), "l"(tf_l2_last_policy()) : "memory"); return v;
 }
-__device__ __forceinline__ uint2 tf_ld_keep(const uint2* a) {
-  uint2 v; asm volatile("ld.global.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(a), "l"(tf_keep_policy()) : "memory"); return v;
+__device__ __forceinline__ uint2 tf_ld_l2_last(const uint2* a) {
+  uint2 v; asm volatile("ld.global.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(a), "l"(tf_l2_last_policy()) : "memory"); return v;
 }
-__device__ __forceinline__ unsigned int tf_ld_keep(const unsigned int* a) {
-  unsigned int v; asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(a), "l"(tf_keep_policy()) : "memory"); return v;
+__device__ __forceinline__ unsigned int tf_ld_l2_last(const unsigned int* a) {
+  unsigned int v; asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(a), "l"(tf_l2_last_policy()) : "memory"); return v;
 }
 #else
-template <typename T> __device__ __forceinline__ T tf_ld_keep(const T* a) { return *a; }
+template <typename T> __device__ __forceinline__ T tf_ld_l2_last(const T* a) { return *a; }
 #endif
 // One arrival of `ways` programs meeting at a counter: true for the last. The
 // last one's `atomicInc` wraps the counter back to 0, so it is ready for the next

@@ -525,7 +525,7 @@ impl Gen<'_, '_> {
             let p = format!("(const {ctype}*)(tf_p + {})", c * chunk / es);
             let read = match (streamed, kept) {
                 (true, _) => format!("__ldcs({p})"),
-                (false, true) => format!("tf_ld_keep({p})"),
+                (false, true) => format!("tf_ld_l2_last({p})"),
                 (false, false) => format!("*{p}"),
             };
             self.w(d2 + 1, format!("const {ctype} tf_w{c} = {read};"));
