@@ -295,19 +295,7 @@ impl Gen<'_, '_> {
                 "unsigned char* tf_share = (unsigned char*)tf_partials + ((size_t)tf_prog * tf_ways + tf_part) * {share}ull;"
             ),
         );
-        for ((_, v, _), off) in accs.iter().zip(&offsets) {
-            let (n, at) = self.split_element(v, d1);
-            let owner = self.owner_c(v.layout, &v.dims);
-            let access = self.access(v);
-            self.w(
-                d1 + n,
-                format!(
-                    "if ({owner}) (({}*)(tf_share + {off}))[{at}] = {access};",
-                    v.cty.c()
-                ),
-            );
-            self.close(n, d1);
-        }
+        self.store_accs(accs, &offsets, "tf_share", d1);
         self.w(d1, "__threadfence();");
         self.w(d1, "__syncthreads();");
         self.w(d1, "__shared__ bool tf_last;");
@@ -468,7 +456,7 @@ impl Gen<'_, '_> {
         }
         self.w(d1, "}");
         if gated {
-            self.broadcast_meet(accs, &offsets, share, &owner, d1 - 1);
+            self.broadcast_meet(accs, &offsets, share, d1 - 1);
         }
         self.w(depth, "}");
         Ok(share)
@@ -481,23 +469,11 @@ impl Gen<'_, '_> {
         accs: &[(VarId, Val, Combine)],
         offsets: &[usize],
         share: usize,
-        owner: &str,
         depth: usize,
     ) {
         self.w(depth, "}");
         self.need_smem(share);
-        for ((_, v, _), off) in accs.iter().zip(offsets) {
-            let (n, at) = self.split_element(v, depth);
-            let access = self.access(v);
-            self.w(
-                depth + n,
-                format!(
-                    "if ({owner}) (({}*)(tf_smem + {off}))[{at}] = {access};",
-                    v.cty.c()
-                ),
-            );
-            self.close(n, depth);
-        }
+        self.store_accs(accs, offsets, "tf_smem", depth);
         self.w(depth, "__syncthreads();");
         for ((_, v, _), off) in accs.iter().zip(offsets) {
             let (n, at) = self.split_element(v, depth);
@@ -505,6 +481,30 @@ impl Gen<'_, '_> {
             self.w(
                 depth + n,
                 format!("{access} = (({}*)(tf_smem + {off}))[{at}];", v.cty.c()),
+            );
+            self.close(n, depth);
+        }
+    }
+
+    /// Each accumulator's elements written by their owners at `base` (bytes),
+    /// laid out as a share: the accumulator at its offset, its tile row-major.
+    fn store_accs(
+        &mut self,
+        accs: &[(VarId, Val, Combine)],
+        offsets: &[usize],
+        base: &str,
+        depth: usize,
+    ) {
+        for ((_, v, _), off) in accs.iter().zip(offsets) {
+            let (n, at) = self.split_element(v, depth);
+            let owner = self.owner_c(v.layout, &v.dims);
+            let access = self.access(v);
+            self.w(
+                depth + n,
+                format!(
+                    "if ({owner}) (({}*)({base} + {off}))[{at}] = {access};",
+                    v.cty.c()
+                ),
             );
             self.close(n, depth);
         }
