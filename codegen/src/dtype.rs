@@ -111,6 +111,23 @@ impl DType {
         )
     }
 
+    /// The values of an integer type or `bool` (`None` for floats), as f64:
+    /// exact up to ±2^53, which the 64-bit types pass (their ends round).
+    pub fn int_range(self) -> Option<(f64, f64)> {
+        let bits = |signed: bool, n: i32| {
+            if signed {
+                (-(2f64.powi(n - 1)), 2f64.powi(n - 1) - 1.0)
+            } else {
+                (0.0, 2f64.powi(n) - 1.0)
+            }
+        };
+        match self {
+            DType::Bool => Some((0.0, 1.0)),
+            t if t.is_int() => Some(bits(t.is_signed(), t.bits() as i32)),
+            _ => None,
+        }
+    }
+
     /// Signed integer types.
     pub fn is_signed(self) -> bool {
         matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)

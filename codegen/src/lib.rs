@@ -14,6 +14,7 @@ pub mod emit;
 pub mod error;
 pub mod fit;
 pub mod hash;
+pub mod integral;
 pub mod ir;
 pub mod literals;
 pub mod narrow;

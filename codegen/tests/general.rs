@@ -1099,3 +1099,28 @@ fn a_power_rounded_to_16_bits_takes_the_special_function_units() {
     );
     assert_eq!(body.matches("tf_pow_narrow(").count(), 2, "{body}");
 }
+
+#[test]
+fn a_bounded_integer_casts_without_the_conversion_unit() {
+    // `round` then a clamp by integers: the value can only be an integer in
+    // [-127, 127], so the i8 cast reads it from the float's bits; unclamped
+    // (NaN, beyond i32), the i32 cast keeps Rust's saturating conversion.
+    let k = parse(
+        "kernel quant(x: Tensor<f32, 1>, q: Tensor<i8, 1>, r: Tensor<i32, 1>; n) {
+           for ti in tile(n) {
+             let v = (x[ti] * 3.0).round();
+             q[ti] = v.max(-127.0).min(127.0).cast::<i8>();
+             r[ti] = v.cast::<i32>();
+           }
+         }",
+    );
+    let l = general(&k, &spec_of(&k, &ints(1)), &Config::new(&[1024]));
+    let body = kernel_part(&l);
+    assert_eq!(
+        body.matches("tf_f2i_exact(fminf(fmaxf(").count(),
+        1,
+        "{body}"
+    );
+    assert_eq!(body.matches("tf_f2i32(").count(), 1, "{body}");
+    assert!(!body.contains("tf_f2i("), "{body}");
+}

@@ -38,6 +38,9 @@ pub struct ElemCtx<'a> {
     /// Where a value is only rounded to a 16-bit float: a primitive's
     /// narrow form applies there.
     pub narrow: &'a crate::narrow::Narrow,
+    /// What is known of float values' integrality and bounds: a cast of a
+    /// bounded integer to an integer type needs no conversion unit.
+    pub integral: &'a crate::integral::Integral,
 }
 
 /// The C expression of `tensor[i0, i1, …]`'s address offset.
@@ -389,7 +392,19 @@ impl ElemCtx<'_> {
                 match dtype {
                     // `.cast()` at a store: the store rounds to the tensor's type.
                     None => x,
-                    Some(t) => (cast::cuda(&x.0, x.1, *t), t.cty()),
+                    Some(t) => {
+                        // A float that can only be an integer the type holds.
+                        let exact = match x.1 {
+                            CTy::F32 if t.is_int() => {
+                                let f = self.integral.fact(arg, &|e| self.dtype_of(e));
+                                (f.integral && !f.nan)
+                                    .then(|| cast::cuda_integral(&x.0, f.lo, f.hi, *t))
+                                    .flatten()
+                            }
+                            _ => None,
+                        };
+                        (exact.unwrap_or_else(|| cast::cuda(&x.0, x.1, *t)), t.cty())
+                    }
                 }
             }
             Expr::Rand {

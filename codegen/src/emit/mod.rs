@@ -344,6 +344,8 @@ pub(crate) struct Emitter<'a> {
     pub tma_store: Option<TmaStore>,
     /// Where values are only rounded to 16-bit floats.
     pub narrow: crate::narrow::Narrow,
+    /// Float values known to be bounded integers ([`crate::integral`]).
+    pub integral: crate::integral::Integral,
 }
 
 /// Where the TMA-store epilogue stages its tile (see `tma_store`): the tensor
@@ -384,6 +386,7 @@ impl<'a> Emitter<'a> {
             storers: ("threadIdx.x".into(), "__syncthreads();".into()),
             tma_store: None,
             narrow: crate::narrow::Narrow::of(k, spec),
+            integral: crate::integral::Integral::of(k),
         }
     }
 
@@ -446,6 +449,7 @@ impl<'a> Emitter<'a> {
             precomputed: Vec::new(),
             scaled_vars: HashMap::new(),
             narrow: &self.narrow,
+            integral: &self.integral,
         }
     }
 

@@ -31,7 +31,31 @@ __device__ __forceinline__ int tf_f2i32(float x) { int r; asm("cvt.rzi.sat.s32.f
 __device__ __forceinline__ int tf_f2i(float x, int lo, int hi) { return min(max(tf_f2i32(x), lo), hi); }
 // cvt.rzi.sat.s64 gives i64::MIN for NaN (the 32-bit forms give 0): Rust's `as` gives 0.
 __device__ __forceinline__ long long tf_f2i64(float x) { long long r; asm("cvt.rzi.sat.s64.f32 %0, %1;" : "=l"(r) : "f"(x)); return x != x ? 0ll : r; }
+// An f32 known to hold an integer v, |v| < 2^22: v + 1.5*2^23 is exact with v in
+// its low mantissa bits. An add and an integer subtract, where cvt.rzi runs on the
+// conversion unit at an eighth of an add's rate (quantize_i8's store).
+__device__ __forceinline__ int tf_f2i_exact(float x) { return __float_as_int(x + 12582912.0f) - 0x4B400000; }
 "#;
+
+/// The magnitude below which [`cuda_integral`]'s conversion is exact: an
+/// integer `v` with `|v| < 2^22` is the low bits of `v + 1.5·2^23`.
+const EXACT: f64 = 4194304.0;
+
+/// C converting `x`, an f32 that holds an integer in `lo..=hi` and is never
+/// NaN ([`crate::integral`]), to the integer dtype `to`: Rust's `as` gives
+/// the same value, with nothing to truncate, saturate or map from NaN. `None`
+/// where the bounds reach `to`'s range or 2^22, or `to` is not an integer.
+pub fn cuda_integral(x: &str, lo: f64, hi: f64, to: DType) -> Option<String> {
+    let (tlo, thi) = to.int_range().filter(|_| to.is_int())?;
+    if lo < tlo.max(-EXACT + 1.0) || hi > thi.min(EXACT - 1.0) {
+        return None;
+    }
+    Some(match to {
+        DType::U32 => format!("(unsigned int)tf_f2i_exact({x})"),
+        DType::I64 => format!("(long long)tf_f2i_exact({x})"),
+        _ => format!("tf_f2i_exact({x})"),
+    })
+}
 
 /// C converting `x`, computed in `from`, to a value of dtype `to` (computed
 /// in `to.cty()`, rounded to `to`'s precision).
@@ -105,5 +129,40 @@ mod tests {
         assert_eq!(cpu(Num::I(-1), DType::U32), Num::I(4294967295));
         assert_eq!(cpu(Num::I(300), DType::I8), Num::I(44));
         assert_eq!(cpu(Num::I(7), DType::Bool), Num::I(1));
+    }
+
+    #[test]
+    fn an_integral_conversion_needs_bounds_inside_the_type_and_2_22() {
+        assert_eq!(
+            cuda_integral("v", -127.0, 127.0, DType::I8).as_deref(),
+            Some("tf_f2i_exact(v)")
+        );
+        assert!(cuda_integral("v", -129.0, 0.0, DType::I8).is_none());
+        assert!(cuda_integral("v", -1.0, 1.0, DType::U8).is_none());
+        assert!(cuda_integral("v", 0.0, 4194304.0, DType::I32).is_none());
+        assert!(cuda_integral("v", 0.0, 1.0, DType::F32).is_none());
+        assert!(cuda_integral("v", 0.0, 1.0, DType::Bool).is_none());
+    }
+
+    /// The helper's arithmetic, as f32 does it, at the ends of its range and
+    /// at zero.
+    #[test]
+    fn the_magic_add_recovers_every_integer_below_2_22() {
+        for v in [
+            -4194303i32,
+            -4194302,
+            -128,
+            -1,
+            0,
+            1,
+            127,
+            255,
+            65535,
+            4194303,
+        ] {
+            let bits = (v as f32 + 12582912.0f32).to_bits() as i32;
+            assert_eq!(bits - 0x4B40_0000, v);
+        }
+        assert_eq!((-0.0f32 + 12582912.0f32).to_bits() as i32 - 0x4B40_0000, 0);
     }
 }
