@@ -12,6 +12,9 @@ to run under the runtime's own launch with `TILEFUSE_OVERRIDE_DIR`. From the sou
   cA      clamp_pow's ceil and floor by directed-rounding adds (FRND gone)
   cB      cA with exp2 of those integral values built from their bits (MUFU.EX2 gone)
   cC      exp2 from the bits as cB, ceil and floor as generated
+  cD      pow's narrow form without its powf fallback (a bound: wrong for a <= 0)
+  cF      pow's narrow form by lg2/ex2 .ftz (no denormal fix-ups), the fallback also
+          taking denormal a and results below 2^-126
 
 On the GPU machine:
 
@@ -33,6 +36,23 @@ __device__ __forceinline__ float tf_round_fast(float x) { const float a = fabsf(
 __device__ __forceinline__ float tf_exp2_int(float k) { const float c = fminf(fmaxf(k, -127.0f), 128.0f); const float r = __int_as_float(__float_as_int(c + 12583039.0f) << 23); return k == k ? r : k; }
 '''
 
+POW = re.compile(r"__device__ __forceinline__ float tf_pow_narrow\(float a, float b\) \{.*?\n\}\n", re.S)
+POW_D = r'''__device__ __forceinline__ float tf_pow_narrow(float a, float b) {
+  float l, r;
+  asm("lg2.approx.f32 %0, %1;" : "=f"(l) : "f"(a));
+  asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(b * l));
+  return r;
+}
+'''
+POW_F = r'''__device__ __forceinline__ float tf_pow_narrow(float a, float b) {
+  float l, r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l) : "f"(a));
+  const float t = b * l;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return (a >= 1.17549435082228751e-38f && a < __int_as_float(0x7f800000) && fabsf(b) < __int_as_float(0x7f800000) && t >= -126.0f) ? r : powf(a, b);
+}
+'''
+
 Q = re.compile(r"tf_f2i\(fminf\(fmaxf\(roundf\((.*?)\), \(-127\.0f\)\), 127\.0f\), -128, 127\)")
 
 def variants(name, text):
@@ -49,6 +69,9 @@ def variants(name, text):
         a = body.replace('tf_exp2(ceilf(', 'tf_exp2(tf_ceil_fast(').replace('tf_exp2(floorf(', 'tf_exp2(tf_floor_fast(')
         out['cA'] = head + sep + a
         out['cB'] = head + sep + a.replace('tf_exp2(tf_', 'tf_exp2_int(tf_')
+        assert POW.search(head), name
+        out['cD'] = POW.sub(lambda m: POW_D, head, count=1) + sep + body
+        out['cF'] = POW.sub(lambda m: POW_F, head, count=1) + sep + body
         out['cC'] = head + sep + body.replace('tf_exp2(ceilf(', 'tf_exp2_int(ceilf(').replace('tf_exp2(floorf(', 'tf_exp2_int(floorf(')
     return out
 

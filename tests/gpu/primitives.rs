@@ -566,7 +566,8 @@ fn rounded<T: Half>(x: f64) -> (f64, f64) {
 /// the rounding, far below it, moves a value only across a rounding
 /// boundary), over magnitudes from 2^-20 to 2^20, both signs, and the
 /// special values (zeros, infinities, NaN, subnormals, negative bases with
-/// integral and fractional exponents, 1 to a NaN power): the same zeros,
+/// integral and fractional exponents, 1 to a NaN power, results below
+/// 2^-126): the same zeros,
 /// infinities and NaNs. The sources are checked to take the narrow form.
 #[test]
 fn narrow_forms_round_as_the_float64_result_does() {
@@ -582,6 +583,8 @@ fn narrow_forms_round_as_the_float64_result_does() {
         -2.0,
         1.0e-40,
         2.0,
+        // Results below 2^-126 for most exponents: powf's, not ex2's flushed ones.
+        1.0e-20,
     ];
     let specials_b = [
         0.0f32,
