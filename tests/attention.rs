@@ -272,7 +272,8 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
             at("if (lane == 0) tf_mbar_arrive(tf_eq);"),
             src.rfind("tf_wgmma_pv(").unwrap(),
             at("if (lane == 0 && tf_nt > 0) tf_mbar_arrive(tf_ev + tf_st * 8);"),
-            src.rfind("t3[tf_so[0]] = tf_sv[0];").unwrap(),
+            src.rfind("tf_ob[tf_col * t3_s3] = tf_f32_to_bf16(tf_ov[0]);")
+                .unwrap(),
         );
         assert!(
             q_free < last_pv && last_pv < v_free && v_free < stores,
@@ -819,14 +820,18 @@ fn packed_sequences_take_the_attention_lowering() {
             assert!(src.contains("if (tb4 >= tf_end4) return;"), "{src}");
             assert!(src.contains("const long long tf_beg5 = v0;"), "{src}");
             if cfg.wgmma {
+                // The stores by rows: a row's mask stops at the packed rows' end.
                 assert!(
-                    src.contains("< tf_end4;")
-                        && src.contains("if (tf_sm[0]) t4[tf_so[0]] = tf_sv[0];"),
-                    "stores stop at the rows' end"
+                    src.contains(
+                        ") >= 0 && ((tb4 + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)) < tf_end4;"
+                    ) && src.contains("unsigned short* tf_ob = t4 + tf_ou + ((tb4 + tf_wr"),
+                    "stores stop at the rows' end\n{src}"
                 );
                 // A thread's two neighbouring bf16 columns in one store where they can be.
                 assert!(
-                    src.contains("*(unsigned int*)(t4 + tf_so[0]) = (unsigned int)tf_sv[0] | ((unsigned int)tf_sv[1] << 16);"),
+                    src.contains(
+                        "*(unsigned int*)(tf_ob + tf_col) = tf_pack_bf16x2(tf_ov[0], tf_ov[1]);"
+                    ),
                     "{src}"
                 );
             } else {

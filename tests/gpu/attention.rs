@@ -279,6 +279,51 @@ fn attention_matches_f64_with_persistent_blocks() {
     check(2, 9, 1000, 333, 128, false, Some(cfg));
 }
 
+/// The Hopper program's output store by rows into views of a wider tensor
+/// (the head dimension narrowed from `d + pad`): rows an odd number of
+/// elements apart take the element-by-element store, an even number the
+/// pairs in 4 bytes; the columns past the view keep their poison.
+#[test]
+fn attention_stores_into_narrowed_outputs_on_the_hopper_program() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    let (b, h, s, d) = (1, 3, 333, 128);
+    let scale = 1.0 / (d as f32).sqrt();
+    for (pad, causal) in [(1, true), (8, false)] {
+        let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+        let k = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+        let v = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+        let wide = poisoned::<bf16>([b, h, s, d + pad]).unwrap();
+        let out = wide.narrow(3, 0, d).unwrap();
+        attention(&q, &k, &v, &out, scale, causal).unwrap();
+        let (qh, kh, vh, wh) = (host(&q), host(&k), host(&v), host(&wide));
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for sl in 0..b * h {
+            let at = |x: &[f64]| x[sl * s * d..(sl + 1) * s * d].to_vec();
+            let (qs, ks, vs) = (at(&qh), at(&kh), at(&vh));
+            for r in 0..s {
+                let want = reference_row(&qs, &ks, &vs, r, (s, d), f64::from(scale), causal);
+                let row = &wh[(sl * s + r) * (d + pad)..(sl * s + r + 1) * (d + pad)];
+                for (c, w) in want.iter().enumerate() {
+                    num += (row[c] - w).powi(2);
+                    den += w * w;
+                }
+                assert!(
+                    row[d..].iter().all(|x| x.is_nan()),
+                    "pad {pad}: row {r} of slice {sl} written past the view"
+                );
+            }
+        }
+        let err = (num / den).sqrt();
+        eprintln!(
+            "attention into a view of rows {} apart: rel err {err:.2e}",
+            d + pad
+        );
+        assert!(err <= 1e-2, "pad {pad}: rel err {err}");
+    }
+}
+
 /// The Hopper program's other schedule: a key loop that reads the accumulator
 /// after `p·v` waits for each tile's `p·v` and releases its stage's `k` and `v`
 /// after both products (one and two consumer warpgroups, 2 and 3 stages).
