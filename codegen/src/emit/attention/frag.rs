@@ -552,8 +552,8 @@ impl Frags<'_> {
     /// `cvt.rn.{bf16,f16}x2` and stored in 4 bytes where the head dimension
     /// is contiguous and the rows start 4-byte aligned (tested once, strides
     /// being data), else element by element. The per-element 64-bit address
-    /// and mask arithmetic it replaces was most of a tile's end: 0.584 →
-    /// 0.513 ms at 32×16×1024×128 on an H200 (perf-history, "The attention
+    /// and mask arithmetic it replaces was most of a tile's end: 0.585 →
+    /// 0.518 ms at 32×16×1024×128 on an H200 (perf-history, "The attention
     /// output's store by rows"). `None` where the index is not the rows, the
     /// head dimension (a host extent) and uniform tiles.
     fn store_by_rows(
