@@ -18,8 +18,9 @@ use crate::dtype::DType;
 use crate::ir::*;
 use std::collections::HashMap;
 
-/// What is known of an f32 value: every value it can take is an integer
-/// (where `integral`) within `lo..=hi`, or NaN (where `nan`).
+/// What is known of an f32 value: it lies within `lo..=hi` (an infinite
+/// bound admits that infinity) or is NaN (only where `nan`); where
+/// `integral`, each of its finite values is an integer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Fact {
     pub integral: bool,
@@ -316,6 +317,89 @@ mod tests {
         // A fractional bound keeps the integers out.
         let half = bin(BinOp::Max, var(2), lit(-0.5));
         assert!(!facts.fact(&half, &floats).integral);
+    }
+
+    /// Each shape's fact holds for its values at many inputs, NaN and the
+    /// infinities among them: each value within the bounds (or NaN where it
+    /// may be), each finite one an integer where the fact says integral.
+    #[test]
+    fn facts_hold_for_the_values_rust_computes() {
+        type Shape = (Box<Expr>, fn(f32) -> f32);
+        let x = || var(0);
+        let shapes: Vec<Shape> = vec![
+            (
+                bin(
+                    BinOp::Min,
+                    bin(
+                        BinOp::Max,
+                        un(UnOp::Round, bin(BinOp::Mul, x(), lit(3.0))),
+                        lit(-127.0),
+                    ),
+                    lit(127.0),
+                ),
+                |x| (x * 3.0).round().max(-127.0).min(127.0),
+            ),
+            (
+                bin(
+                    BinOp::Sub,
+                    un(UnOp::Floor, bin(BinOp::Max, x(), lit(-5.5))),
+                    lit(2.0),
+                ),
+                |x| x.max(-5.5).floor() - 2.0,
+            ),
+            (
+                un(
+                    UnOp::Neg,
+                    un(UnOp::Abs, un(UnOp::Ceil, bin(BinOp::Min, x(), lit(9.0)))),
+                ),
+                |x| -x.min(9.0).ceil().abs(),
+            ),
+            (
+                bin(
+                    BinOp::Mul,
+                    un(
+                        UnOp::Trunc,
+                        bin(BinOp::Min, bin(BinOp::Max, x(), lit(-3.0)), lit(4.0)),
+                    ),
+                    un(UnOp::Relu, un(UnOp::Round, bin(BinOp::Min, x(), lit(2.0)))),
+                ),
+                |x| x.max(-3.0).min(4.0).trunc() * x.min(2.0).round().max(0.0),
+            ),
+        ];
+        let mut inputs = vec![
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            0.5,
+            -0.5,
+            2.5,
+            -2.5,
+        ];
+        let mut u = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..2000 {
+            u ^= u << 13;
+            u ^= u >> 7;
+            u ^= u << 17;
+            inputs.push(f32::from_bits((u >> 32) as u32));
+        }
+        let facts = Integral::default();
+        for (e, f) in &shapes {
+            let fact = facts.fact(e, &floats);
+            for &x in &inputs {
+                let v = f(x);
+                if v.is_nan() {
+                    assert!(fact.nan, "{e:?} at {x}: NaN, {fact:?}");
+                    continue;
+                }
+                let v = f64::from(v);
+                assert!(fact.lo <= v && v <= fact.hi, "{e:?} at {x}: {v}, {fact:?}");
+                assert!(
+                    !fact.integral || !v.is_finite() || v.fract() == 0.0,
+                    "{e:?} at {x}: {v}, {fact:?}"
+                );
+            }
+        }
     }
 
     #[test]
