@@ -1360,3 +1360,62 @@ fn planned_attention(ir: &Planned) -> (&AttentionShape, impl Fn(Vec<usize>) -> V
     };
     (a, names)
 }
+
+mod bshd {
+    use tilefuse::prelude::*;
+
+    /// The example's forward storing its output in `[b, s, h, d]` order
+    /// (FlashAttention's own layout), `q`, `k`, `v` as the example's.
+    #[fused_kernel]
+    pub fn attention_bshd_out(
+        q: &Tensor<bf16>,
+        k: &Tensor<bf16>,
+        v: &Tensor<bf16>,
+        out: &Tensor<bf16>,
+        scale: f32,
+    ) {
+        let [b, h, s, d] = q.shape();
+        let [_, _, sk, _] = k.shape();
+        for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
+            let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);
+            let mut denom = zeros::<f32>([tb, th, tm]);
+            let mut acc = zeros::<f32>([tb, th, tm, td]);
+            for tn in tile(sk) {
+                let x = addmm(
+                    zeros::<f32>([tb, th, tm, tn]),
+                    q[(tb, th, tm, td)],
+                    k[(tb, th, tn, td)],
+                ) * scale;
+                let new_max = max(row_max, x.max(tn));
+                let p = exp(x - new_max);
+                let alpha = exp(row_max - new_max);
+                denom = denom * alpha + p.sum(tn);
+                acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th, tn, td)]);
+                row_max = new_max;
+            }
+            out[(tb, tm, th, td)] = (acc / denom).cast();
+        }
+    }
+}
+
+/// The Hopper program stores an output whose rows are not its second-last
+/// axis (`[b, s, h, d]`) by rows too: a row's address from its own stride,
+/// pairs where the head dimension is contiguous and that stride and the
+/// batch offset are even.
+#[test]
+fn the_hopper_program_stores_a_bshd_output_by_rows() {
+    let def = bshd::attention_bshd_out::kernel();
+    let ir = def.ir().unwrap();
+    let spec = def.declared_spec().unwrap();
+    let c = tilefuse::codegen::default_config_at(ir, &spec, H200, &extents(ir, 128, 4096));
+    assert!(c.wgmma, "{c}");
+    let src = lower(ir, &spec, &c).unwrap().source;
+    for needle in [
+        "const long long tf_ou = (tb0) * t3_s0 + (tb1) * t3_s2;",
+        "const bool tf_oc = t3_s3 == 1 && ((t3_s1 | tf_ou) & 1) == 0",
+        "unsigned short* tf_ob = t3 + tf_ou + ((tb2 + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)) * t3_s1;",
+        "if (tf_rok && tf_col < t3_n3) tf_ob[tf_col * t3_s3] = tf_f32_to_bf16(tf_ov[0]);",
+    ] {
+        assert!(src.contains(needle), "{needle}\n{src}");
+    }
+}
