@@ -144,3 +144,42 @@ fn each_specialization_is_tuned_under_its_own_code() {
     let one = [Config::new(&[4, 1024]).num_warps(4)];
     assert_ne!(digest(1, Some(&one)), digest(1, None));
 }
+
+/// `out = x * alpha + k`: a float and a u32 parameter.
+#[fused_kernel]
+fn scale_shift(x: &Tensor<f32>, out: &Tensor<f32>, alpha: f32, k: u32) {
+    let [n] = x.shape();
+    for tn in tile(n) {
+        out[tn] = x[tn] * alpha + k.cast::<f32>();
+    }
+}
+
+/// A kernel specialized before any launch (NVRTC's checks, `corpus --source`)
+/// takes its typed parameters as a launch passes them: `alpha: f32` a float,
+/// `k: u32` an unsigned 32-bit integer, the extent a 64-bit one. Before, every
+/// scalar was taken for a `long long`, and those sources converted the float
+/// from an integer at each use.
+#[test]
+fn typed_scalar_parameters_are_specialized_as_a_launch_passes_them() {
+    use tilefuse::codegen::ScalarKind;
+    let def = scale_shift::kernel();
+    let spec = def.declared_spec().expect("declared dtypes");
+    let names: Vec<String> = def
+        .ir()
+        .expect("ir")
+        .scalars
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    let kind = |name: &str| spec.scalars[names.iter().position(|n| n == name).expect(name)];
+    assert_eq!(kind("alpha"), ScalarKind::Float);
+    assert_eq!(kind("k"), ScalarKind::U32);
+    assert_eq!(kind("n"), ScalarKind::Int);
+    let source = def
+        .lower(&spec, &def.config().expect("default config"))
+        .expect("lowers")
+        .source;
+    let alpha = names.iter().position(|n| n == "alpha").expect("alpha");
+    assert!(source.contains(&format!("float s{alpha}")), "{source}");
+    assert!(!source.contains(&format!("(float)(s{alpha})")), "{source}");
+}

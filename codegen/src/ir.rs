@@ -7,6 +7,7 @@
 //! `acc + bias[tn]` adds the bias along `tn` whatever the order of dimensions.
 
 use crate::dtype::DType;
+use crate::spec::ScalarKind;
 use serde::{Deserialize, Serialize};
 
 /// Index of a tensor parameter in [`Kernel::tensors`].
@@ -55,6 +56,32 @@ pub struct TensorParam {
 pub struct ScalarParam {
     /// The host expression, as written (`m`, `a.size(0)`).
     pub name: String,
+    /// Its kind where the source says it (a parameter `alpha: f32`); a
+    /// launch passes what the value is, and this is what a specialization
+    /// made before any launch (`KernelDef::declared_spec`: NVRTC tests,
+    /// `corpus --source`) assumes, `Int` where unsaid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<ScalarKind>,
+}
+
+impl Kernel {
+    /// Each scalar's declared kind, `Int` where the source does not say.
+    pub fn declared_scalar_kinds(&self) -> Vec<ScalarKind> {
+        self.scalars
+            .iter()
+            .map(|s| s.declared.unwrap_or(ScalarKind::Int))
+            .collect()
+    }
+}
+
+impl ScalarParam {
+    /// A scalar of no declared kind.
+    pub fn named(name: impl Into<String>) -> ScalarParam {
+        ScalarParam {
+            name: name.into(),
+            declared: None,
+        }
+    }
 }
 
 /// A `#[constexpr]` argument: its value is baked into the generated source.

@@ -19,7 +19,7 @@
 //!         TensorParam { name: "x".into(), rank: 1, declared: Some(DType::F32) },
 //!         TensorParam { name: "out".into(), rank: 1, declared: None },
 //!     ],
-//!     scalars: vec![ScalarParam { name: "n".into() }],
+//!     scalars: vec![ScalarParam::named("n")],
 //!     constexprs: vec![],
 //!     dims: vec![TileDim { name: "t".into(), extent: Some(0), whole: false, each: false }],
 //!     grid: vec![0],
@@ -61,7 +61,14 @@ impl Display for Kernel {
                 )
             })
             .collect();
-        let scalars: Vec<&str> = self.scalars.iter().map(|s| s.name.as_str()).collect();
+        let scalars: Vec<String> = self
+            .scalars
+            .iter()
+            .map(|s| match s.declared {
+                Some(k) => format!("{}: {}", s.name, k.type_name()),
+                None => s.name.clone(),
+            })
+            .collect();
         let mut head = format!(
             "kernel {}({}; {}",
             self.name,

@@ -33,6 +33,28 @@ impl ScalarKind {
         self != ScalarKind::Float
     }
 
+    /// The kind of a parameter of Rust type `name` (`f32`, `u8`, …), as a
+    /// launch passes its value; `None` for types that are not scalars.
+    pub fn of_type_name(name: &str) -> Option<ScalarKind> {
+        match name {
+            "f32" | "f64" => Some(ScalarKind::Float),
+            "u32" => Some(ScalarKind::U32),
+            "i32" | "i16" | "i8" | "u16" | "u8" => Some(ScalarKind::I32),
+            "i64" | "u64" | "isize" | "usize" => Some(ScalarKind::Int),
+            _ => None,
+        }
+    }
+
+    /// The Rust type the kernel's textual form writes for this kind.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            ScalarKind::Float => "f32",
+            ScalarKind::I32 => "i32",
+            ScalarKind::U32 => "u32",
+            ScalarKind::Int => "i64",
+        }
+    }
+
     /// The dtype device code computes with the scalar in.
     pub fn dtype(self) -> crate::dtype::DType {
         use crate::dtype::DType;

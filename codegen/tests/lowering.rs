@@ -1026,8 +1026,8 @@ fn lower_elementwise_2d() {
 
     // `tile([m, n]).starting_at([i, j])`: each index shifts its dimension, wrapping.
     let mut k = k;
-    k.scalars.push(ScalarParam { name: "i".into() });
-    k.scalars.push(ScalarParam { name: "j".into() });
+    k.scalars.push(ScalarParam::named("i"));
+    k.scalars.push(ScalarParam::named("j"));
     k.grid_start = vec![3, 4];
     let mut spec = declared_spec(&k);
     spec.scalars[3] = ScalarKind::Int;
@@ -1418,9 +1418,7 @@ fn lower_matmul_k16_uses_single_step_loop() {
 #[test]
 fn matmul_grid_starting_at_rotates_the_tile_order() {
     let mut k = matmul();
-    k.scalars.push(ScalarParam {
-        name: "first_row".into(),
-    });
+    k.scalars.push(ScalarParam::named("first_row"));
     let s = k.scalars.len() - 1;
     // Only M is shifted; N starts at the tile holding index `m` (its extent), i.e. 0 mod tiles.
     k.grid_start = vec![s, 0];

@@ -916,3 +916,39 @@ fn a_negated_number_keeps_its_negation_as_a_receiver() {
     );
     round_trip(&k);
 }
+
+/// A scalar's declared kind (`alpha: f32`, as the macro records a typed
+/// parameter) prints and parses back, and is what a declared spec assumes;
+/// an unsaid one is an `Int`, a type that is not a scalar an error.
+#[test]
+fn declared_scalar_kinds_round_trip() {
+    let k = Kernel::parse(
+        "kernel scale(x: Tensor<f32, 1>, out: Tensor<f32, 1>; n, alpha: f32, k: u32) {
+           for ti in tile([n]) {
+             out[ti] = x[ti] * alpha;
+           }
+         }",
+    )
+    .expect("parses");
+    let kinds: Vec<Option<ScalarKind>> = k.scalars.iter().map(|s| s.declared).collect();
+    assert_eq!(
+        kinds,
+        vec![None, Some(ScalarKind::Float), Some(ScalarKind::U32)]
+    );
+    assert_eq!(
+        k.declared_scalar_kinds(),
+        vec![ScalarKind::Int, ScalarKind::Float, ScalarKind::U32]
+    );
+    assert!(k.to_string().contains("; n, alpha: f32, k: u32)"), "{k}");
+    round_trip(&k);
+    let e = Kernel::parse(
+        "kernel scale(x: Tensor<f32, 1>, out: Tensor<f32, 1>; n, alpha: bf16) {
+           for ti in tile([n]) {
+             out[ti] = x[ti];
+           }
+         }",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("a scalar type"), "{e}");
+}

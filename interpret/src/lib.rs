@@ -59,7 +59,7 @@
 //!         TensorParam { name: "x".into(), rank: 1, declared: Some(DType::F32) },
 //!         TensorParam { name: "out".into(), rank: 1, declared: Some(DType::F32) },
 //!     ],
-//!     scalars: vec![ScalarParam { name: "n".into() }],
+//!     scalars: vec![ScalarParam::named("n")],
 //!     constexprs: vec![],
 //!     dims: vec![TileDim { name: "t".into(), extent: Some(0), whole: false, each: false }],
 //!     grid: vec![0],

@@ -53,9 +53,7 @@ impl K {
             scalars: self
                 .scalars
                 .iter()
-                .map(|s| ScalarParam {
-                    name: s.to_string(),
-                })
+                .map(|s| ScalarParam::named(*s))
                 .collect(),
             constexprs: vec![],
             dims: self.dims,

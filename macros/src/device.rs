@@ -18,6 +18,7 @@ use syn::{BinOp as SynBin, Expr as SynExpr, Lit, Pat, Stmt as SynStmt, UnOp as S
 use tilefuse_codegen::dtype::DType;
 use tilefuse_codegen::ir::*;
 use tilefuse_codegen::prims;
+use tilefuse_codegen::spec::ScalarKind;
 
 const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, `-=`, `*=`, `/=`, `%=`, `&=`, `|=`, `^=`, \
      `<<=`, `>>=`), tensor stores `t[(tm, tn)] = …`, `atomic_add(t[index], value);` (and `atomic_max`, \
@@ -70,6 +71,8 @@ pub struct Builder {
     consts: Vec<String>,
     /// Declared dtypes of tensors known from the signature and host `let`s.
     declared: HashMap<String, DType>,
+    /// The signature's scalar parameters' kinds, by name.
+    scalar_kinds: HashMap<String, ScalarKind>,
     /// Inside a tensor index: a bare tile name stands for its indices.
     in_index: usize,
 }
@@ -141,8 +144,16 @@ impl Builder {
             scopes: vec![HashMap::new()],
             consts,
             declared,
+            scalar_kinds: HashMap::new(),
             in_index: 0,
         }
+    }
+
+    /// The kinds of the scalar parameters the signature types (`alpha: f32`),
+    /// recorded on the kernel's scalars that are those parameters.
+    pub fn with_scalar_kinds(mut self, kinds: HashMap<String, ScalarKind>) -> Builder {
+        self.scalar_kinds = kinds;
+        self
     }
 
     /// The `at` of an IR node made from `tokens`: its text, remembered with
@@ -404,7 +415,11 @@ impl Builder {
         if let Some(i) = self.kernel.scalars.iter().position(|s| s.name == text) {
             return i;
         }
-        self.kernel.scalars.push(ScalarParam { name: text });
+        let declared = self.scalar_kinds.get(&text).copied();
+        self.kernel.scalars.push(ScalarParam {
+            name: text,
+            declared,
+        });
         self.scalar_exprs.push(e.to_token_stream());
         self.kernel.scalars.len() - 1
     }

@@ -84,10 +84,6 @@ pub(crate) struct Parsed {
     pub consts: Vec<syn::Ident>,
     /// Tensor parameters whose rank the launch checks first.
     pub tensor_params: Vec<syn::Ident>,
-    /// Names of float scalar parameters (the other scalars are integers).
-    /// The kinds of the scalar parameters that are not 64-bit integers
-    /// (`f32` → Float, `u32` → U32, narrower integers → I32).
-    pub scalar_kinds: HashMap<String, ScalarKind>,
     /// Position of the grid loop in the body.
     pub at: usize,
 }
@@ -123,13 +119,8 @@ pub(crate) fn parse(func: &mut ItemFn) -> syn::Result<Parsed> {
             declared.insert(pname.clone(), d);
             tensor_params.push(pi.ident.clone());
         } else if let Type::Path(p) = pt.ty.as_ref() {
-            let kind = match p.path.get_ident().map(|i| i.to_string()).as_deref() {
-                Some("f32" | "f64") => Some(ScalarKind::Float),
-                Some("u32") => Some(ScalarKind::U32),
-                Some("i32" | "i16" | "i8" | "u16" | "u8") => Some(ScalarKind::I32),
-                _ => None,
-            };
-            if let Some(k) = kind {
+            let name = p.path.get_ident().map(|i| i.to_string());
+            if let Some(k) = name.as_deref().and_then(ScalarKind::of_type_name) {
                 scalar_kinds.insert(pname, k);
             }
         }
@@ -179,39 +170,27 @@ pub(crate) fn parse(func: &mut ItemFn) -> syn::Result<Parsed> {
     let grid = is_grid_loop(&stmts[at])
         .ok_or_else(|| syn::Error::new_spanned(&stmts[at], "internal: grid loop"))?;
     let const_names: Vec<String> = consts.iter().map(|c| c.to_string()).collect();
-    let mut builder = Builder::new(&name_str, const_names, declared);
+    let mut builder =
+        Builder::new(&name_str, const_names, declared).with_scalar_kinds(scalar_kinds);
     builder.grid_loop(grid)?;
     Ok(Parsed {
         builder,
         consts,
         tensor_params,
-        scalar_kinds,
         at,
     })
 }
 
 /// The argument facts of `kernel` when every tensor's dtype is declared in
 /// the source (constexprs taken as 0), for checking it at compile time.
-pub(crate) fn declared_spec(
-    kernel: &Kernel,
-    scalar_kinds: &HashMap<String, ScalarKind>,
-) -> Option<Spec> {
+pub(crate) fn declared_spec(kernel: &Kernel) -> Option<Spec> {
     Some(Spec {
         tensors: kernel
             .tensors
             .iter()
             .map(|t| Some(TensorSpec::contiguous(t.declared?, t.rank)))
             .collect::<Option<_>>()?,
-        scalars: kernel
-            .scalars
-            .iter()
-            .map(|s| {
-                scalar_kinds
-                    .get(&s.name)
-                    .copied()
-                    .unwrap_or(ScalarKind::Int)
-            })
-            .collect(),
+        scalars: kernel.declared_scalar_kinds(),
         constexprs: vec![0; kernel.constexprs.len()],
     })
 }
@@ -227,7 +206,6 @@ pub fn expand(
         builder: b,
         consts,
         tensor_params,
-        scalar_kinds,
         at,
     } = parse(&mut func)?;
     let stmts = &func.block.stmts;
@@ -273,7 +251,7 @@ pub fn expand(
     if let Some(g) = pinned.group_m {
         cfg.group_m = g;
     }
-    if let Some(spec) = declared_spec(&kernel, &scalar_kinds) {
+    if let Some(spec) = declared_spec(&kernel) {
         // Every dtype is known: check types and lower with the default or pinned
         // config now, so mistakes are compile errors with the checker's message.
         lower(&kernel, &spec, &cfg).map_err(to_syn)?;

@@ -36,9 +36,8 @@ fn error(src: &str) -> String {
 /// Expands `src`, checking and lowering it (every dtype is declared).
 fn lowers(src: &str) {
     let k = kernel(src);
-    let scalar_kinds = std::collections::HashMap::new();
     assert!(
-        declared_spec(&k, &scalar_kinds).is_some(),
+        declared_spec(&k).is_some(),
         "declare every tensor's dtype so the kernel is checked at expansion"
     );
     if let Err(e) = expanded(src) {

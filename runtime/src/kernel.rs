@@ -333,7 +333,7 @@ impl KernelDef {
             .collect::<Result<Vec<_>>>()?;
         Ok(Spec {
             tensors,
-            scalars: vec![tilefuse_codegen::ScalarKind::Int; k.scalars.len()],
+            scalars: k.declared_scalar_kinds(),
             constexprs: vec![1; k.constexprs.len()],
         })
     }

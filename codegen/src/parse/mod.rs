@@ -37,6 +37,7 @@
 
 use crate::dtype::DType;
 use crate::ir::*;
+use crate::spec::ScalarKind;
 use thiserror::Error;
 
 /// Why a text is not a kernel: where (1-based line and column, in
@@ -373,16 +374,30 @@ impl<'a> Parser<'a> {
         }
         loop {
             let start = self.tok().start;
-            let (from, to) = self.host_tokens()?;
-            if from == to {
-                return Err(self.expected("a scalar parameter"));
-            }
-            let name = self.slice(start, self.last_end());
-            let toks = self.token_texts(from, to);
+            // `alpha: f32`: a scalar whose kind the source declares.
+            let (name, toks, declared) = if self.tok().kind == Kind::Ident
+                && self.peek(1) == Kind::Punct(":")
+            {
+                let name = self.text(self.tok()).to_string();
+                let toks = vec![self.text(self.tok())];
+                self.bump();
+                self.bump();
+                let kind = ScalarKind::of_type_name(self.text(self.tok()))
+                    .ok_or_else(|| self.expected("a scalar type (`f32`, `i32`, `u32` or `i64`)"))?;
+                self.bump();
+                (name, toks, Some(kind))
+            } else {
+                let (from, to) = self.host_tokens()?;
+                if from == to {
+                    return Err(self.expected("a scalar parameter"));
+                }
+                let name = self.slice(start, self.last_end());
+                (name, self.token_texts(from, to), None)
+            };
             if self.scalar_toks.contains(&toks) {
                 return Err(self.err_at(start, format!("scalar `{name}` is declared twice")));
             }
-            self.k.scalars.push(ScalarParam { name });
+            self.k.scalars.push(ScalarParam { name, declared });
             self.scalar_toks.push(toks);
             if !self.eat(",") {
                 break;

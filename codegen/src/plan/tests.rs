@@ -27,7 +27,7 @@ fn double() -> Kernel {
                 declared: Some(DType::F32),
             },
         ],
-        scalars: vec![ScalarParam { name: "n".into() }],
+        scalars: vec![ScalarParam::named("n")],
         constexprs: vec![],
         dims: vec![TileDim {
             name: "t".into(),

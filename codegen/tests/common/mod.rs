@@ -38,7 +38,7 @@ pub fn tensor(name: &str, rank: usize, declared: Option<DType>) -> TensorParam {
 }
 
 pub fn scalar(name: &str) -> ScalarParam {
-    ScalarParam { name: name.into() }
+    ScalarParam::named(name)
 }
 
 pub fn dim(name: &str, extent: ScalarId) -> TileDim {
