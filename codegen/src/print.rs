@@ -8,7 +8,8 @@
 //! a negative literal in parentheses (`(-1)`: `-1` is the negation of `1`), a
 //! method's receiver that begins with `-` or `!` in parentheses, a ranged
 //! loop's `until` on `(a..b)`, and a condition's value that reads as a
-//! condition in a block (`{ !flag }`).
+//! condition in a block (`{ !flag }`). A scalar whose kind the kernel's
+//! signature gives is written with it (`; n, alpha: f32`).
 //!
 //! ```
 //! # use tilefuse_codegen::ir::*;
