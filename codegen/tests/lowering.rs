@@ -1019,10 +1019,14 @@ fn lower_elementwise_2d() {
         body.contains("tf_p[tf_j] = tf_f32_to_bf16(tf_s[tf_j])"),
         "{body}"
     );
-    // Program id decode: the last grid dimension moves fastest.
-    let d1 = body.find("    tb1 = ").unwrap();
-    let d0 = body.find("    tb0 = ").unwrap();
-    assert!(d1 < d0);
+    // Program id decode: the last grid dimension moves fastest; the first
+    // is the quotient left, with no modulo.
+    let d1 = body
+        .find("    tb1 = (long long)(tf_pid % tf_t) * B1;")
+        .unwrap();
+    let d0 = body.find("  tb0 = (long long)tf_pid * B0;").unwrap();
+    assert!(d1 < d0, "{body}");
+    assert_eq!(body.matches("tf_pid % tf_t").count(), 1, "{body}");
 
     // `tile([m, n]).starting_at([i, j])`: each index shifts its dimension, wrapping.
     let mut k = k;

@@ -383,6 +383,16 @@ fn program_tiles(e: &mut Emitter, split: bool, walk: bool) -> Result<(), Codegen
             }
             None => String::new(),
         };
+        // The outermost dimension's index is what is left of the program id:
+        // the launch has exactly the grid's programs (a walk stays below
+        // their total), so no modulo. A 32-bit division is about 20
+        // instructions a thread: dropping it took 1-3% off most short
+        // programs (dropout 0.1543 -> 0.1508 ms on an H200), none slower.
+        // A split's parts and `starting_at`'s rotation still need it.
+        if pos == 0 && !split && shift.is_empty() {
+            let _ = writeln!(e.out, "  tb{d} = (long long)tf_pid * {b};");
+            continue;
+        }
         // `starting_at` rotates the order, in 64 bits (the sum may pass 2^32).
         let tile = if shift.is_empty() {
             "tf_pid % tf_t".to_string()
