@@ -819,27 +819,20 @@ fn packed_sequences_take_the_attention_lowering() {
             assert!(src.contains("const long long tb4 = (v0 + tb2);"), "{src}");
             assert!(src.contains("if (tb4 >= tf_end4) return;"), "{src}");
             assert!(src.contains("const long long tf_beg5 = v0;"), "{src}");
-            if cfg.wgmma {
-                // The stores by rows: a row's mask stops at the packed rows' end.
-                assert!(
-                    src.contains(
-                        ") >= 0 && ((tb4 + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)) < tf_end4;"
-                    ) && src.contains("unsigned short* tf_ob = t4 + tf_ou + ((tb4 + tf_wr"),
-                    "stores stop at the rows' end\n{src}"
-                );
-                // A thread's two neighbouring bf16 columns in one store where they can be.
-                assert!(
-                    src.contains(
-                        "*(unsigned int*)(tf_ob + tf_col) = tf_pack_bf16x2(tf_ov[0], tf_ov[1]);"
-                    ),
-                    "{src}"
-                );
-            } else {
-                assert!(
-                    src.contains("< tf_end4) t4["),
-                    "stores stop at the rows' end"
-                );
-            }
+            // The stores by rows, on both programs: a row's mask stops at the
+            // packed rows' end.
+            assert!(
+                src.contains(") >= 0 && ((tb4 + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)) < tf_end4;")
+                    && src.contains("unsigned short* tf_ob = t4 + tf_ou + ((tb4 + tf_wr"),
+                "stores stop at the rows' end\n{src}"
+            );
+            // A thread's two neighbouring bf16 columns in one store where they can be.
+            assert!(
+                src.contains(
+                    "*(unsigned int*)(tf_ob + tf_col) = tf_pack_bf16x2(tf_ov[0], tf_ov[1]);"
+                ),
+                "{src}"
+            );
             assert_eq!(src.contains("tf_min_i(tb4 + B4, tf_end4)"), causal == 1);
             if cfg.wgmma {
                 assert!(src.contains("&tf_map_q, 0, (int)tb1, (int)(tb4), tf_bq);"));

@@ -506,11 +506,14 @@ impl Frags<'_> {
         } else {
             ""
         };
-        if l == Layout::Out && matches!(dst, DType::BF16 | DType::F16) && e.cfg.wgmma {
+        let narrow_out = l == Layout::Out && matches!(dst, DType::BF16 | DType::F16);
+        if narrow_out {
             if let Some(by_rows) = self.store_by_rows(e, tensor, index, &coords, (&c, cty), dst) {
                 e.out.push_str(&by_rows);
                 return Ok(());
             }
+        }
+        if narrow_out && e.cfg.wgmma {
             // A thread's two neighbouring columns (`tf_e`) in one 4-byte store
             // where both are in the tensor, next to each other and aligned
             // (strides are data: tested at run time), else one at a time. The
@@ -546,8 +549,8 @@ impl Frags<'_> {
         Ok(())
     }
 
-    /// The Hopper program's output store (rows and the head dimension into a
-    /// 16-bit float tensor) by rows: each of a thread's rows gets its address
+    /// The output store (rows and the head dimension into a 16-bit float
+    /// tensor), on both programs, by rows: each of a thread's rows gets its address
     /// and mask once, each column pair a 32-bit offset, converted by one
     /// `cvt.rn.{bf16,f16}x2` and stored in 4 bytes where the head dimension
     /// is contiguous and the rows start 4-byte aligned (tested once, strides
