@@ -94,6 +94,11 @@ pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
 /// ptxas's resource report for `source` on `arch` (registers, shared memory, stack
 /// frame, spill stores and loads), as NVRTC's log gives it.
 ///
+/// NVRTC takes a source it compiled before (the same text and options) from the
+/// CUDA compute cache (`~/.nv/ComputeCache`) without running ptxas, and its log
+/// then holds no report: that is an error here, which says to set
+/// `CUDA_CACHE_DISABLE=1` (the GPU bundle's NVRTC steps do).
+///
 /// ```no_run
 /// # fn main() -> tilefuse_runtime::Result<()> {
 /// let log = tilefuse_runtime::jit::resource_report("k", "extern \"C\" __global__ void k() {}", "sm_90a")?;
@@ -101,7 +106,21 @@ pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Cubin> {
 /// # Ok(()) }
 /// ```
 pub fn resource_report(kernel: &str, source: &str, arch: &str) -> Result<String> {
-    compile(kernel, source, arch, true).map(|c| c.log)
+    let log = compile(kernel, source, arch, true)?.log;
+    match has_report(&log) {
+        true => Ok(log),
+        false => Err(nvrtc_err(kernel, arch, format!("{NO_REPORT}\n{log}"))),
+    }
+}
+
+/// Why a verbose compile's log can lack ptxas's report.
+const NO_REPORT: &str = "NVRTC gave no ptxas resource report: the CUDA compute cache \
+     (~/.nv/ComputeCache) served this source, compiled before with the same options, \
+     without running ptxas; set CUDA_CACHE_DISABLE=1 to compile it afresh";
+
+/// Whether a verbose compile's log holds ptxas's report of a kernel.
+fn has_report(log: &str) -> bool {
+    log.contains("Function properties for")
 }
 
 fn compile(kernel: &str, source: &str, arch: &str, verbose: bool) -> Result<Cubin> {
@@ -138,11 +157,16 @@ fn compile(kernel: &str, source: &str, arch: &str, verbose: bool) -> Result<Cubi
                 log: log.clone(),
             })
         });
+    // A dump's log says why it has no report rather than being empty.
+    let dumped_log = match verbose && result.is_ok() && !has_report(&log) {
+        true => format!("{NO_REPORT}\n{log}"),
+        false => log,
+    };
     dump(
         kernel,
         arch,
         source,
-        &log,
+        &dumped_log,
         result.as_ref().ok().map(|c| &c.image[..]),
     );
     // SAFETY: destroys the program created above, exactly once.
@@ -170,6 +194,25 @@ fn dump(kernel: &str, arch: &str, source: &str, log: &str, cubin: Option<&[u8]>)
         crate::log::warn(format_args!(
             "TILEFUSE_DUMP_DIR: could not write {}: {e}",
             stem.display()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_report;
+
+    #[test]
+    fn a_log_without_ptxas_s_report_is_told_apart() {
+        let report = "ptxas info    : 1 bytes gmem\nptxas info    : Compiling entry function 'tf_k' for 'sm_90a'\n\
+                      ptxas info    : Function properties for tf_k\n\
+                      ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                      ptxas info    : Used 56 registers, used 0 barriers";
+        assert!(has_report(report));
+        // What NVRTC logs when the CUDA compute cache serves the compile.
+        assert!(!has_report(""));
+        assert!(!has_report(
+            "k.cu(3): warning #177-D: variable \"x\" was declared but never referenced"
         ));
     }
 }
