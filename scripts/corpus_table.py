@@ -10,6 +10,8 @@ copy bandwidth the Rust side measured in the same run.
 import re, sys
 
 BENCH = re.compile(r"^bench (\S+) (\S+): ([0-9.]+) ms, ([0-9.]+) GB/s")
+# Since 2026-12-01 a line also gives the share of a copy of the case's own bytes.
+SAME = re.compile(r"([0-9.]+)% of a copy of its bytes")
 TORCH = re.compile(r"^torch (\S+) (\S+): eager ([0-9.]+) ms, compile ([0-9.]+) ms")
 COPY = re.compile(r"device-to-device copy ([0-9.]+) GB/s")
 
@@ -25,7 +27,8 @@ def read(path, rx):
         # config (`corpus --bench` under TILEFUSE_AUTOTUNE=cached marks it
         # `, default]`) has no tuned figure.
         if m and ", default" not in line:
-            out[m.group(1)] = m.groups()[1:]
+            same = SAME.search(line)
+            out[m.group(1)] = m.groups()[1:] + (same.group(1) if same else None,)
     return out, copy
 
 
@@ -35,21 +38,28 @@ def main():
     torch, _ = read(sys.argv[3], TORCH)
     copy = copy or copy2
     print(f"Device-to-device copy: {copy:.0f} GB/s (bytes read + written).\n")
-    print("| kernel | shape | untuned | tuned | PyTorch eager | torch.compile | tuned vs compile |")
-    print("|---|---|---|---|---|---|---|")
-    for name, (shape, ms, gbs) in untuned.items():
+    # The share of a copy of the kernel's own bytes, for the better of the
+    # untuned and tuned runs, where the logs have it.
+    print("| kernel | shape | untuned | tuned | PyTorch eager | torch.compile | tuned vs compile | of a copy of its bytes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, (shape, ms, gbs, same) in untuned.items():
         bytes_ = float(gbs) * 1e6 * float(ms)
         cell = lambda t: f"{t:.4f} ms ({100 * bytes_ / t / 1e6 / copy:.0f}%)"
         row = [name, shape, cell(float(ms))]
         t_ms = float(tuned[name][1]) if name in tuned else None
         row.append(cell(t_ms) if t_ms else "–")
+        best = t_ms or float(ms)
         if name in torch:
             e, c = float(torch[name][1]), float(torch[name][2])
             row += [cell(e), cell(c)]
-            best = t_ms or float(ms)
             row.append(f"{c / best:.2f}x")
         else:
             row += ["–", "–", "–"]
+        shares = [(float(ms), same)]
+        if name in tuned:
+            shares.append((float(tuned[name][1]), tuned[name][3]))
+        share = min(shares)[1]
+        row.append(f"{float(share):.0f}%" if share else "–")
         print("| " + " | ".join(row) + " |")
 
 

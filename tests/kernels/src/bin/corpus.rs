@@ -2,7 +2,7 @@
 //! against float64; `corpus --bench` times each at its benchmark shape on the
 //! GPU (CUDA events, warm-up, median of 50, L2 flushed) and prints one line
 //! per case: milliseconds, GB/s and the share of the device-to-device copy
-//! bandwidth, untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says
+//! bandwidth (a 1 GiB copy's, and a copy of the case's own bytes'), untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says
 //! (then with the config each kernel ran at, tuned or the default).
 //! A name filter may follow (`corpus --bench softmax`; several, comma-separated:
 //! `corpus --bench add,rope`, a case matching any). `--config JSON` (repeatable)
@@ -150,14 +150,22 @@ fn main() -> ExitCode {
                 Some(_) => String::new(),
                 None => chosen_configs(&(case.kernels)()),
             };
+            // Beside the 1 GiB copy's rate, a copy of the case's own bytes (half
+            // read, half written), timed the same way: a kernel of ~70 µs pays
+            // its launch and its ramp up and down as a copy that short does.
+            let run = run.and_then(|(shape, bytes, t)| {
+                let same = tilefuse::runtime::timing::copy_bandwidth_gbs(&dev, (bytes / 2).max(1))?;
+                Ok((shape, bytes, t, same))
+            });
             match run {
-                Ok((shape, bytes, t)) => {
+                Ok((shape, bytes, t, same)) => {
                     let gbs = bytes as f64 / t.median_ms / 1e6;
                     println!(
-                        "bench {} {shape}{at}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy{chosen}",
+                        "bench {} {shape}{at}: {:.4} ms, {gbs:.0} GB/s, {:.1}% of copy, {:.1}% of a copy of its bytes{chosen}",
                         case.name,
                         t.median_ms,
-                        100.0 * gbs / copy
+                        100.0 * gbs / copy,
+                        100.0 * gbs / same
                     );
                 }
                 Err(e) => {
