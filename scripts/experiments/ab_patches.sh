@@ -5,10 +5,10 @@
 #   scripts/experiments/ab_patches.sh NAME PATCH... # here: bundle/ab/corpus-main, corpus-NAME
 #   F=add,concat ROUNDS=2 bash bundle/ab/run.sh     # there (device tool: carry ["bundle/ab"])
 #
-# The patches are applied in a worktree of HEAD (built in target/base, as
-# gpu-bundle's BASE does, so this tree's
-# incremental artifacts stay), then the worktree is removed. Several calls with other
-# names add binaries beside the first; run.sh times every corpus-* it finds.
+# The patches are applied in a worktree of HEAD, built in target/base (as
+# gpu-bundle's BASE is, so this tree's incremental artifacts stay); the worktree
+# is removed after. Several calls with other names add binaries beside the
+# first; run.sh times every corpus-* it finds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=$1; shift
