@@ -2,8 +2,9 @@
 //! against float64; `corpus --bench` times each at its benchmark shape on the
 //! GPU (CUDA events, warm-up, median of 50, L2 flushed) and prints one line
 //! per case: milliseconds, GB/s and the share of the device-to-device copy
-//! bandwidth (a 1 GiB copy's, and a copy of the case's own bytes'), untuned (`TILEFUSE_AUTOTUNE=off`) or as the environment says
-//! (then with the config each kernel ran at, tuned or the default).
+//! bandwidth (a 1 GiB copy's, and a copy of the case's own bytes'), untuned
+//! (`TILEFUSE_AUTOTUNE=off`) or as the environment says (then with the config
+//! each kernel ran at, tuned or the default).
 //! A name filter may follow (`corpus --bench softmax`; several, comma-separated:
 //! `corpus --bench add,rope`, a case matching any). `--config JSON` (repeatable)
 //! times the case's first kernel at each config given instead
