@@ -1087,7 +1087,7 @@ fn lower_elementwise_inner_loop() {
     let inner = body
         .find("for (long long tb1 = 0ll; tb1 < s1; tb1 += B1) {")
         .expect("inner tile loop");
-    let store = body.find("*(uint4*)(tf_p + 0)").expect("a vector store");
+    let store = body.find("((uint4*)t1)[(").expect("a vector store");
     assert!(inner < store);
     assert!(body.contains("1.0f"));
 }

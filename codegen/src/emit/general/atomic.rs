@@ -28,7 +28,7 @@ impl Gen<'_, '_> {
         let spt = self.layouts[l].spt[p];
         let to_f32 = |v: &str, ty: CTy| convert(v, ty, CTy::F32);
         let run = (d, p, chunk.max(16));
-        let Some((n, d2, mask)) = self.open_run(
+        let Some((n, d2, mask, _)) = self.open_run(
             t,
             comps,
             dims,

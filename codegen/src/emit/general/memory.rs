@@ -267,10 +267,15 @@ impl Gen<'_, '_> {
 
     /// The element offset of the current element in `tensor`.
     fn offset_of(&self, t: TensorId, comps: &[Comp], l: usize) -> String {
+        let ts = &self.e.spec.tensors[t];
+        let last = comps.len().saturating_sub(1);
         let terms: Vec<String> = comps
             .iter()
             .enumerate()
-            .map(|(a, c)| format!("{} * t{t}_s{a}", self.comp_c(c, l)))
+            .map(|(a, c)| match a == last && ts.last_contiguous {
+                true => self.comp_c(c, l),
+                false => format!("{} * t{t}_s{a}", self.comp_c(c, l)),
+            })
             .collect();
         terms.join(" + ")
     }
@@ -504,7 +509,7 @@ impl Gen<'_, '_> {
         self.rsub.insert(d, format!("(tf_q * {spt})"));
         let off = off.clone();
         let ok = vec![self.live_c(l, &others)];
-        let mask = self.run_head(t, comps, (d, spt, chunk), &off, ok, "const ", l, d2);
+        let (mask, _) = self.run_head(t, comps, (d, spt, chunk), &off, ok, "const ", l, d2);
         let (ctype, nchunks) = (
             match chunk {
                 16 => "uint4",
@@ -696,7 +701,8 @@ impl Gen<'_, '_> {
     /// sizes), `tf_p` (`qual`-qualified), its first element, and `if (…) {`
     /// taking the run whole where it lies inside the extent and the tensor
     /// and starts aligned. Returns the test of element `tf_j` of the run, for
-    /// the element-by-element branch.
+    /// the element-by-element branch, and the C of the run's element offset
+    /// (`tf_p`'s from the tensor's base).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_head(
         &mut self,
@@ -708,7 +714,7 @@ impl Gen<'_, '_> {
         qual: &str,
         l: usize,
         depth: usize,
-    ) -> String {
+    ) -> (String, String) {
         let dtype = self.e.spec.tensors[t].dtype;
         let last = comps.len() - 1;
         ok.extend(self.bounds_c(t, comps, l, Some(last)));
@@ -733,7 +739,7 @@ impl Gen<'_, '_> {
             format!("{qual}{}* tf_p = t{t} + ({offset});", dtype.c_storage()),
         );
         self.w(depth, format!("if (tf_ok && {}) {{", whole.join(" && ")));
-        mask
+        (mask, offset)
     }
 
     /// The C of the current element of a stored `value` (a `.cast()` with no
@@ -756,8 +762,9 @@ impl Gen<'_, '_> {
     /// `dims`: the loops over the other dimensions and the runs, the run's
     /// values in `tf_s[spt]` (each as `elem` makes it from the element's C and
     /// type, in C type `ty`), then [`Gen::run_head`]'s `if (…) {` of a whole
-    /// run. Returns `(loops to close, the run's depth, the element mask)`; the
-    /// caller writes the whole run, then [`Gen::close_run`].
+    /// run. Returns `(loops to close, the run's depth, the element mask, the
+    /// run's element offset)`; the caller writes the whole run, then
+    /// [`Gen::close_run`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn open_run(
         &mut self,
@@ -770,7 +777,7 @@ impl Gen<'_, '_> {
         (ty, elem): (&str, &RunElem),
         l: usize,
         depth: usize,
-    ) -> Result<Option<(usize, usize, String)>, CodegenError> {
+    ) -> Result<Option<(usize, usize, String, String)>, CodegenError> {
         let lay = self.layouts[l].clone();
         let (spt, runs) = (lay.spt[p], lay.per_thread(p) / lay.spt[p]);
         let others: Vec<DimId> = dims.iter().copied().filter(|&x| x != d).collect();
@@ -803,8 +810,8 @@ impl Gen<'_, '_> {
         self.w(d2, "}");
         self.rsub.insert(d, format!("(tf_q * {spt})"));
         let ok = vec![owner.to_string(), self.live_c(l, &others)];
-        let mask = self.run_head(t, comps, (d, spt, chunk), &off, ok, "", l, d2);
-        Ok(Some((n, d2, mask)))
+        let (mask, offset) = self.run_head(t, comps, (d, spt, chunk), &off, ok, "", l, d2);
+        Ok(Some((n, d2, mask, offset)))
     }
 
     /// Closes what [`Gen::open_run`] opened, after the element-by-element
@@ -870,7 +877,7 @@ impl Gen<'_, '_> {
             dtype.c_storage()
         };
         let run = (d, p, chunk);
-        let Some((n, d2, mask)) = self.open_run(
+        let Some((n, d2, mask, offset)) = self.open_run(
             t,
             comps,
             dims,
@@ -914,10 +921,28 @@ impl Gen<'_, '_> {
             } else {
                 format!("make_{ctype}({})", words.join(", "))
             };
-            self.w(
-                d2 + 1,
-                format!("*({ctype}*)(tf_p + {}) = {value};", c * chunk / es),
-            );
+            // A word of several elements is stored as an element of the
+            // tensor viewed as words (the base address and every stride but
+            // the last are multiples of the word: `TensorSpec::align`), not
+            // through a cast of the element's address: NVVM split such a
+            // 16-byte store of a run into four 4-byte ones where the run's
+            // offset had no stride product, and in batched_softmax even
+            // with one (in every corpus kernel's PTX the words' form keeps
+            // each store whole).
+            let at = c * chunk / es;
+            let store = match chunk / es {
+                1 => format!("*({ctype}*)(tf_p + {at})"),
+                per => {
+                    if c == 0 {
+                        self.w(
+                            d2 + 1,
+                            format!("__builtin_assume((({offset}) & {}) == 0);", per - 1),
+                        );
+                    }
+                    format!("(({ctype}*)t{t})[(({offset}) + {at}) >> {}]", per.ilog2())
+                }
+            };
+            self.w(d2 + 1, format!("{store} = {value};"));
         }
         let slow = match half {
             Some(_) => format!("tf_p[tf_j] = {};", narrow(dtype, "tf_s[tf_j]", CTy::F32)),
