@@ -1408,6 +1408,12 @@ fn the_hopper_program_stores_a_bshd_output_by_rows() {
         "const bool tf_oc = t3_s3 == 1 && ((t3_s1 | tf_ou) & 1) == 0",
         "unsigned short* tf_ob = t3 + tf_ou + ((tb2 + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)) * t3_s1;",
         "if (tf_rok && tf_col < t3_n3) tf_ob[tf_col * t3_s3] = tf_f32_to_bf16(tf_ov[0]);",
+        // Where the whole head dimension is contiguous and rows start 16-byte
+        // aligned, a quad's column pairs are traded so each thread stores 8
+        // adjacent columns in one 16-byte store.
+        "const bool tf_o16 = t3_s3 == 1 && t3_n3 >= 128 && ((t3_s1 | tf_ou) & 7) == 0",
+        "__shfl_xor_sync(0xffffffffu, tf_b ? tf_w[tf_lo] : tf_w[tf_hi], 1 << tf_k);",
+        "if (tf_rok) ((uint4*)tf_ob)[tf_q * 4 + tf_t] = make_uint4(tf_w[0], tf_w[1], tf_w[2], tf_w[3]);",
     ] {
         assert!(src.contains(needle), "{needle}\n{src}");
     }

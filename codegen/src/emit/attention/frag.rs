@@ -611,11 +611,69 @@ impl Frags<'_> {
         };
         let row = &coords[rp];
         let (mi, di) = (g.mi, g.di);
+        // Where the whole head dimension is in the tensor, contiguous, and
+        // every row starts 16-byte aligned (a warp-uniform test), each quad
+        // trades its packed column pairs by two rounds of `shfl.xor` so that
+        // a thread holds 8 adjacent columns: one 16-byte store where four
+        // 4-byte ones went, each warp store covering 64 bytes of each of its 8
+        // rows (whole 32-byte sectors) instead of 16. Stored through the row
+        // viewed as 16-byte words: NVVM split the first of the stores into four
+        // 4-byte ones when written through a cast of an element's address.
+        let wide = match di % 4 {
+            0 => format!(
+                "{ind}  if (tf_o16) {{  // a quad's pairs traded: 8 adjacent columns a thread, 16 bytes a store\n\
+                 {ind}    const bool tf_b0 = (tf_t & 1) != 0, tf_b1 = (tf_t & 2) != 0;\n\
+                 {ind}    #pragma unroll\n\
+                 {ind}    for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
+                 {ind}    #pragma unroll\n\
+                 {ind}    for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
+                 {ind}      const bool tf_rok = {rok};\n\
+                 {ind}      unsigned short* tf_ob = {t} + tf_ou + ({row}) * {t}_s{rp};\n\
+                 {ind}      #pragma unroll\n\
+                 {ind}      for (int tf_q = 0; tf_q < {groups}; ++tf_q) {{\n\
+                 {ind}        unsigned int tf_w[4];\n\
+                 {ind}        #pragma unroll\n\
+                 {ind}        for (int tf_jj = 0; tf_jj < 4; ++tf_jj) {{\n\
+                 {ind}          const int tf_j = tf_q * 4 + tf_jj;\n\
+                 {ind}          float tf_ov[2];\n\
+                 {ind}          #pragma unroll\n\
+                 {ind}          for (int tf_e = 0; tf_e < 2; ++tf_e) tf_ov[tf_e] = {f32v};\n\
+                 {ind}          tf_w[tf_jj] = {pack}(tf_ov[0], tf_ov[1]);\n\
+                 {ind}        }}\n\
+                 {ind}        // Thread t's word u ends as thread u's word t (a 4x4 transpose in the quad).\n\
+                 {ind}        #pragma unroll\n\
+                 {ind}        for (int tf_k = 0; tf_k < 2; ++tf_k) {{\n\
+                 {ind}          const bool tf_b = tf_k == 0 ? tf_b0 : tf_b1;\n\
+                 {ind}          #pragma unroll\n\
+                 {ind}          for (int tf_lo = 0; tf_lo < 4; ++tf_lo) {{\n\
+                 {ind}            if (tf_lo & (1 << tf_k)) continue;\n\
+                 {ind}            const int tf_hi = tf_lo | (1 << tf_k);\n\
+                 {ind}            const unsigned int tf_r = __shfl_xor_sync(0xffffffffu, tf_b ? tf_w[tf_lo] : tf_w[tf_hi], 1 << tf_k);\n\
+                 {ind}            if (tf_b) tf_w[tf_lo] = tf_r; else tf_w[tf_hi] = tf_r;\n\
+                 {ind}          }}\n\
+                 {ind}        }}\n\
+                 {ind}        if (tf_rok) ((uint4*)tf_ob)[tf_q * 4 + tf_t] = make_uint4(tf_w[0], tf_w[1], tf_w[2], tf_w[3]);\n\
+                 {ind}      }}\n\
+                 {ind}    }}\n\
+                 {ind}  }} else\n",
+                groups = di / 4,
+            ),
+            _ => String::new(),
+        };
+        let o16 = match di % 4 {
+            0 => format!(
+                "{ind}  const bool tf_o16 = {t}_s{cp} == 1 && {t}_n{cp} >= {cols} && (({t}_s{rp} | tf_ou) & 7) == 0 && (((unsigned long long){t}) & 15ull) == 0;\n",
+                cols = di * 8
+            ),
+            _ => String::new(),
+        };
         Some(format!(
             "{ind}{{  // the output by rows: a row's address and mask once, a column a 32-bit offset\n\
              {ind}  const long long tf_ou = {uoff};\n\
              {ind}  // Columns contiguous, every row's start 4-byte aligned: pairs go in one store.\n\
              {ind}  const bool tf_oc = {t}_s{cp} == 1 && (({t}_s{rp} | tf_ou) & 1) == 0 && (((unsigned long long){t}) & 3ull) == 0;\n\
+             {o16}{wide}\
+             {ind}  {{\n\
              {ind}  #pragma unroll\n\
              {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
              {ind}  #pragma unroll\n\
@@ -634,6 +692,7 @@ impl Frags<'_> {
              {ind}        if (tf_rok && tf_col + 1 < {t}_n{cp}) tf_ob[(tf_col + 1) * {t}_s{cp}] = {one}(tf_ov[1]);\n\
              {ind}      }}\n\
              {ind}    }}\n\
+             {ind}  }}\n\
              {ind}  }}\n\
              {ind}}}\n"
         ))
