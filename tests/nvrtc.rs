@@ -524,6 +524,61 @@ fn one_pass_attention_backward_compiles_off_hopper() {
     compile_all(out, &[spec], &[out.config().expect("the default config")]);
 }
 
+/// The backward's Hopper programs at their untuned defaults on an H200 (the
+/// two kernels, dQ and dK/dV, and the one pass with dQ added by the TMA unit),
+/// head dimensions 64 and 128, causal and not: no warnings, no spills, and
+/// ptxas serializes no `wgmma` (C7510, C7520). The GPU suite runs them; here
+/// CI compiles them.
+#[test]
+fn attention_backward_hopper_defaults_compile_without_spills() {
+    use attention_backward::{attention_dkdv, attention_dkdvdq, attention_dq};
+    use tilefuse::codegen::{config::default_config_at, fit_whole_dims, Target};
+    if !common::nvrtc_or_skip() {
+        return;
+    }
+    let _alone = COMPILES.lock().unwrap_or_else(|p| p.into_inner());
+    let h200 = Target {
+        shared_limit: 227 * 1024,
+        wgmma: true,
+        sms: 132,
+    };
+    for def in [
+        attention_dq::kernel(),
+        attention_dkdv::kernel(),
+        attention_dkdvdq::kernel(),
+    ] {
+        let ir = def.ir().expect("the kernel's IR");
+        for d in [64, 128] {
+            // The whole head dimension `d`, every other extent 2048.
+            let ext: Vec<Option<usize>> = ir
+                .dims
+                .iter()
+                .map(|x| Some(if x.whole { d } else { 2048 }))
+                .collect();
+            for causal in [0, 1] {
+                let mut spec = def.declared_spec().expect("declared dtypes");
+                spec.constexprs = vec![causal];
+                let cfg = fit_whole_dims(ir, default_config_at(ir, &spec, h200, &ext), &ext);
+                let what = format!("{} {cfg} causal={causal}", def.name());
+                assert!(cfg.wgmma, "{what}: not the Hopper program");
+                let lowered = def.lower(&spec, &cfg).expect("lowers");
+                let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                no_warnings(&what, &log);
+                assert!(
+                    !log.contains("C7510") && !log.contains("C7520"),
+                    "{what}: wgmma serialized:\n{log}"
+                );
+                let spilled = spill_stores(&log).unwrap_or_else(|| panic!("no report in\n{log}"));
+                assert!(
+                    spilled <= spill_allowed(),
+                    "{what} spills {spilled} bytes:\n{log}"
+                );
+            }
+        }
+    }
+}
+
 /// Flash attention: FlashAttention-2's shapes and the tuner's others, head
 /// dimensions 32 to 256, causal and not, compile for sm_90a. Configs whose
 /// accumulators take at most 96 registers a thread do not spill; from 128 to

@@ -458,9 +458,11 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             "{ind}const int tf_ti = tf_it % tf_nt;\n{ind}long long tf_rest = tf_it / tf_nt;\n"
         );
         for &x in a.outer_each.iter().rev() {
+            // A role may not read a group's head index (dK/dV's consumers
+            // read only the step): `maybe_unused` keeps NVRTC from warning.
             let _ = write!(
                 out,
-                "{ind}const long long tb{x} = tf_rest % ({ext});  // tile `{name}`\n{ind}tf_rest /= ({ext});\n",
+                "{ind}[[maybe_unused]] const long long tb{x} = tf_rest % ({ext});  // tile `{name}`\n{ind}tf_rest /= ({ext});\n",
                 ext = e.end(x),
                 name = e.k.dims[x].name,
             );
