@@ -526,12 +526,39 @@ fn one_pass_attention_backward_compiles_off_hopper() {
 
 /// The backward's Hopper programs at their untuned defaults on an H200 (the
 /// two kernels, dQ and dK/dV, and the one pass with dQ added by the TMA unit),
-/// head dimensions 64 and 128, causal and not: no warnings, no spills, and
-/// ptxas serializes no `wgmma` (C7510, C7520). The GPU suite runs them; here
-/// CI compiles them.
+/// head dimensions 64 and 128 at 2048 tokens, causal and not: no warnings, no
+/// spills, no serialized `wgmma`. The GPU suite runs them; here CI compiles them.
 #[test]
 fn attention_backward_hopper_defaults_compile_without_spills() {
     use attention_backward::{attention_dkdv, attention_dkdvdq, attention_dq};
+    for def in [
+        attention_dq::kernel(),
+        attention_dkdv::kernel(),
+        attention_dkdvdq::kernel(),
+    ] {
+        hopper_defaults_compile_clean(def, &[64, 128], &[2048]);
+    }
+}
+
+/// The forward's untuned defaults on an H200 (persistent blocks up to 4096
+/// keys, three consumer warpgroups at head dimension 64, the output's 16-byte
+/// stores) at the head dimensions and lengths its benchmarks run, and the
+/// grouped-query kernel's: no warnings, no spills, no serialized `wgmma`.
+#[test]
+fn attention_hopper_defaults_compile_without_spills() {
+    hopper_defaults_compile_clean(
+        attention::attention::kernel(),
+        &[64, 128, 256],
+        &[1024, 4096, 16384],
+    );
+    hopper_defaults_compile_clean(attention::attention_gqa::kernel(), &[128], &[4096]);
+}
+
+/// Compiles `def`'s untuned default on an H200 for sm_90a at each whole
+/// (head) dimension in `ds` and each other extent in `lens`, causal and not:
+/// the Hopper program, with no warnings, no spills (see [`spill_allowed`]) and
+/// no `wgmma` serialized by ptxas (C7510, C7520).
+fn hopper_defaults_compile_clean(def: &KernelDef, ds: &[usize], lens: &[usize]) {
     use tilefuse::codegen::{config::default_config_at, fit_whole_dims, Target};
     if !common::nvrtc_or_skip() {
         return;
@@ -542,24 +569,19 @@ fn attention_backward_hopper_defaults_compile_without_spills() {
         wgmma: true,
         sms: 132,
     };
-    for def in [
-        attention_dq::kernel(),
-        attention_dkdv::kernel(),
-        attention_dkdvdq::kernel(),
-    ] {
-        let ir = def.ir().expect("the kernel's IR");
-        for d in [64, 128] {
-            // The whole head dimension `d`, every other extent 2048.
+    let ir = def.ir().expect("the kernel's IR");
+    for &d in ds {
+        for &len in lens {
             let ext: Vec<Option<usize>> = ir
                 .dims
                 .iter()
-                .map(|x| Some(if x.whole { d } else { 2048 }))
+                .map(|x| Some(if x.whole { d } else { len }))
                 .collect();
             for causal in [0, 1] {
                 let mut spec = def.declared_spec().expect("declared dtypes");
                 spec.constexprs = vec![causal];
                 let cfg = fit_whole_dims(ir, default_config_at(ir, &spec, h200, &ext), &ext);
-                let what = format!("{} {cfg} causal={causal}", def.name());
+                let what = format!("{} {cfg} causal={causal} d={d} len={len}", def.name());
                 assert!(cfg.wgmma, "{what}: not the Hopper program");
                 let lowered = def.lower(&spec, &cfg).expect("lowers");
                 let log = tilefuse::jit::resource_report(def.name(), &lowered.source, "sm_90a")

@@ -604,6 +604,8 @@ fn operands(e: &Emitter, a: &AttentionShape) -> Result<DType, CodegenError> {
 /// `tb{b}`, or for a head a group of query heads shares (`th / group`,
 /// [`AttentionShape::kv_group`]) `tf_kv{i}`, declared here. A group under 1
 /// gives an index past every extent: no rows (the TMA unit fills zeros).
+/// `maybe_unused`: a persistent program declares them in each role, and the
+/// consumers may not read them.
 fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenError> {
     let mut out = Vec::new();
     for (i, (&b, group)) in a.batch.iter().zip(&a.kv_group).enumerate() {
@@ -613,7 +615,7 @@ fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenE
             let (c, ty) = e.ctx(&coords).emit(x, "the key operands' batch index")?;
             let _ = writeln!(
                 e.out,
-                "  const long long tf_kv{i} = {};",
+                "  [[maybe_unused]] const long long tf_kv{i} = {};",
                 super::expr::convert(&c, ty, CTy::I64)
             );
             out.push(format!("tf_kv{i}"));
@@ -627,7 +629,7 @@ fn kv_batch(e: &mut Emitter, a: &AttentionShape) -> Result<Vec<String>, CodegenE
         let _ = writeln!(
             e.out,
             "  const long long tf_grp{i} = {g};\n\
-             \x20 const long long tf_kv{i} = tf_grp{i} > 0 ? tb{b} / tf_grp{i} : 0x7fffffffll;"
+             \x20 [[maybe_unused]] const long long tf_kv{i} = tf_grp{i} > 0 ? tb{b} / tf_grp{i} : 0x7fffffffll;"
         );
         out.push(format!("tf_kv{i}"));
     }
