@@ -619,16 +619,23 @@ impl Frags<'_> {
         // rows (whole 32-byte sectors) instead of 16. Stored through the row
         // viewed as 16-byte words: NVVM split the first of the stores into four
         // 4-byte ones when written through a cast of an element's address.
+        // The loops over a thread's rows, each row's mask and address, at
+        // indent `i` (both store forms open them).
+        let rows = |i: &str| -> String {
+            format!(
+                "{i}#pragma unroll\n\
+                 {i}for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
+                 {i}#pragma unroll\n\
+                 {i}for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
+                 {i}  const bool tf_rok = {rok};\n\
+                 {i}  unsigned short* tf_ob = {t} + tf_ou + ({row}) * {t}_s{rp};\n"
+            )
+        };
         let wide = match di % 4 {
             0 => format!(
                 "{ind}  if (tf_o16) {{  // a quad's pairs traded: 8 adjacent columns a thread, 16 bytes a store\n\
                  {ind}    const bool tf_b0 = (tf_t & 1) != 0, tf_b1 = (tf_t & 2) != 0;\n\
-                 {ind}    #pragma unroll\n\
-                 {ind}    for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
-                 {ind}    #pragma unroll\n\
-                 {ind}    for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
-                 {ind}      const bool tf_rok = {rok};\n\
-                 {ind}      unsigned short* tf_ob = {t} + tf_ou + ({row}) * {t}_s{rp};\n\
+                 {rows_wide}\
                  {ind}      #pragma unroll\n\
                  {ind}      for (int tf_q = 0; tf_q < {groups}; ++tf_q) {{\n\
                  {ind}        unsigned int tf_w[4];\n\
@@ -657,6 +664,7 @@ impl Frags<'_> {
                  {ind}    }}\n\
                  {ind}  }} else\n",
                 groups = di / 4,
+                rows_wide = rows(&format!("{ind}    ")),
             ),
             _ => String::new(),
         };
@@ -674,12 +682,7 @@ impl Frags<'_> {
              {ind}  const bool tf_oc = {t}_s{cp} == 1 && (({t}_s{rp} | tf_ou) & 1) == 0 && (((unsigned long long){t}) & 3ull) == 0;\n\
              {o16}{wide}\
              {ind}  {{\n\
-             {ind}  #pragma unroll\n\
-             {ind}  for (int tf_mi = 0; tf_mi < {mi}; ++tf_mi)\n\
-             {ind}  #pragma unroll\n\
-             {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
-             {ind}    const bool tf_rok = {rok};\n\
-             {ind}    unsigned short* tf_ob = {t} + tf_ou + ({row}) * {t}_s{rp};\n\
+             {rows_pairs}\
              {ind}    #pragma unroll\n\
              {ind}    for (int tf_j = 0; tf_j < {di}; ++tf_j) {{\n\
              {ind}      const int tf_col = tf_j * 8 + 2 * tf_t;\n\
@@ -694,7 +697,8 @@ impl Frags<'_> {
              {ind}    }}\n\
              {ind}  }}\n\
              {ind}  }}\n\
-             {ind}}}\n"
+             {ind}}}\n",
+            rows_pairs = rows(&format!("{ind}  ")),
         ))
     }
 }
