@@ -58,7 +58,7 @@ def main():
         shares = [(float(ms), same)]
         if name in tuned:
             shares.append((float(tuned[name][1]), tuned[name][3]))
-        share = min(shares)[1]
+        share = min(shares, key=lambda s: s[0])[1]
         row.append(f"{float(share):.0f}%" if share else "–")
         print("| " + " | ".join(row) + " |")
 
