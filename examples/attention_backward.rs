@@ -8,7 +8,7 @@
 //! over them). Every gradient is checked against float64.
 //!
 //! ```text
-//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused [--tma-add]]   (default 1 2 200 64)
+//! cargo run --release --example attention_backward -- [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused [--tma-add] | --two-kernels]   (default 1 2 200 64)
 //! ```
 //!
 //! The forward takes the attention program, and so do the backward's
@@ -20,13 +20,15 @@
 //! On Hopper the untuned default is the Hopper (`wgmma`) program at head
 //! dimensions 64 and 128 (those checked there; `--hopper` pins it at any): K
 //! and V (or Q and dO) in shared memory, the streamed operands in a ring
-//! filled by TMA, each product a `wgmma` group (4×16×2048×128 on an H200:
-//! 1.260 ms against `mma.sync`'s 2.288). `--fused` runs the backward in one
-//! pass instead ([`attention_dkdvdq`]: dQ added atomically from the dK/dV
-//! kernel, as FlashAttention-2 and -3 do), by default on the Hopper program
-//! there too with dQ's adds made by the TMA unit (4×16×2048×128: 1.071 ms,
-//! the two kernels 1.245), else on the general lowering; `--fused --hopper`
-//! pins the Hopper program with the threads' adds.
+//! filled by TMA, each product a `wgmma` group.
+//!
+//! On Hopper the backward runs in one pass by default ([`attention_dkdvdq`]:
+//! dQ added atomically from the dK/dV kernel, as FlashAttention-2 and -3 do,
+//! the adds made by the TMA unit; 4×16×2048×128 on an H200: 0.83 ms, the two
+//! kernels 1.03). `--two-kernels` runs dK/dV and dQ apart instead (the
+//! default elsewhere, where the one pass takes the general lowering);
+//! `--fused` the one pass on any GPU; `--fused --hopper` pins the Hopper
+//! program with the threads' adds, `--hopper` alone the two kernels'.
 
 use std::process::ExitCode;
 use tilefuse::prelude::*;
@@ -540,9 +542,14 @@ struct Cli {
     #[arg(long)]
     hopper: bool,
     /// The one-pass backward (`attention_dkdvdq`: dQ accumulated atomically
-    /// in the dK/dV pass) instead of dK/dV and dQ apart.
+    /// in the dK/dV pass) instead of dK/dV and dQ apart, on any GPU (the
+    /// default on Hopper, unless `--hopper` pins the two kernels' programs).
     #[arg(long)]
     fused: bool,
+    /// dK/dV and dQ in two kernels (FlashAttention-2's structure; the
+    /// default off Hopper, where the one pass takes the general lowering).
+    #[arg(long, conflicts_with = "fused")]
+    two_kernels: bool,
     /// With `--fused`, pin the Hopper program with dQ's adds staged in
     /// shared memory and made by the TMA unit (`Config::tma_store`) at any
     /// head dimension (the untuned default on Hopper at 64 and 128), two
@@ -552,7 +559,7 @@ struct Cli {
 }
 
 /// The command line, for the errors clap does not make.
-const USAGE: &str = "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused [--tma-add]]";
+const USAGE: &str = "usage: attention_backward [B H S D] [--causal] [--kv-heads HK] [--bench] [--hopper] [--fused [--tma-add] | --two-kernels]";
 
 fn main() -> ExitCode {
     tilefuse::runtime::log::init();
@@ -583,12 +590,17 @@ fn main() -> ExitCode {
     let run = || -> tilefuse::Result<bool> {
         let dev = Device::current()?;
         let [b, h, s, d] = shape;
+        // One pass where the Hopper program takes it (faster than the two
+        // kernels there: 0.83 against 1.03 ms at 4×16×2048×128 on an H200),
+        // unless `--hopper` pins the two kernels' programs.
+        let fused =
+            cli.fused || (!cli.two_kernels && !cli.hopper && !dev.is_host() && dev.target().wgmma);
         println!(
             "device: {} ({}), attention backward over q [{b}x{h}x{s}x{d}], k, v [{b}x{hk}x{s}x{d}] bf16{}{}",
             dev.name(),
             dev.arch(),
             if cli.causal { ", causal" } else { "" },
-            match (cli.fused, cli.hopper || cli.tma_add, cli.tma_add) {
+            match (fused, cli.hopper || cli.tma_add, cli.tma_add) {
                 (true, _, true) => ", one pass, Hopper program, dQ added by TMA",
                 (true, true, _) => ", one pass, Hopper program",
                 (true, false, _) => ", one pass",
@@ -608,7 +620,7 @@ fn main() -> ExitCode {
         }
         let p = Problem::grouped(shape, hk, cli.causal)?;
         let backward = || {
-            if cli.fused {
+            if fused {
                 p.backward_fused()
             } else {
                 p.backward()
@@ -652,7 +664,7 @@ fn main() -> ExitCode {
                 Ok(tilefuse::time_gpu(&dev, 3, 20, true, f)?.median_ms)
             };
             let delta = ms(&|| attention_delta(&p.out, &p.dout, &p.delta))?;
-            let parts = if cli.fused {
+            let parts = if fused {
                 let one = ms(&|| {
                     p.dq_acc.zero()?;
                     attention_dkdvdq(

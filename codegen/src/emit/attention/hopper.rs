@@ -454,20 +454,36 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         if a.outer_each.is_empty() {
             return String::new();
         }
+        // In 32 bits (every index is below `tf_steps`, an int), one division
+        // for the key tile and its quotient; the outermost loop's index is
+        // what is left (below its extent), with no division. 64-bit divisions
+        // here, twice a step, were ~12% of the one-pass backward's stall
+        // samples on an H200.
         let mut out = format!(
-            "{ind}const int tf_ti = tf_it % tf_nt;\n{ind}long long tf_rest = tf_it / tf_nt;\n"
+            "{ind}const int tf_rest0 = tf_it / tf_nt;\n{ind}const int tf_ti = tf_it - tf_rest0 * tf_nt;\n"
         );
-        for &x in a.outer_each.iter().rev() {
+        let mut rest = "tf_rest0".to_string();
+        for (i, &x) in a.outer_each.iter().rev().enumerate() {
             // A role may not read a group's head index (dK/dV's consumers
             // read only the step): `maybe_unused` keeps NVRTC from warning.
-            let _ = write!(
-                out,
-                "{ind}[[maybe_unused]] const long long tb{x} = tf_rest % ({ext});  // tile `{name}`\n{ind}tf_rest /= ({ext});\n",
-                ext = e.end(x),
-                name = e.k.dims[x].name,
-            );
+            let name = &e.k.dims[x].name;
+            if i + 1 == a.outer_each.len() {
+                let _ = writeln!(
+                    out,
+                    "{ind}[[maybe_unused]] const long long tb{x} = {rest};  // tile `{name}`"
+                );
+            } else {
+                let _ = write!(
+                    out,
+                    "{ind}const int tf_rest{n} = {rest} / (int)({ext});\n\
+                     {ind}[[maybe_unused]] const long long tb{x} = {rest} - tf_rest{n} * (int)({ext});  // tile `{name}`\n",
+                    n = i + 1,
+                    ext = e.end(x),
+                );
+                rest = format!("tf_rest{}", i + 1);
+            }
         }
-        out + &format!("{ind}(void)tf_rest;\n")
+        out
     };
     let tile_of_step = if a.outer_each.is_empty() {
         "tf_it"
@@ -1059,6 +1075,8 @@ pub(super) fn atomic_product(
     flight: &mut super::InFlight,
     packed: Option<&str>,
 ) -> Result<(), CodegenError> {
+    // An update issued after this product (see `InFlight::deferred`).
+    let then = flight.deferred.take();
     let Stmt::Atomic {
         tensor,
         index,
@@ -1205,10 +1223,11 @@ pub(super) fn atomic_product(
          {ind}  asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
         line = super::super::one_line(at),
         wait = {
-            // All but the last update complete: their packed operands free
-            // before the product's accumulators live.
+            // All but the last update complete (all, where an update is
+            // issued after this product): their packed operands free before
+            // the product's accumulators live.
             let mut w = String::new();
-            flight.wait_all_but(&mut w, &format!("{ind}  "), 1);
+            flight.wait_all_but(&mut w, &format!("{ind}  "), usize::from(then.is_none()));
             w
         },
         ni = g.ni,
@@ -1216,6 +1235,10 @@ pub(super) fn atomic_product(
         lbo = g.bm * 128,
     );
     flight.issued(super::Product::Atomic(x.at));
+    if let Some((issue, p)) = then {
+        e.out.push_str(&issue);
+        flight.issued(p);
+    }
     let inner = format!("{ind}  ");
     flight.wait(&mut e.out, &inner, |p| p == super::Product::Atomic(x.at));
     if e.cfg.tma_store {
@@ -1576,32 +1599,38 @@ pub(super) fn scores_issue(
 }
 
 /// In a program with more products a step (see [`scores_issue`]), an
-/// update `acc += p·keys` as its own `wgmma` group: `p` (the `[1][NI][4]`
-/// floats `p`) packed into the A fragments `pa` (live until the group
-/// completes), the key operand's stage at `buf` as the transposed operand.
+/// update `acc += p·keys` as its own `wgmma` group, in two parts: `p` (the
+/// `[1][NI][4]` floats `p`) packed into the A fragments `pa` (live until the
+/// group completes), then the group's issue, the key operand's stage at `buf`
+/// as the transposed operand. The issue may be deferred past a later product
+/// (see `step_body`'s deferred update).
 pub(super) fn update_issue(
     g: &Geo,
     ind: &str,
     acc: &str,
     (pa, p): (&str, &str),
     buf: &str,
-) -> String {
+) -> (String, String) {
     let kk = g.bn / 16;
-    format!(
-        "{ind}tf_u32 {pa}[{kk}][4];\n\
-         {ind}#pragma unroll\n\
-         {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk) {{\n\
-         {pack}\
-         {ind}}}\n\
-         {ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
-         {pv}\
-         {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
-        pack = super::pack_p(
-            &format!("{ind}  "),
-            &format!("{pa}[tf_kk]"),
-            &format!("{p}[0]")
+    (
+        format!(
+            "{ind}tf_u32 {pa}[{kk}][4];\n\
+             {ind}#pragma unroll\n\
+             {ind}for (int tf_kk = 0; tf_kk < {kk}; ++tf_kk) {{\n\
+             {pack}\
+             {ind}}}\n",
+            pack = super::pack_p(
+                &format!("{ind}  "),
+                &format!("{pa}[tf_kk]"),
+                &format!("{p}[0]")
+            ),
         ),
-        pv = pv_issue(g, ind, acc, pa, buf),
+        format!(
+            "{ind}asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n\
+             {pv}\
+             {ind}asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n",
+            pv = pv_issue(g, ind, acc, pa, buf),
+        ),
     )
 }
 
