@@ -1269,14 +1269,22 @@ pub(super) fn atomic_product(
              {ind}  const tf_u32 tf_dqb = tf_sdq + (tf_cw >> 2) * {wg_bytes}u;\n\
              {ind}  if (tf_lead) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");\n\
              {ind}  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + (tf_cw >> 2)) : \"memory\");\n\
+             {ind}  // Rows of odd `tf_g` store column group `tf_j ^ 2` where the others store\n\
+             {ind}  // `tf_j` (each lane both, over the loop): a half-warp's four rows then meet\n\
+             {ind}  // eight distinct 16-byte chunks of the swizzled rows, where one `tf_j` put\n\
+             {ind}  // rows `g` and `g ^ 1` on the same banks.\n\
+             {ind}  const bool tf_odd = (tf_g & 1) != 0;\n\
              {ind}  #pragma unroll\n\
              {ind}  for (int tf_j = 0; tf_j < {nj}; ++tf_j)\n\
              {ind}  #pragma unroll\n\
              {ind}  for (int tf_h = 0; tf_h < 2; ++tf_h) {{\n\
              {ind}    const int tf_r = (tf_cw & 3) * 16 + tf_h * 8 + tf_g;\n\
-             {ind}    const int tf_ch = (tf_j & 3) * 2 + (tf_t >> 1);  // the 16-byte chunk in the box's row\n\
-             {ind}    asm volatile(\"st.shared.v2.f32 [%0], {{%1, %2}};\" :: \"r\"(tf_dqb + (tf_j >> 2) * {box}u + tf_r * 128 + ((tf_ch ^ (tf_r & 7)) << 4) + ((tf_t & 1) << 3)),\n\
-             {ind}        \"f\"(tf_dq[tf_j * 4 + tf_h * 2]{scale}), \"f\"(tf_dq[tf_j * 4 + tf_h * 2 + 1]{scale}) : \"memory\");\n\
+             {ind}    const int tf_jo = tf_odd ? tf_j ^ 2 : tf_j;  // the column group stored\n\
+             {ind}    const int tf_ch = (tf_jo & 3) * 2 + (tf_t >> 1);  // the 16-byte chunk in the box's row\n\
+             {ind}    const float tf_x0 = tf_odd ? tf_dq[(tf_j ^ 2) * 4 + tf_h * 2] : tf_dq[tf_j * 4 + tf_h * 2];\n\
+             {ind}    const float tf_x1 = tf_odd ? tf_dq[(tf_j ^ 2) * 4 + tf_h * 2 + 1] : tf_dq[tf_j * 4 + tf_h * 2 + 1];\n\
+             {ind}    asm volatile(\"st.shared.v2.f32 [%0], {{%1, %2}};\" :: \"r\"(tf_dqb + (tf_jo >> 2) * {box}u + tf_r * 128 + ((tf_ch ^ (tf_r & 7)) << 4) + ((tf_t & 1) << 3)),\n\
+             {ind}        \"f\"(tf_x0{scale}), \"f\"(tf_x1{scale}) : \"memory\");\n\
              {ind}  }}\n\
              {ind}  asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the TMA unit's reads\n\
              {ind}  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(2 + (tf_cw >> 2)) : \"memory\");\n\
