@@ -156,16 +156,27 @@ fn a_gather_of_many_elements_a_row_stages_the_rows_in_shared_memory() {
     assert_eq!(l.gathers, vec![stage.clone()]);
     assert!(l.params.contains(&Param::StageCap));
     let body = kernel_part(&l);
-    // The staged branch, then the direct one.
-    let staged = body
-        .find("<= tf_stage_cap) {  // rows staged")
-        .unwrap_or(usize::MAX);
+    // The rows' copies issued, then the indices loaded (in flight together,
+    // and the indices hold no registers across the copy loops), then the
+    // staged branch's gather, then the direct one.
+    let at = |s: &str| body.find(s).unwrap_or(usize::MAX);
+    let issued = at("tf_cp_async_commit();");
+    let indices = at("= *(const uint4*)(tf_p");
+    let waited = at("tf_cp_async_wait<0>();");
     let direct = body.find("t0[(tb0 + tf_o0_0) * t0_s0 + ").unwrap_or(0);
-    assert!(staged < direct, "{body}");
+    assert!(at("<= tf_stage_cap;") < issued, "{body}");
+    assert!(
+        issued < indices && indices < waited && waited < direct,
+        "{body}"
+    );
+    // The copy loops count in ints (staged rows fit shared memory).
     for want in [
-        "tf_cp_async16(tf_smem_u32(tf_dst + tf_j), tf_src + tf_j, 16u)",
-        "tf_cp_async_wait<0>();",
-        "tf_sg[(long long)(",
+        "for (int tf_j = tid * 8; tf_j + 8 <= tf_rl; tf_j += 1024) \
+         tf_cp_async16(tf_smem_u32(tf_dst + tf_j), tf_src + tf_j, 16u)",
+        "const int tf_rl = (int)t0_n1;",
+        // Gathered bf16 kept two to a 32-bit register, as loaded.
+        "unsigned int tf_l1[",
+        "? (unsigned int)(tf_u16)(tf_sg[(long long)(",
     ] {
         assert!(body.contains(want), "`{want}` missing:\n{body}");
     }

@@ -11,6 +11,7 @@ mod autotune;
 mod bad_input;
 mod barrier;
 mod epilogue;
+mod gathers;
 mod interpret;
 mod matmul;
 mod pointwise;

@@ -16,7 +16,6 @@
 
 use super::memory::Comp;
 use super::{Gen, Val};
-use crate::emit::expr::{widen, zero};
 use crate::error::CodegenError;
 use crate::ir::*;
 
@@ -55,7 +54,12 @@ impl GatherStage {
 
 impl Gen<'_, '_> {
     /// The staged gather of `v` (`tensor[comps]`) when the load is one, its
-    /// global-memory gather in the other branch; false where it is not.
+    /// global-memory gather in the other branch; false (nothing written)
+    /// where it is not. `index_code` computes the gathered index (the last
+    /// component): it goes after the rows' copies are issued, so the
+    /// indices load while the copies are in flight and hold no registers
+    /// across the copy loops (index_select spilled 52 bytes at its 40
+    /// registers with them live there).
     pub(super) fn staged_gather(
         &mut self,
         v: &Val,
@@ -63,6 +67,7 @@ impl Gen<'_, '_> {
         comps: &[Comp],
         l: usize,
         depth: usize,
+        index_code: &str,
     ) -> Result<bool, CodegenError> {
         let ts = &self.e.spec.tensors[t];
         let (Some(Comp::Gather(_)), true) = (comps.last(), ts.last_contiguous) else {
@@ -103,13 +108,16 @@ impl Gen<'_, '_> {
         if !self.gathers.contains(&stage) {
             self.gathers.push(stage);
         }
+        self.staged += 1;
         let st = dtype.c_storage();
         let threads = self.threads;
         let len = format!("t{t}_n{axis}");
+        // Staged rows fit the block's shared memory: their offsets are ints.
         self.w(
             depth,
-            format!("if ((long long){rows} * {len} * {es} <= tf_stage_cap) {{  // rows staged"),
+            format!("const bool tf_stg = (long long){rows} * {len} * {es} <= tf_stage_cap;"),
         );
+        self.w(depth, "if (tf_stg) {  // rows staged: their copies issued");
         let d1 = depth + 1;
         self.w(
             d1,
@@ -119,7 +127,7 @@ impl Gen<'_, '_> {
             d1,
             format!("{st}* tf_sg = ({st}*)(tf_smem + tf_stage_base);"),
         );
-        self.w(d1, format!("const long long tf_rl = {len};"));
+        self.w(d1, format!("const int tf_rl = (int){len};"));
         self.w(d1, format!("for (int tf_r = 0; tf_r < {rows}; ++tf_r) {{"));
         let d2 = d1 + 1;
         // The row's index along each axis; rows past an extent or the
@@ -168,10 +176,7 @@ impl Gen<'_, '_> {
             src.join(" + ")
         };
         self.w(d2, format!("const {st}* tf_src = t{t} + ({src});"));
-        self.w(
-            d2,
-            format!("{st}* tf_dst = tf_sg + (long long)tf_r * tf_rl;"),
-        );
+        self.w(d2, format!("{st}* tf_dst = tf_sg + tf_r * tf_rl;"));
         let v16 = 16 / es;
         self.w(
             d2,
@@ -182,7 +187,7 @@ impl Gen<'_, '_> {
         self.w(
             d2 + 1,
             format!(
-                "for (long long tf_j = (long long)tid * {v16}; tf_j + {v16} <= tf_rl; tf_j += {}) \
+                "for (int tf_j = tid * {v16}; tf_j + {v16} <= tf_rl; tf_j += {}) \
                  tf_cp_async16(tf_smem_u32(tf_dst + tf_j), tf_src + tf_j, 16u);",
                 threads * v16
             ),
@@ -190,7 +195,7 @@ impl Gen<'_, '_> {
         self.w(
             d2 + 1,
             format!(
-                "for (long long tf_j = tf_rl / {v16} * {v16} + tid; tf_j < tf_rl; tf_j += {threads}) \
+                "for (int tf_j = tf_rl / {v16} * {v16} + tid; tf_j < tf_rl; tf_j += {threads}) \
                  tf_dst[tf_j] = tf_src[tf_j];"
             ),
         );
@@ -198,13 +203,21 @@ impl Gen<'_, '_> {
         self.w(
             d2 + 1,
             format!(
-                "#pragma unroll 4\n{}for (long long tf_j = tid; tf_j < tf_rl; tf_j += {threads}) tf_dst[tf_j] = tf_src[tf_j];",
+                "#pragma unroll 4\n{}for (int tf_j = tid; tf_j < tf_rl; tf_j += {threads}) tf_dst[tf_j] = tf_src[tf_j];",
                 super::indent(d2 + 1)
             ),
         );
         self.w(d2, "}");
         self.w(d1, "}");
         self.w(d1, "tf_cp_async_commit();");
+        self.w(depth, "}");
+        self.body.push_str(index_code);
+        self.w(depth, "if (tf_stg) {  // each element from its staged row");
+        self.w(
+            d1,
+            format!("const {st}* tf_sg = (const {st}*)(tf_smem + tf_stage_base);"),
+        );
+        self.w(d1, format!("const int tf_rl = (int){len};"));
         self.w(d1, "tf_cp_async_wait<0>();");
         self.w(d1, "__syncthreads();");
         // Each element from its staged row.
@@ -221,12 +234,9 @@ impl Gen<'_, '_> {
             row.join(" + ")
         };
         let col = self.comp_c(&comps[axis], l);
-        let (val, ty) = widen(dtype, &format!("tf_sg[(long long)({row}) * tf_rl + {col}]"));
-        let access = self.access(v);
-        self.w(
-            d1 + n,
-            format!("{access} = ({}) ? {val} : {};", mask.join(" && "), zero(ty)),
-        );
+        let elem = format!("tf_sg[(long long)({row}) * tf_rl + {col}]");
+        let put = self.put_masked(v, dtype, &mask.join(" && "), &elem);
+        self.w(d1 + n, put);
         self.close(n, d1);
         self.w(depth, "} else {");
         self.gather_direct(v, t, comps, l, depth + 1);

@@ -350,9 +350,17 @@ impl Gen<'_, '_> {
             view: None,
         };
         // The index components first (a gather's indices are loads too).
+        // The last component's code apart: a staged gather issues its rows'
+        // copies before its indices load (they overlap, and the indices are
+        // not live across the copy loops).
         let mut head = String::new();
         std::mem::swap(&mut head, &mut self.body);
-        let comps = self.comps(index, at, l, depth + 1, pre)?;
+        let k = index.len().saturating_sub(1);
+        let mut comps = self.comps(&index[..k], at, l, depth + 1, pre)?;
+        let split = self.body.len();
+        let staged = self.staged;
+        comps.extend(self.comps(&index[k..], at, l, depth + 1, pre)?);
+        let nested = self.staged != staged;
         std::mem::swap(&mut head, &mut self.body);
         let mut run = self.vector_run(t, &comps, l);
         // A tile that runs along another dimension than the scope's vectors
@@ -382,15 +390,42 @@ impl Gen<'_, '_> {
                 v.raw = Some(dtype);
             }
         }
+        // Gathered values narrower than a word are kept raw too, two or four
+        // to a register (index_select's 16 gathered bf16 a thread spilled at
+        // its 40 registers as floats, 52 bytes).
+        let gathered = comps.iter().any(|c| matches!(c, Comp::Gather(_)));
+        if run.is_none() && gathered && dtype.size() < 4 && self.size(l, &v.dims) > 1 {
+            v.raw = Some(dtype);
+        }
         let decl = self.decl(&v);
         self.w(depth, format!("{decl};  // {}", crate::emit::one_line(at)));
         self.w(depth, "{");
-        self.body.push_str(&head);
         let d1 = depth + 1;
+        if v.raw.is_some() && run.is_none() {
+            let n = self.len(&v);
+            self.w(
+                d1,
+                format!(
+                    "#pragma unroll\n{}for (int tf_k = 0; tf_k < {n}; ++tf_k) {}[tf_k] = 0u;",
+                    super::indent(d1),
+                    v.name
+                ),
+            );
+        }
         match run {
-            Some((d, p, chunk)) => self.load_runs(&v, t, &comps, d, p, chunk, d1),
+            Some((d, p, chunk)) => {
+                self.body.push_str(&head);
+                self.load_runs(&v, t, &comps, d, p, chunk, d1)
+            }
             None => {
-                if !self.staged_gather(&v, t, &comps, l, d1)? {
+                let (rows, mut last) = head.split_at(split);
+                self.body.push_str(rows);
+                if nested {
+                    self.body.push_str(last);
+                    last = "";
+                }
+                if !self.staged_gather(&v, t, &comps, l, d1, last)? {
+                    self.body.push_str(last);
                     self.gather_direct(&v, t, &comps, l, d1);
                 }
             }
@@ -420,14 +455,33 @@ impl Gen<'_, '_> {
         let n = self.open(l, &v.dims, depth);
         let mut mask = vec![self.live_c(l, &v.dims)];
         mask.extend(self.bounds_c(t, comps, l, None));
-        let raw = format!("t{t}[{}]", self.offset_of(t, comps, l));
-        let (val, ty) = widen(dtype, &raw);
-        let access = self.access(v);
-        self.w(
-            depth + n,
-            format!("{access} = ({}) ? {val} : {};", mask.join(" && "), zero(ty)),
-        );
+        let elem = format!("t{t}[{}]", self.offset_of(t, comps, l));
+        let put = self.put_masked(v, dtype, &mask.join(" && "), &elem);
+        self.w(depth + n, put);
         self.close(n, depth);
+    }
+
+    /// The statement that sets `v`'s current element to `elem` (a C lvalue of
+    /// `dtype`'s storage) where `mask` holds, else to zero: widened, or into
+    /// its word's bits where `v` keeps raw words (zeroed before).
+    pub(super) fn put_masked(&self, v: &Val, dtype: DType, mask: &str, elem: &str) -> String {
+        match v.raw {
+            Some(dt) if dt.size() < 4 => {
+                let (per, bits) = (4 / dt.size(), dt.size() * 8);
+                let f = self.flat(v.layout, &v.dims);
+                let f = f.trim_start_matches('[').trim_end_matches(']');
+                let f = if f.is_empty() { "0" } else { f };
+                format!(
+                    "{}[({f}) / {per}] |= (({mask}) ? (unsigned int)({})({elem}) : 0u) << ((({f}) % {per}) * {bits});",
+                    v.name,
+                    if bits == 8 { "unsigned char" } else { "tf_u16" },
+                )
+            }
+            _ => {
+                let (val, ty) = widen(dtype, elem);
+                format!("{} = ({mask}) ? {val} : {};", self.access(v), zero(ty))
+            }
+        }
     }
 
     /// A layout like `l` with 16-byte runs along the dimension of `t`'s

@@ -116,6 +116,9 @@ struct Gen<'e, 'a> {
     deferred: HashMap<usize, defer::Deferred>,
     /// Gathers staged through shared memory when the launch gives room ([`gather`]).
     gathers: Vec<GatherStage>,
+    /// Staged gathers written so far: all use the one staging region, so
+    /// one inside another's index runs whole before the outer one stages.
+    staged: usize,
     /// Tensors read once along the walk the programs share: their vector
     /// loads are streamed ([`stream`]).
     streamed: Vec<TensorId>,
@@ -198,6 +201,7 @@ pub(crate) fn emit(e: &mut Emitter, plan: &lowering::GeneralPlan) -> Result<Lowe
         deferred: HashMap::new(),
         paired: argreduce::paired(k),
         gathers: Vec::new(),
+        staged: 0,
         streamed: split
             .map(|s| stream::read_once(k, s.dim))
             .unwrap_or_default(),
