@@ -637,6 +637,26 @@ fn the_scores_scale_folds_into_the_max_and_the_exponent() {
     assert!(!body.contains(folded) && !body.contains(guard), "{body}");
 }
 
+/// The causal mask `tm.index() >= tn.index()` and the keys' extent in a
+/// masked step compare in-block offsets in 32 bits against the tiles' starts'
+/// difference (two 64-bit adds and compares an element before: 32×16×1024
+/// causal 0.329 -> 0.318 ms on an H200), on both programs.
+#[test]
+fn the_masked_step_compares_in_32_bits() {
+    let (ir, spec) = forward(1);
+    for c in [default_config(ir), default_wgmma_attention(ir).unwrap()] {
+        let src = lower(ir, &spec, &c).unwrap().source;
+        let body = &src[src.find("extern \"C\"").expect("a kernel")..];
+        let mask = format!("(int)(tf_wr + tf_mi * 16 + tf_h * 8 + tf_g) - (int)(tf_j * 8 + 2 * tf_t + tf_e) >= tf_sat30(tb{TN} - tb{TM})");
+        let keys = format!("((int)(tf_j * 8 + 2 * tf_t + tf_e) < tf_sat30((s{TN}) - tb{TN}))");
+        assert!(body.contains(&mask) && body.contains(&keys), "{c}\n{body}");
+        assert!(
+            !body.contains(&format!("(long long)((tb{TM} + tf_wr")),
+            "{c}\n{body}"
+        );
+    }
+}
+
 /// Attention's dK/dV kernel planned by the general lowering
 /// ([`Planned::general`]), for the general lowering's tests.
 fn dkdv_on_the_general_lowering() -> Planned {

@@ -23,6 +23,9 @@ pub struct ElemCtx<'a> {
     pub checked: &'a Checked,
     /// Global index of the element along each tile dimension in use (`None`: not bound here).
     pub coords: HashMap<DimId, String>,
+    /// The in-block part of a bound coordinate whose whole is `tb{d} + within`
+    /// (an int below 2^30): a comparison of two such tile indices takes 32 bits.
+    pub within: HashMap<DimId, String>,
     /// Variables that have a C name here (the accumulator's fragment, scalar locals).
     pub named_vars: HashMap<VarId, String>,
     /// Variables whose value is inlined where used: their `let` expression.
@@ -176,6 +179,17 @@ impl ElemCtx<'_> {
             })
     }
 
+    /// A tile's own index whose coordinate here is `tb{d} + within`: its
+    /// dimension and in-block offset.
+    fn within_of(&self, e: &Expr) -> Option<(DimId, String)> {
+        match e {
+            Expr::TileIndex(d) if !self.k.is_each(*d) => {
+                self.within.get(d).map(|w| (*d, w.clone()))
+            }
+            _ => None,
+        }
+    }
+
     fn unsupported(&self, at: &str, message: impl Into<String>) -> CodegenError {
         CodegenError::Unsupported {
             kernel: self.k.name.clone(),
@@ -300,6 +314,22 @@ impl ElemCtx<'_> {
                 } else {
                     (format!("(long long)({})", self.coord(*d, at)?), CTy::I64)
                 }
+            }
+            Expr::Compare { op, lhs, rhs, .. }
+                if self.within_of(lhs).is_some() && self.within_of(rhs).is_some() =>
+            {
+                // `tm.index() >= tn.index()` (a causal mask): the in-block offsets'
+                // difference against the tile starts', in 32 bits, where the whole
+                // indices took two 64-bit adds and compares an element.
+                let (dl, ol) = self.within_of(lhs).unwrap_or_default();
+                let (dr, or) = self.within_of(rhs).unwrap_or_default();
+                (
+                    format!(
+                        "((int)({ol}) - (int)({or}) {} tf_sat30(tb{dr} - tb{dl}))",
+                        op.symbol()
+                    ),
+                    CTy::Bool,
+                )
             }
             Expr::Compare { op, lhs, rhs, at } => {
                 let l = self.emit(lhs, at)?;

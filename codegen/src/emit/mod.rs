@@ -444,6 +444,7 @@ impl<'a> Emitter<'a> {
             spec: self.spec,
             checked: self.checked,
             coords: coords.iter().cloned().collect(),
+            within: HashMap::new(),
             named_vars: self.named_vars.clone(),
             inline_vars: self.inline_vars.clone(),
             precomputed: Vec::new(),

@@ -46,6 +46,9 @@ __device__ __forceinline__ int tf_max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ unsigned int tf_max(unsigned int a, unsigned int b) { return a > b ? a : b; }
 __device__ __forceinline__ long long tf_max(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ float tf_max(float a, float b) { return fmaxf(a, b); }
+// A difference of tile starts saturated to ±2^30: compared with a difference of
+// in-block offsets (below 2^30), it orders two tile indices as the full values do.
+__device__ __forceinline__ int tf_sat30(long long a) { return (int)(a < -1073741824ll ? -1073741824ll : (a > 1073741824ll ? 1073741824ll : a)); }
 __device__ __forceinline__ int tf_abs(int a) { return a < 0 ? -a : a; }
 __device__ __forceinline__ unsigned int tf_abs(unsigned int a) { return a; }
 __device__ __forceinline__ long long tf_abs(long long a) { return a < 0 ? -a : a; }

@@ -18,6 +18,11 @@ use crate::error::CodegenError;
 use crate::ir::*;
 use std::fmt::Write;
 
+/// A fragment element's row within its block (its warp's rows, its 16-row
+/// tile, its half, its group), and its column within the block's columns.
+const ROW_WITHIN: &str = "tf_wr + tf_mi * 16 + tf_h * 8 + tf_g";
+const COL_WITHIN: &str = "tf_j * 8 + 2 * tf_t + tf_e";
+
 /// Where the elements of a value live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Layout {
@@ -86,13 +91,28 @@ impl Geo {
     /// The global index of the element's row, and of its column along the
     /// loop's column tile (keys or head dimension).
     pub fn row(&self) -> String {
-        format!("(tb{} + tf_wr + tf_mi * 16 + tf_h * 8 + tf_g)", self.m)
+        format!("(tb{} + {ROW_WITHIN})", self.m)
     }
 
     pub fn col(&self, l: Layout) -> String {
         match l {
-            Layout::Scores => format!("(tb{} + tf_j * 8 + 2 * tf_t + tf_e)", self.n),
-            _ => "(tf_j * 8 + 2 * tf_t + tf_e)".into(),
+            Layout::Scores => format!("(tb{} + {COL_WITHIN})", self.n),
+            _ => format!("({COL_WITHIN})"),
+        }
+    }
+
+    /// Whether a scores element's key is below `end` (an extent): its offset in
+    /// the block against the block's room, in 32 bits.
+    pub fn key_below(&self, end: &str) -> String {
+        format!("((int)({COL_WITHIN}) < tf_sat30(({end}) - tb{}))", self.n)
+    }
+
+    /// The in-block offsets of the coordinates `l` binds as `tb{d} + offset`.
+    pub fn within(&self, l: Layout) -> Vec<(DimId, String)> {
+        match l {
+            Layout::Scalar => vec![],
+            Layout::Row | Layout::Out => vec![(self.m, ROW_WITHIN.into())],
+            Layout::Scores => vec![(self.m, ROW_WITHIN.into()), (self.n, COL_WITHIN.into())],
         }
     }
 
@@ -225,6 +245,7 @@ impl Frags<'_> {
     /// variable visible from `l` named by its element, and `pre`'s values.
     pub fn ctx<'e>(&self, e: &'e Emitter, l: Layout, pre: &[(Expr, String)]) -> ElemCtx<'e> {
         let mut c = e.ctx(&self.geo.coords(l, self.batch));
+        c.within = self.geo.within(l).into_iter().collect();
         for (v, lay) in self.layouts.iter().enumerate() {
             let Some(of) = lay else { continue };
             match (self.geo.index(*of, l), &self.scaled[v]) {
@@ -302,13 +323,13 @@ impl Frags<'_> {
             let name = format!("tf_r{}", self.temps);
             self.temps += 1;
             let cols = if l == Layout::Scores { g.ni } else { g.di };
-            let (ext, col) = match l {
-                Layout::Scores => (e.end(g.n), g.col(l)),
-                _ => (e.end(g.d), g.col(l)),
+            let inside = match l {
+                Layout::Scores => g.key_below(&e.end(g.n)),
+                _ => format!("({} < {})", g.col(l), e.end(g.d)),
             };
             let take = |x: &str| {
                 if masked || l == Layout::Out {
-                    format!("({col} < {ext}) ? ({x}) : {init}")
+                    format!("{inside} ? ({x}) : {init}")
                 } else {
                     x.to_string()
                 }

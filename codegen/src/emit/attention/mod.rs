@@ -1384,11 +1384,7 @@ fn operand_element(
         pc
     };
     Ok(if f.masked {
-        format!(
-            "({} < {}) ? ({pc}) : 0.0f",
-            g.col(Layout::Scores),
-            e.end(g.n)
-        )
+        format!("{} ? ({pc}) : 0.0f", g.key_below(&e.end(g.n)))
     } else {
         pc
     })
