@@ -195,9 +195,23 @@ pub(super) struct Frags<'g> {
     /// program's column vectors, see `hopper`), with the C expression that
     /// reads an element of the scores layout there.
     pub staged: Vec<(Expr, String)>,
+    /// Masked steps compare tile indices and keys in 32 bits (offsets in the
+    /// block against the tiles' starts, [`Geo::key_below`], `ElemCtx::within`):
+    /// the Hopper programs, where it was measured; the portable program at
+    /// head dimension 128 holds 254 registers and spilled with them.
+    pub narrow_keys: bool,
 }
 
 impl Frags<'_> {
+    /// Whether a scores element's key is inside the keys' extent.
+    pub fn key_in(&self, e: &Emitter) -> String {
+        let (g, end) = (self.geo, e.end(self.geo.n));
+        match self.narrow_keys {
+            true => g.key_below(&end),
+            false => format!("({} < {end})", g.col(Layout::Scores)),
+        }
+    }
+
     fn unsupported(e: &Emitter, at: &str, message: impl Into<String>) -> CodegenError {
         CodegenError::Unsupported {
             kernel: e.k.name.clone(),
@@ -245,7 +259,9 @@ impl Frags<'_> {
     /// variable visible from `l` named by its element, and `pre`'s values.
     pub fn ctx<'e>(&self, e: &'e Emitter, l: Layout, pre: &[(Expr, String)]) -> ElemCtx<'e> {
         let mut c = e.ctx(&self.geo.coords(l, self.batch));
-        c.within = self.geo.within(l).into_iter().collect();
+        if self.narrow_keys {
+            c.within = self.geo.within(l).into_iter().collect();
+        }
         for (v, lay) in self.layouts.iter().enumerate() {
             let Some(of) = lay else { continue };
             match (self.geo.index(*of, l), &self.scaled[v]) {
@@ -324,7 +340,7 @@ impl Frags<'_> {
             self.temps += 1;
             let cols = if l == Layout::Scores { g.ni } else { g.di };
             let inside = match l {
-                Layout::Scores => g.key_below(&e.end(g.n)),
+                Layout::Scores => self.key_in(e),
                 _ => format!("({} < {})", g.col(l), e.end(g.d)),
             };
             let take = |x: &str| {

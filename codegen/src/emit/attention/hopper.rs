@@ -710,6 +710,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         masked: true,
         ind: "    ".into(),
         staged: Vec::new(),
+        narrow_keys: true,
     };
     for s in &body[..a.kv_loop] {
         if !is_block_level(e, s) {

@@ -114,6 +114,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         masked: true,
         ind: "  ".into(),
         staged: Vec::new(),
+        narrow_keys: false,
     };
     let body = a.stmts(e.k);
     for (i, s) in body.iter().enumerate() {
@@ -1366,7 +1367,6 @@ fn operand_element(
     dtype: DType,
     at: &str,
 ) -> Result<String, CodegenError> {
-    let g = *f.geo;
     let mut pre = Vec::new();
     f.reductions(e, p, &mut pre)?;
     let ctx: ElemCtx = f.ctx(e, Layout::Scores, &pre);
@@ -1384,7 +1384,7 @@ fn operand_element(
         pc
     };
     Ok(if f.masked {
-        format!("{} ? ({pc}) : 0.0f", g.key_below(&e.end(g.n)))
+        format!("{} ? ({pc}) : 0.0f", f.key_in(e))
     } else {
         pc
     })
