@@ -1157,11 +1157,7 @@ fn the_one_pass_backward_adds_dq_atomically_on_the_hopper_program() {
             // default, dQ by the TMA unit, spills none).
             let log = tilefuse::runtime::jit::resource_report(def.name(), src, "sm_90a").unwrap();
             let most = if d == 128 { 32 } else { 0 };
-            let spilled = log
-                .split(" bytes spill stores")
-                .next()
-                .and_then(|x| x.rsplit(' ').next())
-                .and_then(|x| x.parse::<usize>().ok())
+            let spilled = tilefuse_testkit::kernel_spill_stores(&log)
                 .unwrap_or_else(|| panic!("no report in {log}"));
             assert!(spilled <= most, "{d}: {log}");
         }

@@ -8,6 +8,7 @@ use common::examples::*;
 use tilefuse::codegen::spec::TensorSpec;
 use tilefuse::codegen::{Config, Spec};
 use tilefuse::KernelDef;
+use tilefuse_testkit::kernel_spill_stores as spill_stores;
 
 const ARCHS: [&str; 2] = ["sm_90a", "sm_80"];
 
@@ -209,18 +210,9 @@ fn no_warnings(what: &str, log: &str) {
 }
 
 /// Whether ptxas's report says the kernel (`tf_…`, not a helper function) has
-/// no spill stores.
+/// no spill stores (beyond [`spill_allowed`]).
 fn kernel_does_not_spill(log: &str) -> bool {
-    let mut lines = log.lines();
-    while let Some(l) = lines.next() {
-        if l.contains("Function properties for tf_") {
-            return lines
-                .next()
-                .and_then(spill_store_bytes)
-                .is_some_and(|b| b <= spill_allowed());
-        }
-    }
-    false
+    spill_stores(log).is_some_and(|b| b <= spill_allowed())
 }
 
 /// Spill-store bytes a kernel may have: none with NVRTC 13 (the GPU machine's);
@@ -233,16 +225,6 @@ fn spill_allowed() -> usize {
     } else {
         0
     }
-}
-
-/// The `N` of ptxas's "N bytes spill stores".
-fn spill_store_bytes(line: &str) -> Option<usize> {
-    let before = line.split(" bytes spill stores").next()?;
-    before
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// The fused ops' kernels compile for both archs at their default config, for
@@ -417,19 +399,6 @@ fn row_kernels_do_not_spill_at_their_seeds() {
             }
         }
     }
-}
-
-/// The bytes of spill stores ptxas reports for the kernel (`tf_…`).
-fn spill_stores(log: &str) -> Option<usize> {
-    let mut lines = log.lines();
-    while let Some(l) = lines.next() {
-        if l.contains("Function properties for tf_") {
-            let next = lines.next()?;
-            let before = next.split(" bytes spill stores").next()?;
-            return before.rsplit(", ").next()?.trim().parse().ok();
-        }
-    }
-    None
 }
 
 /// Attention's backward compiles for both architectures on the attention

@@ -19,6 +19,7 @@
 mod bench;
 mod cli;
 mod compare;
+mod ptxas;
 mod rng;
 mod skip;
 
@@ -27,5 +28,6 @@ pub use cli::{
     args, config_json, exit_code, mnk_main, rows_main, sizes, INTERPRET_MNK, INTERPRET_ROWS,
 };
 pub use compare::{erf_f64, gelu_f64, matmul_f64, rel_error, rel_error_tensors};
+pub use ptxas::kernel_spill_stores;
 pub use rng::{poisoned, random_tensor, random_vec, Rng};
 pub use skip::nvrtc_or_skip;

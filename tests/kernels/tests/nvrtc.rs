@@ -69,7 +69,10 @@ fn every_kernel_compiles_for_sm_90a_and_sm_80() {
                         Ok(log) if log.lines().any(|l| l.contains("warning")) => {
                             failed.push(format!("{} {cfg} {arch}: warnings:\n{log}", def.name()))
                         }
-                        Ok(log) if checked && spilled(&log) > 0 => {
+                        Ok(log)
+                            if checked
+                                && tilefuse_testkit::kernel_spill_stores(&log) != Some(0) =>
+                        {
                             failed.push(format!("{} {cfg} {arch}: spills:\n{log}", def.name()))
                         }
                         Ok(_) => eprintln!(
@@ -84,21 +87,4 @@ fn every_kernel_compiles_for_sm_90a_and_sm_80() {
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
-}
-
-/// The bytes of spill stores ptxas reports in `log` (the sum over its kernels).
-fn spilled(log: &str) -> u64 {
-    log.lines()
-        .filter_map(|l| {
-            l.split(" bytes spill stores")
-                .next()
-                .filter(|_| l.contains("spill stores"))
-        })
-        .filter_map(|head| {
-            head.rsplit(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
