@@ -322,22 +322,30 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
         );
     }
     // The default on Hopper up to 4096 keys at head dimensions up to 128
-    // (64: three consumer warpgroups still), causal or not; the tuner's seeds
-    // keep the one-tile grid.
+    // (64: three consumer warpgroups still), causal or not, and past 4096
+    // keys at 128 without a causal order (176 keys a step); the split tail
+    // from 4096 keys without a causal order; the tuner's seeds keep the
+    // one-tile grid.
     use tilefuse::codegen::config::default_config_at;
-    for (causal, d, s, on) in [
-        (0, 128, 4096, true),
-        (0, 64, 1024, true),
-        (1, 128, 4096, true),
-        (1, 64, 2048, true),
-        (1, 128, 16384, false),
-        (0, 256, 4096, false),
-        (0, 128, 16384, false),
+    for (causal, d, s, on, split) in [
+        (0, 128, 4096, true, true),
+        (0, 64, 1024, true, false),
+        (0, 64, 4096, true, true),
+        (1, 128, 4096, true, false),
+        (1, 64, 2048, true, false),
+        (1, 128, 16384, false, false),
+        (0, 256, 4096, false, false),
+        (0, 128, 16384, true, true),
+        (0, 128, 1024, true, false),
     ] {
         let (ir, spec) = forward(causal);
         let ext = extents(ir, d, s);
         let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
         assert_eq!(c.persistent, on, "causal {causal}, d {d}, {s} keys: {c}");
+        assert_eq!(c.stream_k, split, "causal {causal}, d {d}, {s} keys: {c}");
+        if (causal, d, s) == (0, 128, 16384) {
+            assert_eq!((c.block_sizes[4], c.num_stages), (176, 2), "{c}");
+        }
         if d == 64 {
             assert_eq!((c.block_sizes[TM], c.num_warps), (192, 12), "{c}");
         }
@@ -361,6 +369,59 @@ fn the_hopper_forward_walks_its_tiles_when_persistent() {
         err.contains("`persistent` walks a forward attention kernel"),
         "{err}"
     );
+}
+
+/// `stream_k` on the persistent forward (the split tail, see `attention::split`
+/// in codegen): the walk shares the last tiles' steps, a split tile's parts
+/// meet through scratch, and the combination writes the output accumulator
+/// outside any branch (written in one, ptxas serialized every `wgmma`). Where
+/// the tiles' keys differ (causal) or the program is not persistent, an error
+/// says what it takes.
+#[test]
+fn the_split_tail_walks_shared_steps_and_meets_through_scratch() {
+    let (ir, spec) = forward(0);
+    let cfg = Config::new(&[1, 1, 128, 128, 128])
+        .num_warps(8)
+        .num_stages(3)
+        .wgmma(true)
+        .overlap(true)
+        .persistent(true)
+        .stream_k(true);
+    let l = lower(ir, &spec, &cfg).unwrap();
+    let src = &l.source;
+    // Per thread: 2 rows' m and l, and 64 accumulators; 256 consumer threads.
+    assert_eq!(l.split_tiles, Some(2 * 256 * (4 + 64)), "{src}");
+    for needle in [
+        "float* tf_partials",
+        "unsigned* tf_counters",
+        "const long long tf_dp = tf_rem == 0 || tf_nt == 0 ? tf_tiles : tf_tiles - gridDim.x - tf_rem;",
+        "for (int tf_it = tf_j0; tf_it < tf_j1; ++tf_it) {",
+        "const int tf_ri = tf_r0 + (tf_it - tf_j0);",
+        "tf_arrive_last(tf_counters + (tf_tile - tf_dp), 2u)",
+        "tf_keep = __shfl_sync(0xffffffffu, tf_second, 0) != 0;",
+    ] {
+        assert!(src.contains(needle), "{needle}: {src}");
+    }
+    // The combination after the branches: `acc * a + theirs * b` on every tile.
+    let (meet, combine, stores) = (
+        src.find("if (tf_j1 - tf_j0 < tf_nt) {").unwrap(),
+        src.find("tf_acc[tf_k] = tf_acc[tf_k] * tf_sa[tf_r] + tf_theirs[tf_k] * tf_sb[tf_r];")
+            .unwrap(),
+        src.find("    if (tf_keep) {\n").unwrap(),
+    );
+    assert!(meet < combine && combine < stores, "{src}");
+    if common::nvrtc_or_skip() {
+        let log = tilefuse::runtime::jit::resource_report("tf_attention", src, "sm_90a").unwrap();
+        assert!(log.contains(" 0 bytes spill stores"), "{log}");
+        assert!(!log.contains("C7520"), "wgmma serialized: {log}");
+    }
+    let (causal, spec1) = forward(1);
+    let err = lower(causal, &spec1, &cfg).unwrap_err().to_string();
+    assert!(err.contains("no causal order"), "{err}");
+    let err = lower(ir, &spec, &cfg.clone().persistent(false))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("set `persistent` too"), "{err}");
 }
 
 #[test]

@@ -641,8 +641,20 @@ pub(crate) fn launch_variant(
         blocks = blocks.saturating_mul(ways);
     }
     // A persistent kernel loops over its work: one wave of programs is enough.
+    let programs = blocks;
     if v.lowered.persistent {
         blocks = blocks.min(resident_programs);
+    }
+    // A persistent attention forward's split tail: when the waves do not
+    // come out even, the last wave and the remainder share their steps, and
+    // each of those tiles gets scratch for its two parts and a counter (the
+    // kernel computes the same split from its grid).
+    if let (Some(per_tile), true) = (v.lowered.split_tiles, blocks > 0) {
+        let rem = programs % blocks;
+        if rem != 0 {
+            let tiles = (blocks + rem) as usize;
+            scratch = dev.split_scratch(tiles.saturating_mul(per_tile), tiles)?;
+        }
     }
     // Private copies of atomically added tensors: where they fit and pay, the
     // programs (one wave of them where the kernel walks the grid) add into

@@ -250,6 +250,17 @@ fn attention_matches_f64_with_the_softmax_overlapping_the_last_product() {
     wgmma_checks(true);
 }
 
+/// The Hopper forward's persistent program at head dimension 128 (the
+/// default's tile, written out).
+fn persistent_default() -> Config {
+    Config::new(&[1, 1, 128, 128, 128])
+        .num_warps(8)
+        .num_stages(3)
+        .wgmma(true)
+        .overlap(true)
+        .persistent(true)
+}
+
 /// `persistent`: one wave of blocks walking the grid's tiles. 2×9×1000 at
 /// head dimension 128 is 144 row tiles of 128, past an H200's or H100's 132
 /// blocks, so some blocks walk two (ragged, causal and not; grouped-query
@@ -261,12 +272,7 @@ fn attention_matches_f64_with_persistent_blocks() {
     let Some(_dev) = crate::wgmma::hopper() else {
         return;
     };
-    let cfg = Config::new(&[1, 1, 128, 128, 128])
-        .num_warps(8)
-        .num_stages(3)
-        .wgmma(true)
-        .overlap(true)
-        .persistent(true);
+    let cfg = persistent_default();
     for causal in [false, true] {
         check(2, 9, 1000, 1000, 128, causal, Some(cfg.clone()));
     }
@@ -277,6 +283,44 @@ fn attention_matches_f64_with_persistent_blocks() {
         Some(cfg.clone()),
     );
     check(2, 9, 1000, 333, 128, false, Some(cfg));
+}
+
+/// `stream_k` on the persistent forward (the split tail): the tiles past the
+/// last whole wave but one share their key steps, each split tile's two
+/// parts meeting through scratch. 2×18×1000 at head dimension 128 is 288 row
+/// tiles: on 132 SMs, 132 walked whole and 156 split; on 114, 114 and 174.
+/// 3×7×1000 (168 tiles) splits every tile. Grouped-query with 6 key/value
+/// heads, fewer keys than rows (cross-attention), the 176-key tile, and
+/// three warpgroups of 192 rows at head dimension 64. Twice each, the second
+/// launch finding the tiles' counters back at zero.
+#[test]
+fn attention_matches_f64_with_the_split_tail() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    let cfg = persistent_default().stream_k(true);
+    for _ in 0..2 {
+        check(2, 18, 1000, 1000, 128, false, Some(cfg.clone()));
+        check(3, 7, 1000, 1000, 128, false, Some(cfg.clone()));
+    }
+    check_kernel(
+        Which::Grouped(6),
+        (2, 18, 1000, 1000, 128),
+        false,
+        Some(cfg.clone()),
+    );
+    check(2, 18, 1000, 333, 128, false, Some(cfg.clone()));
+    let mut wide = cfg.clone().num_stages(2);
+    wide.block_sizes[4] = 176;
+    check(2, 18, 1000, 3000, 128, false, Some(wide));
+    let d64 = Config::new(&[1, 1, 192, 64, 128])
+        .num_warps(12)
+        .num_stages(2)
+        .wgmma(true)
+        .overlap(true)
+        .persistent(true)
+        .stream_k(true);
+    check(3, 9, 1000, 1000, 64, false, Some(d64));
 }
 
 /// The output store by rows into views of a wider tensor (the head dimension

@@ -199,6 +199,13 @@ pub struct Lowered {
     /// walk the grid. Such a launch gives staged gathers no room (they read
     /// global memory).
     pub private: Option<general::PrivateLaunch>,
+    /// A persistent attention forward with the split tail
+    /// ([`Config::stream_k`]): the floats of scratch each split tile takes
+    /// ([`Param::SplitPartials`], one counter each in
+    /// [`Param::SplitCounters`]). The tiles past the last whole wave but one
+    /// are split when the waves do not come out even: one wave of blocks
+    /// plus the remainder.
+    pub split_tiles: Option<usize>,
 }
 
 /// Checks `kernel` and lowers it to CUDA C for `spec` and `config`, by the
@@ -789,6 +796,7 @@ impl<'a> Emitter<'a> {
             staged: Vec::new(),
             gathers: Vec::new(),
             private: None,
+            split_tiles: None,
         }
     }
 }

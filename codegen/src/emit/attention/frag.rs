@@ -62,9 +62,22 @@ pub(super) struct Geo {
     /// Hopper, a persistent forward: the warpgroups' turns at the tensor cores
     /// run on across tiles (see `hopper::scores_product`).
     pub persistent: bool,
+    /// Hopper, a persistent forward with the split tail (`split`): a tile's
+    /// steps may start past its first (at `tf_j0`).
+    pub split: bool,
 }
 
 impl Geo {
+    /// The first step of the tile's part a block walks: 0, or `tf_j0` with
+    /// the split tail.
+    pub fn first_step(&self) -> &'static str {
+        if self.split {
+            "tf_j0"
+        } else {
+            "0"
+        }
+    }
+
     /// The C array dimensions of a layout (empty for a scalar).
     pub fn shape(&self, l: Layout) -> String {
         match l {

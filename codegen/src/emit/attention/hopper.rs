@@ -158,6 +158,19 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     }
     g.overlap = g.defer_pv && e.cfg.overlap && forward;
     g.persistent = persistent;
+    // The split tail (`stream_k`): the last tiles' key steps shared by one wave.
+    let carried = if e.cfg.stream_k {
+        Some(super::split::split_tail(
+            e,
+            a,
+            &body,
+            key_loop,
+            persistent && !dynamic && g.defer_pv,
+        )?)
+    } else {
+        None
+    };
+    g.split = carried.is_some();
     // Warpgroups taking turns at the tensor cores (see [`scores_product`]).
     let pingpong = g.defer_pv && consumers >= 2;
     let threads = 128 * (consumers + 1);
@@ -255,6 +268,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
     }
     if dynamic {
         maps.push((Param::TileCounter, "unsigned* tf_counter".to_string()));
+    }
+    if g.split {
+        maps.push((Param::SplitPartials, "float* tf_partials".to_string()));
+        maps.push((Param::SplitCounters, "unsigned* tf_counters".to_string()));
     }
     let extra: Vec<(Param, &str)> = maps.iter().map(|(p, d)| (*p, d.as_str())).collect();
     let params = e.begin(threads, 1, &helpers, &extra);
@@ -429,7 +446,15 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         }
         return Ok(e.finish(params, threads, shared, "attention (wgmma)"));
     };
+    let tiles_at = e.out.len();
     key_tiles(e, *dim, range.as_deref(), until.as_ref())?;
+    // With the split tail every tile walks the same keys: their count comes
+    // before the walk, which shares them out.
+    let key_count = if g.split {
+        e.out.split_off(tiles_at)
+    } else {
+        String::new()
+    };
     if persistent {
         tile_code += &e.out.split_off(block_at);
     }
@@ -449,6 +474,17 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             count.concat()
         );
         "tf_steps".to_string()
+    };
+    // The steps a block walks of its tile: all of them, or with the split
+    // tail its part, `tf_j0..tf_j1` (`rel`: a step's place in that part).
+    let (last_step, rel, count) = if g.split {
+        (
+            "tf_j1".to_string(),
+            "(tf_it - tf_j0)",
+            "(tf_j1 - tf_j0)".to_string(),
+        )
+    } else {
+        (steps.clone(), "tf_it", steps.clone())
     };
     let each_tiles = |e: &Emitter, ind: &str| -> String {
         if a.outer_each.is_empty() {
@@ -586,6 +622,41 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         let head = format!(
             "{ind}int tf_r0 = 0, tf_tc = 0;  // the ring's steps before this tile's; tiles walked\n"
         );
+        if g.split {
+            // Whole tiles strided across the blocks up to `tf_dp` (all of
+            // them when the waves come out even), then the rest's key steps
+            // shared evenly, in order: a block's share is at least a tile's
+            // steps (one wave of blocks for at least as many tiles), so a
+            // tile is split at most once. `tf_j0..tf_j1`: the tile's steps
+            // the block walks.
+            let key_count: String = key_count
+                .lines()
+                .map(|l| format!("{ind}{}\n", l.trim_start()))
+                .collect();
+            return format!(
+                "{key_count}\
+                 {ind}const long long tf_rem = tf_tiles % gridDim.x;\n\
+                 {ind}const long long tf_dp = tf_rem == 0 || tf_nt == 0 ? tf_tiles : tf_tiles - gridDim.x - tf_rem;\n\
+                 {ind}const long long tf_sw = (tf_tiles - tf_dp) * tf_nt;  // the split tiles' steps\n\
+                 {ind}long long tf_si = (tf_sw / gridDim.x) * blockIdx.x + (tf_sw % gridDim.x) * blockIdx.x / gridDim.x;\n\
+                 {ind}const long long tf_si1 = (tf_sw / gridDim.x) * (blockIdx.x + 1) + (tf_sw % gridDim.x) * (blockIdx.x + 1) / gridDim.x;\n\
+                 {head}\
+                 {ind}for (long long tf_next = blockIdx.x;; ++tf_tc) {{\n\
+                 {ind}  long long tf_tile = tf_next;\n\
+                 {ind}  int tf_j0 = 0, tf_j1 = tf_nt;\n\
+                 {ind}  if (tf_next < tf_dp) {{\n\
+                 {ind}    tf_next += gridDim.x;\n\
+                 {ind}  }} else {{\n\
+                 {ind}    if (tf_si >= tf_si1) break;\n\
+                 {ind}    tf_tile = tf_dp + tf_si / tf_nt;\n\
+                 {ind}    tf_j0 = (int)(tf_si % tf_nt);\n\
+                 {ind}    tf_j1 = (int)tf_min_i(tf_nt, tf_j0 + (tf_si1 - tf_si));\n\
+                 {ind}    tf_si += tf_j1 - tf_j0;\n\
+                 {ind}  }}\n\
+                 {code}{}",
+                if producer { q_wait.as_str() } else { "" }
+            );
+        }
         match (dynamic, producer) {
             (false, _) => format!(
                 "{head}{ind}for (long long tf_tile = blockIdx.x; tf_tile < tf_tiles; tf_tile += gridDim.x, ++tf_tc) {{\n\
@@ -628,8 +699,8 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
          {producer_walk}\
          \x20     tf_mbar_expect_tx(tf_bq, {row_bytes}u);\n\
          {row_loads}\
-         \x20     for (int tf_it = 0; tf_it < {steps}; ++tf_it) {{\n\
-         \x20       const int tf_ri = tf_r0 + tf_it;  // the step's place in the ring\n\
+         \x20     for (int tf_it = {first}; tf_it < {last_step}; ++tf_it) {{\n\
+         \x20       const int tf_ri = tf_r0 + {rel};  // the step's place in the ring\n\
          \x20       const int s = tf_ri % {stages};\n\
          \x20       const tf_u32 tf_free = ((tf_ri / {stages}) & 1) ^ 1;  // the stage's last tile released it\n\
          {each}\
@@ -654,10 +725,11 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         each = each_tiles(e, "        "),
         producer_walk = walk("      ", true),
         walk_end = if persistent {
-            "      tf_r0 += tf_nt;\n      }\n"
+            format!("      tf_r0 += {count};\n      }}\n")
         } else {
-            ""
+            String::new()
         },
+        first = g.first_step(),
         consumer_walk = walk("    ", false),
         // Persistent: the turns run on across tiles, the first given once.
         first_turn = if pingpong && persistent {
@@ -761,10 +833,10 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         e.out,
         "{declare}\
          \x20   tf_mbar_spin(tf_bq, {q_phase});\n\
-         \x20   for (int tf_it = 0; tf_it < {steps}; ++tf_it) {{  // tile `{name}`\n\
+         \x20   for (int tf_it = {first}; tf_it < {last_step}; ++tf_it) {{  // tile `{name}`\n\
          {each}\
          \x20     const long long tb{n} = tf_beg{n} + (long long){tile_of_step} * B{n};\n\
-         \x20     const int tf_ri = tf_r0 + tf_it;  // the step's place in the ring\n\
+         \x20     const int tf_ri = tf_r0 + {rel};  // the step's place in the ring\n\
          \x20     const int tf_st = tf_ri % {stages};\n\
          \x20     const tf_u32 tf_ph = (tf_ri / {stages}) & 1;\n\
          \x20     const tf_u32 {bufs};\n\
@@ -791,6 +863,7 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         name = e.k.dims[n].name,
         each = each_tiles(e, "      "),
         q_phase = if persistent { "tf_tc & 1" } else { "0" },
+        first = g.first_step(),
     );
     loop_body(e, a, &mut frags, &fast_body, false)?;
     e.out.push_str("      } else {\n");
@@ -821,9 +894,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             last = if persistent {
                 format!(
                     "    {{  // the last tile's p·v\n\
-                     \x20     const int tf_st = tf_nt > 0 ? (tf_r0 + tf_nt - 1) % {stages} : 0;\n\
+                     \x20     const int tf_st = {count} > 0 ? (tf_r0 + {count} - 1) % {stages} : 0;\n\
                      \x20     const tf_u32 tf_vb = tf_sv + tf_st * {kv_bytes}u;\n\
-                     \x20     if (tf_nt > 0) tf_mbar_spin(tf_bv + tf_st * 8, ((tf_r0 + tf_nt - 1) / {stages}) & 1);\n"
+                     \x20     if ({count} > 0) tf_mbar_spin(tf_bv + tf_st * 8, ((tf_r0 + {count} - 1) / {stages}) & 1);\n"
                 )
             } else {
                 format!(
@@ -834,9 +907,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
                 )
             },
             v_free = if persistent {
-                "      if (lane == 0 && tf_nt > 0) tf_mbar_arrive(tf_ev + tf_st * 8);  // its v is done with\n"
+                format!("      if (lane == 0 && {count} > 0) tf_mbar_arrive(tf_ev + tf_st * 8);  // its v is done with\n")
             } else {
-                ""
+                String::new()
             },
         );
     } else {
@@ -861,11 +934,17 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
             "    if ((tf_cw & 3) == 0 && lane == 0) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n",
         );
     }
+    if let Some(c) = carried {
+        e.out.push_str(&super::split::split_meet(&g, c, consumers));
+    }
     for s in &body[a.kv_loop + 1..] {
         outside(e, &mut frags, s)?;
     }
+    if carried.is_some() {
+        e.out.push_str("    }\n");
+    }
     if persistent {
-        e.out.push_str("    tf_r0 += tf_nt;\n    }\n");
+        let _ = write!(e.out, "    tf_r0 += {count};\n    }}\n");
         if pingpong {
             // The last warpgroup gave a turn after its last step.
             e.out.push_str(
@@ -877,6 +956,9 @@ pub(super) fn emit(e: &mut Emitter, a: &AttentionShape) -> Result<Lowered, Codeg
         .push_str("    if (lane == 0) tf_mbar_arrive(tf_done());\n  }\n}\n");
     let mut l = e.finish(params, threads, shared, "attention (wgmma)");
     l.persistent = persistent;
+    l.split_tiles = g
+        .split
+        .then(|| super::split::floats_per_tile(&g, consumers));
     Ok(l)
 }
 
@@ -1450,6 +1532,7 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         defer_pv: false,
         overlap: false,
         persistent: false,
+        split: false,
     })
 }
 
@@ -1492,7 +1575,7 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
     );
     let last_pv = format!(
         "{ind}const int tf_pst = (tf_ri + {s1}) % {stages};  // the last tile's stage\n\
-         {ind}if (tf_it > 0) {{\n\
+         {ind}if (tf_it > {first}) {{\n\
          {ind}  const tf_u32 tf_vb = tf_sv + tf_pst * {kv}u;\n\
          {ind}  tf_mbar_spin(tf_bv + tf_pst * 8, ((tf_ri - 1) / {stages}) & 1);\n\
          {pv}\
@@ -1501,6 +1584,7 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
         stages = g.stages,
         kv = g.bn * g.hd * 2,
         pv = pv_issue(g, &format!("{ind}  "), acc, "tf_pa", "tf_vb"),
+        first = g.first_step(),
     );
     let qk = format!(
         "{ind}#pragma unroll\n\
@@ -1570,8 +1654,9 @@ pub(super) fn scores_product(g: &Geo, ind: &str, acc: &str) -> String {
             out,
             "{ind}if (lane == 0) {{\n\
              {ind}  tf_mbar_arrive(tf_ek + tf_st * 8);  // this tile's k is done with\n\
-             {ind}  if (tf_it > 0) tf_mbar_arrive(tf_ev + tf_pst * 8);  // and the last tile's v\n\
-             {ind}}}"
+             {ind}  if (tf_it > {first}) tf_mbar_arrive(tf_ev + tf_pst * 8);  // and the last tile's v\n\
+             {ind}}}",
+            first = g.first_step()
         );
     }
     out
@@ -1645,10 +1730,11 @@ pub(super) fn update_issue(
 
 /// With [`Geo::overlap`], before the step next touches the output: the last
 /// tile's `p·v` is complete, and its `v` stage is released.
-pub(super) fn last_pv_done(ind: &str) -> String {
+pub(super) fn last_pv_done(g: &Geo, ind: &str) -> String {
     format!(
         "{ind}asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");  // the last tile's p·v\n\
-         {ind}if (lane == 0 && tf_it > 0) tf_mbar_arrive(tf_ev + tf_pst * 8);  // its v is done with\n"
+         {ind}if (lane == 0 && tf_it > {first}) tf_mbar_arrive(tf_ev + tf_pst * 8);  // its v is done with\n",
+        first = g.first_step()
     )
 }
 

@@ -88,15 +88,42 @@ impl Lowering for Attention {
             if a.is_forward() && a.packed.is_none() && small_head && few_keys {
                 c = c.persistent(true);
             }
+            // Past 4096 keys at head dimension 128, without a causal order:
+            // persistent blocks of FlashAttention-3's 176 keys a step in two
+            // stages (the per-step work of the softmax and the turns spread
+            // over more keys): 1×16×16384×128 3.272 → 3.145 ms on an H200;
+            // at 4096 keys equal, at 1024 4% slower, causal 1% slower
+            // (docs/perf-history.md, "176 keys a step at long sequences").
+            let head_128 = matches!(extents.get(a.d), Some(Some(128)));
+            let long_keys = matches!(extents.get(a.n), Some(Some(n)) if *n > 4096);
+            if a.is_forward()
+                && a.packed.is_none()
+                && head_128
+                && long_keys
+                && super::work_order(k.kernel(), a).is_none()
+            {
+                c = c.persistent(true).num_stages(2);
+                c.block_sizes[a.n] = 176;
+            }
             // The one pass's dQ added by the TMA unit, in three stages where
             // they fit beside its staging, else two (at head dimension 128
             // three pass 227 KB): 1.212 → 1.013 ms at 4×16×2048×128 on an
             // H200, causal 0.744 → 0.630 (docs/perf-history.md, "The one
             // pass's dQ by TMA measured").
             let tma = (!a.atomics.is_empty()).then(|| c.clone().tma_store(true));
+            // From 4096 keys, persistent blocks share the last tiles' key
+            // steps where the kernel allows it (`split`): no SM idles
+            // through a last, partial wave. 8×16×4096×128 on an H200 1.668
+            // → 1.640 ms, GQA 4×32×4096 on 8 heads 1.665 → 1.644; at 1024
+            // keys 1.5% slower (a split tile's two ends cost more than the
+            // idle SMs a short tile leaves; docs/perf-history.md, "The
+            // split tail").
+            let many_keys = matches!(extents.get(a.n), Some(Some(n)) if *n >= 4096);
+            let split = (c.persistent && many_keys).then(|| c.clone().stream_k(true));
             let candidates = tma
                 .into_iter()
                 .flat_map(|t| [t.clone(), t.num_stages(2)])
+                .chain(split)
                 .chain([c]);
             for c in candidates {
                 // Fitted to the launch's head dimension, as it will run.
@@ -138,7 +165,7 @@ impl Lowering for Attention {
             fitted = fitted.num_warps(8);
         }
         // The Hopper default's fits, with or without its persistent blocks.
-        let hopper_default = given.clone().persistent(false) == wgmma_default(k, a);
+        let hopper_default = given.clone().persistent(false).stream_k(false) == wgmma_default(k, a);
         if hopper_default && fitted.block_sizes[a.d] > 128 {
             fitted.block_sizes[a.n] = 64;
             fitted = fitted.num_stages(2).overlap(false);
@@ -196,11 +223,19 @@ impl Lowering for Attention {
                  on a forward kernel, else drop `persistent`",
             ));
         }
+        if c.stream_k && !c.persistent {
+            return Err(crate::emit::config_err(
+                k,
+                c,
+                "`stream_k` on an attention kernel shares the last tiles' key steps among the persistent \
+                 blocks: set `persistent` too, or drop `stream_k`",
+            ));
+        }
         no_matmul_options(
             k,
-            &c.clone().tma_store(false).persistent(false),
+            &c.clone().tma_store(false).persistent(false).stream_k(false),
             true,
-            "`cluster_m`, `stage`, `stream_k` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
+            "`cluster_m`, `stage` and `pingpong` are options of a matmul (one tile loop with `addmm`); leave them unset for an attention kernel",
         )?;
         no_occupancy(k, c)?;
         if c.overlap && !c.wgmma {

@@ -18,6 +18,7 @@ mod hopper;
 pub(super) mod lowering;
 mod shape;
 mod space;
+mod split;
 
 use super::expr::{CTy, ElemCtx};
 use super::{config_err, rewrite, Emitter, Lowered};
@@ -351,7 +352,7 @@ const LPT_MOST_SLICES: usize = 8;
 /// loop ends at the row tile (causal attention and dQ: the last rows read the
 /// most keys), `Some(false)` where it starts there (causal dK/dV: the first key
 /// tiles meet the most queries), `None` where every program walks as far.
-fn work_order(k: &Kernel, a: &AttentionShape) -> Option<bool> {
+pub(super) fn work_order(k: &Kernel, a: &AttentionShape) -> Option<bool> {
     let rows = a.row_tile();
     let names_rows = |x: &Expr| {
         let mut found = false;
@@ -549,6 +550,7 @@ fn geometry(e: &Emitter, a: &AttentionShape) -> Result<Geo, CodegenError> {
         defer_pv: false,
         overlap: false,
         persistent: false,
+        split: false,
     };
     // Scores (of each score-like product) and output accumulator, in f32
     // registers a thread; ~60 more go to operand fragments, row state and
@@ -914,7 +916,7 @@ fn loop_body(
         let touches_acc =
             hopper::stmt_reads(s, a.acc) || matches!(s, Stmt::Assign { var, .. } if *var == a.acc);
         if pv_running && (i == a.update || touches_acc) {
-            e.out.push_str(&hopper::last_pv_done(ind));
+            e.out.push_str(&hopper::last_pv_done(f.geo, ind));
             pv_running = false;
         }
         // Any statement waits for the updates of the accumulators it reads.
@@ -981,7 +983,7 @@ fn loop_body(
         }
     }
     if pv_running {
-        e.out.push_str(&hopper::last_pv_done(ind));
+        e.out.push_str(&hopper::last_pv_done(f.geo, ind));
     }
     if let Some((issue, p)) = flight.deferred.take() {
         e.out.push_str(&issue);

@@ -716,20 +716,6 @@ type Operand = (TensorId, Vec<Expr>);
 /// optionally times a uniform scale (see [`AtomicProduct`]), `r` indexed as
 /// the rows' operand (`rows_index`).
 fn atomic_product(value: &Expr, rows_index: &[Expr]) -> Option<TensorId> {
-    let uniform = |x: &Expr| {
-        let mut ok = true;
-        x.walk(&mut |y| {
-            ok &= matches!(
-                y,
-                Expr::Int(_)
-                    | Expr::Float(_)
-                    | Expr::Scalar(_)
-                    | Expr::Const(_)
-                    | Expr::Binary { .. }
-            )
-        });
-        ok
-    };
     let mm = match value {
         Expr::Binary {
             op: BinOp::Mul,
@@ -758,4 +744,23 @@ fn reads_acc(acc: &Expr, var: VarId) -> bool {
     let mut found = false;
     acc.walk(&mut |x| found |= matches!(x, Expr::Var(v) if *v == var));
     found
+}
+
+/// Whether `x` is the same for every program and step: scalars, constants
+/// and arithmetic of them (a uniform scale, a key loop's bound).
+pub(super) fn uniform(x: &Expr) -> bool {
+    let mut ok = true;
+    x.walk(&mut |y| {
+        ok &= matches!(
+            y,
+            Expr::Int(_)
+                | Expr::Float(_)
+                | Expr::Scalar(_)
+                | Expr::Const(_)
+                | Expr::Binary { .. }
+                | Expr::Unary { .. }
+                | Expr::Cast { .. }
+        )
+    });
+    ok
 }

@@ -48,10 +48,11 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
         (256, 64, 8),
         (64, 128, 4),
     ];
-    let (overlap, tma_add, persistent) = (
+    let (overlap, tma_add, persistent, split) = (
         space.default_config().overlap,
         space.default_config().tma_store,
         space.default_config().persistent,
+        space.default_config().stream_k,
     );
     let seed = |bm: usize, bn: usize, warps: usize, wgmma: bool| {
         // The attention programs' configs (a default on the general lowering,
@@ -61,6 +62,7 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
             overlap: wgmma && overlap,
             tma_store: wgmma && tma_add,
             persistent: wgmma && persistent,
+            stream_k: wgmma && persistent && split,
             general: false,
             ..space.default_config().clone()
         }
@@ -84,7 +86,13 @@ pub(super) fn seeds(a: &AttentionShape, space: &ConfigSpace) -> Vec<Config> {
         .filter(|_| space.target().wgmma);
     // The forward's default without its persistent blocks.
     let one_tile_a_block = persistent
-        .then(|| space.default_config().clone().persistent(false))
+        .then(|| {
+            space
+                .default_config()
+                .clone()
+                .persistent(false)
+                .stream_k(false)
+        })
         .filter(|_| space.target().wgmma);
     // The one pass's default with dQ added by the threads' atomics, in the
     // three stages the TMA unit's staging takes room from.
