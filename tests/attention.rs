@@ -418,6 +418,22 @@ fn the_split_tail_walks_shared_steps_and_meets_through_scratch() {
     let (causal, spec1) = forward(1);
     let err = lower(causal, &spec1, &cfg).unwrap_err().to_string();
     assert!(err.contains("no causal order"), "{err}");
+    // The backward's forward: its output and log-sum-exp stored once a split
+    // tile's states are combined.
+    use common::examples::attention_backward::attention_lse;
+    let lse = attention_lse::kernel();
+    let mut lse_spec = lse.declared_spec().unwrap();
+    lse_spec.constexprs = vec![0];
+    let src = lse.lower(&lse_spec, &cfg).unwrap().source;
+    let (meet, keep) = (
+        src.find("tf_arrive_last(tf_counters").unwrap(),
+        src.find("    if (tf_keep) {\n").unwrap(),
+    );
+    assert!(meet < keep, "{src}");
+    assert!(
+        src[keep..].contains("logf("),
+        "the log-sum-exp after the meet: {src}"
+    );
     let err = lower(ir, &spec, &cfg.clone().persistent(false))
         .unwrap_err()
         .to_string();

@@ -7,8 +7,8 @@ use crate::common::examples::attention::{
     attention, attention_gqa, attention_varlen, reference_row, run_varlen_and_check,
 };
 use crate::common::examples::attention_backward::{
-    attention_dkdv, attention_dkdvdq, attention_dq, run_and_check, run_and_check_fused,
-    run_and_check_grouped,
+    attention_dkdv, attention_dkdvdq, attention_dq, attention_lse, run_and_check,
+    run_and_check_fused, run_and_check_grouped,
 };
 use crate::common::gpu;
 use tilefuse::prelude::*;
@@ -248,6 +248,57 @@ fn attention_matches_f64_with_the_softmax_overlapping_the_last_product() {
         return;
     };
     wgmma_checks(true);
+}
+
+/// The split tail on the backward's forward (`attention_lse`): its
+/// statements after the key loop (the output and each row's log-sum-exp
+/// `m + ln(l)`) run once a split tile's two states are combined. 3×7×1000
+/// (168 row tiles on at most 132 SMs: every tile split), two heads' output
+/// and log-sum-exp against float64.
+#[test]
+fn attention_lse_matches_f64_with_the_split_tail() {
+    let Some(_dev) = crate::wgmma::hopper() else {
+        return;
+    };
+    let (b, h, s, d) = (3, 7, 1000, 128);
+    let scale = 1.0 / (d as f32).sqrt();
+    let q = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+    let k = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+    let v = random_tensor::<bf16>([b, h, s, d], 1.0).unwrap();
+    let out = poisoned::<bf16>([b, h, s, d]).unwrap();
+    let lse = poisoned::<f32>([b, h, s]).unwrap();
+    attention_lse::kernel().with_config(persistent_default().stream_k(true), || {
+        attention_lse(&q, &k, &v, &out, &lse, scale, false).unwrap()
+    });
+    let (qh, kh, vh, oh) = (host(&q), host(&k), host(&v), host(&out));
+    let lh = lse.to_vec().unwrap();
+    let (mut num, mut den, mut worst) = (0.0f64, 0.0f64, 0.0f64);
+    for sl in [0, b * h - 1] {
+        let at = |x: &[f64]| x[sl * s * d..(sl + 1) * s * d].to_vec();
+        let (qs, ks, vs) = (at(&qh), at(&kh), at(&vh));
+        for r in 0..s {
+            let want = reference_row(&qs, &ks, &vs, r, (s, d), f64::from(scale), false);
+            for (c, w) in want.iter().enumerate() {
+                num += (oh[(sl * s + r) * d + c] - w).powi(2);
+                den += w * w;
+            }
+            let x: Vec<f64> = (0..s)
+                .map(|j| {
+                    let dot: f64 = (0..d).map(|c| qs[r * d + c] * ks[j * d + c]).sum();
+                    dot * f64::from(scale)
+                })
+                .collect();
+            let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let want = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            worst = worst.max((f64::from(lh[sl * s + r]) - want).abs());
+        }
+    }
+    let err = (num / den).sqrt();
+    eprintln!(
+        "attention_lse {b}x{h}x{s}x{d}, split tail: rel err {err:.2e}, lse max abs err {worst:.2e}"
+    );
+    assert!(err <= 1e-2, "out: rel err {err}");
+    assert!(worst <= 1e-3, "lse: max abs err {worst}");
 }
 
 /// The Hopper forward's persistent program at head dimension 128 (the
