@@ -67,6 +67,13 @@ pub struct Config {
     /// crossing from one tile into the next; partial sums meet in scratch and
     /// are added in a fixed order. Without it such a partial wave is split along
     /// K only when it leaves half the SMs idle or more. See `runtime::split_tail`.
+    ///
+    /// On a persistent attention forward (with [`Config::persistent`]): the
+    /// tiles of the last wave and the remainder share their key steps the same
+    /// way, a split tile's two parts combining their online-softmax states
+    /// through scratch; the key loop must be exactly the online softmax and
+    /// every tile must walk the same keys (no causal order), else lowering
+    /// says so. The default from 4096 keys where it applies.
     #[serde(default)]
     pub stream_k: bool,
     /// Hopper matmuls: the epilogue writes the output tile into shared memory
