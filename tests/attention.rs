@@ -1551,6 +1551,72 @@ mod bshd {
     }
 }
 
+mod not_online {
+    use tilefuse::prelude::*;
+
+    /// The example's forward but for its sum, which forgets to rescale
+    /// (`denom + p.sum(tn)`): attention-shaped, yet not the online softmax
+    /// whose states the split tail knows how to combine.
+    #[fused_kernel]
+    pub fn attention_unscaled_sum(
+        q: &Tensor<bf16>,
+        k: &Tensor<bf16>,
+        v: &Tensor<bf16>,
+        out: &Tensor<bf16>,
+        scale: f32,
+    ) {
+        let [b, h, s, d] = q.shape();
+        let [_, _, sk, _] = k.shape();
+        for (tb, th, tm, td) in tile([b, h, s, whole(d)]) {
+            let mut row_max = full::<f32>([tb, th, tm], f32::NEG_INFINITY);
+            let mut denom = zeros::<f32>([tb, th, tm]);
+            let mut acc = zeros::<f32>([tb, th, tm, td]);
+            for tn in tile(sk) {
+                let x = addmm(
+                    zeros::<f32>([tb, th, tm, tn]),
+                    q[(tb, th, tm, td)],
+                    k[(tb, th, tn, td)],
+                ) * scale;
+                let new_max = max(row_max, x.max(tn));
+                let p = exp(x - new_max);
+                let alpha = exp(row_max - new_max);
+                denom = denom + p.sum(tn);
+                acc = addmm(acc * alpha, p.cast::<bf16>(), v[(tb, th, tn, td)]);
+                row_max = new_max;
+            }
+            out[(tb, th, tm, td)] = (acc / denom).cast();
+        }
+    }
+}
+
+/// The split tail combines two parts' states only where the key loop is the
+/// online softmax: a recurrence it does not know (a sum never rescaled) is
+/// refused with the reason, while the same kernel lowers persistent
+/// without the split.
+#[test]
+fn the_split_tail_refuses_a_loop_that_is_not_the_online_softmax() {
+    let def = not_online::attention_unscaled_sum::kernel();
+    let ir = def.ir().unwrap();
+    assert!(ir.plan::<AttentionShape>().is_some(), "attention-shaped");
+    let spec = def.declared_spec().unwrap();
+    let cfg = Config::new(&[1, 1, 128, 128, 128])
+        .num_warps(8)
+        .num_stages(3)
+        .wgmma(true)
+        .overlap(true)
+        .persistent(true);
+    lower(ir, &spec, &cfg).expect("persistent, without the split");
+    let err = lower(ir, &spec, &cfg.stream_k(true))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("exactly the online softmax"), "{err}");
+    // Nor does its default take the split at 4096 keys.
+    use tilefuse::codegen::config::default_config_at;
+    let ext = extents(ir, 128, 4096);
+    let c = fit_whole_dims(ir, default_config_at(ir, &spec, H200, &ext), &ext);
+    assert!(c.persistent && !c.stream_k, "{c}");
+}
+
 /// The Hopper program stores an output whose rows are not its second-last
 /// axis (`[b, s, h, d]`) by rows too: a row's address from its own stride,
 /// pairs where the head dimension is contiguous and that stride and the
