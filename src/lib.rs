@@ -54,7 +54,9 @@
 //!   by a tile itself must have that tile's extent as its size (checked at launch);
 //! - `atomic_add(t[index], v);`, `atomic_max`, `atomic_min`: each element of `v`
 //!   combined into its place atomically (f32, bf16, f16, i32, u32, i64), masked as a
-//!   store: histograms, split reductions, a whole tensor's sum;
+//!   store: histograms, split reductions, a whole tensor's sum. `let old =
+//!   atomic_add(counts[ids[tt]], 1);` also keeps what each place held before (0 where
+//!   a place is skipped): a token's slot in its id's or its expert's list;
 //! - `zeros::<f32>([tm, tn])`, `full::<f32>([tm, tn], v)`: accumulators (`v` a number
 //!   literal or a bound a double holds exactly: `i32::MIN`, `u32::MAX`,
 //!   `f32::NEG_INFINITY`);

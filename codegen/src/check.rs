@@ -399,8 +399,13 @@ impl Checker<'_> {
                         ),
                     ));
                 }
-                if let Stmt::Atomic { op, .. } = s {
+                if let Stmt::Atomic { op, old, .. } = s {
                     op.check(dst).map_err(|m| self.err(at, m))?;
+                    // The old values: one per place updated, of the tensor's type.
+                    if let Some(v) = old {
+                        self.vars[*v] = Some(Ty::new(idx.clone(), dst));
+                        self.partials[*v] = None;
+                    }
                 } else {
                     self.lost_partials(value, &idx, at)?;
                 }

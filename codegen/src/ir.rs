@@ -149,11 +149,16 @@ pub enum Stmt {
     },
     /// `atomic_add(tensor[index], value);` (and max, min): each element of
     /// `value` combined into its place atomically, masked as a store.
+    /// `let old = atomic_add(…);` also binds `old` to the values each place
+    /// held just before (0 where a place is skipped): a fetch-and-add, as
+    /// for a token's slot in its expert's or its id's list.
     Atomic {
         op: AtomicOp,
         tensor: TensorId,
         index: Vec<Expr>,
         value: Expr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        old: Option<VarId>,
         at: Src,
     },
     /// `wait(tensor, index, value)`: block until `tensor[index] >= value`, bounded in time.
@@ -430,6 +435,59 @@ impl Kernel {
     pub fn is_each(&self, d: DimId) -> bool {
         self.dims.get(d).is_some_and(|x| x.each)
     }
+
+    /// The tensors whose contents depend on the order atomics land in: those
+    /// written with an atomic's old values (`let slot = atomic_add(…)`),
+    /// in the value, the place or a branch's condition, directly or through
+    /// variables. Two correct runs may differ there (a mixture-of-experts
+    /// dispatch's slots, and which rows it keeps); everything else a kernel
+    /// writes does not (up to a float sum's rounding).
+    pub fn order_dependent(&self) -> Vec<TensorId> {
+        fn reads(e: &Expr, vars: &[VarId]) -> bool {
+            let mut found = false;
+            e.walk(&mut |x| found |= matches!(x, Expr::Var(v) if vars.contains(v)));
+            found
+        }
+        fn visit(stmts: &[Stmt], under: bool, vars: &mut Vec<VarId>, out: &mut Vec<TensorId>) {
+            for s in stmts {
+                let tainted = under || s.exprs().into_iter().any(|e| reads(e, vars));
+                match s {
+                    Stmt::Let { var, .. } | Stmt::Assign { var, .. }
+                        if tainted && !vars.contains(var) =>
+                    {
+                        vars.push(*var)
+                    }
+                    Stmt::Atomic { old: Some(v), .. } if !vars.contains(v) => vars.push(*v),
+                    _ => {}
+                }
+                match s {
+                    Stmt::Store { tensor, .. } | Stmt::Atomic { tensor, .. }
+                        if tainted && !out.contains(tensor) =>
+                    {
+                        out.push(*tensor)
+                    }
+                    Stmt::Loop { body, .. } => visit(body, tainted, vars, out),
+                    Stmt::If {
+                        then, otherwise, ..
+                    } => {
+                        visit(then, tainted, vars, out);
+                        visit(otherwise, tainted, vars, out);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Until nothing changes: a loop may carry a tainted value back to
+        // the statements above the one that taints it.
+        let (mut vars, mut out) = (Vec::new(), Vec::new());
+        loop {
+            let before = (vars.len(), out.len());
+            visit(&self.body, false, &mut vars, &mut out);
+            if (vars.len(), out.len()) == before {
+                return out;
+            }
+        }
+    }
 }
 
 /// Calls `f` on every statement of `stmts`, nested ones included, in source order.
@@ -608,12 +666,14 @@ impl Stmt {
                 tensor,
                 index: ix,
                 value,
+                old,
                 at,
             } => Stmt::Atomic {
                 op: *op,
                 tensor: *tensor,
                 index: index(ix, f)?,
                 value: f(value)?,
+                old: *old,
                 at: at.clone(),
             },
             Stmt::Wait {

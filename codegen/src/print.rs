@@ -188,11 +188,19 @@ impl Printer<'_> {
                 tensor,
                 index,
                 value,
+                old,
                 ..
             } => {
+                let bind = match old {
+                    Some(v) => {
+                        let m = if self.k.vars[*v].mutable { "mut " } else { "" };
+                        format!("let {m}{} = ", var(*v))
+                    }
+                    None => String::new(),
+                };
                 let _ = writeln!(
                     out,
-                    "{ind}{}({}, {});",
+                    "{ind}{bind}{}({}, {});",
                     op.name(),
                     self.index(*tensor, index),
                     self.expr(value)

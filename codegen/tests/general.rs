@@ -275,6 +275,51 @@ fn atomics_are_masked_and_done_once_per_element() {
     assert!(kernel_part(&l).contains("tf_u0_0"), "{}", kernel_part(&l));
 }
 
+/// `let s = atomic_add(…)`: one atomic an element, its old value into the
+/// variable (0 where skipped); never a private copy or a vector reduction
+/// (neither returns anything); where other threads hold the same element
+/// (the row copy's column threads), the owner hands it over through shared
+/// memory.
+#[test]
+fn an_atomics_old_values_go_to_every_thread_holding_them() {
+    let k = slots();
+    // Between the fetch and the slot's first use (its store).
+    let handover = |cfg: &Config| {
+        let l = general(&k, &spec_of(&k, &ints(2)), cfg);
+        assert!(l.private.is_none());
+        let body = kernel_part(&l).to_string();
+        assert!(
+            !body.contains("tf_bins1") && !body.contains("tf_red_add_v4"),
+            "{body}"
+        );
+        let at = body.find("= tf_atomic_add(t1 + (").expect("the fetch");
+        assert!(body[at..].contains("} else v"), "{body}");
+        let used = at + body[at..].find("// slot[ti] = s").expect("the store");
+        body[at..used].contains("__syncthreads();") && body[at..used].contains("tf_smem")
+    };
+    // Four rows a program, the row copy's layout (its threads along the
+    // columns hold copies of each slot): the owners hand them over.
+    assert!(handover(&Config::new(&[4, 1024])));
+    // 1024 rows a program in a layout of their own: each thread its own.
+    assert!(!handover(&Config::new(&[1024, 1])));
+    // What depends on the atomics' order: the slots and the rows placed by
+    // them, not the counts (the autotuner compares only the others).
+    assert_eq!(k.order_dependent(), [2, 4]);
+    assert!(histogram().order_dependent().is_empty());
+}
+
+/// An `each` grid dimension of thousands counts as programs: an
+/// embedding gradient's rows (32000) keep 1024 columns a tile, where 2000
+/// segments still halve theirs to 64 for programs.
+#[test]
+fn an_each_grid_of_thousands_keeps_its_columns_wide() {
+    let k = jagged_sum();
+    let at =
+        |nb| tilefuse_codegen::emit::general::default_config(&k, &[Some(nb), Some(4096), None]);
+    assert_eq!(at(32000).block_sizes[1], 1024, "{}", at(32000));
+    assert_eq!(at(2000).block_sizes[1], 64, "{}", at(2000));
+}
+
 #[test]
 fn a_segment_counts_copy_keeps_its_column_tile_and_the_programs_walk_the_rows() {
     let segments = |ty: &str| {

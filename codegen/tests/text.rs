@@ -775,6 +775,7 @@ impl Gen {
                             tensor,
                             index,
                             value,
+                            old: None,
                             at,
                         }
                     };

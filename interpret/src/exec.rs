@@ -440,14 +440,22 @@ impl Program<'_> {
                 index,
                 value,
                 ..
-            } => self.store(*tensor, index, value, None)?,
+            } => {
+                self.store(*tensor, index, value, None)?;
+            }
             Stmt::Atomic {
                 op,
                 tensor,
                 index,
                 value,
+                old,
                 ..
-            } => self.store(*tensor, index, value, Some(*op))?,
+            } => {
+                let before = self.store(*tensor, index, value, Some(*op))?;
+                if let Some(v) = old {
+                    self.vars[*v] = Some(Arc::new(before));
+                }
+            }
             Stmt::Loop {
                 dim,
                 body,
@@ -608,13 +616,15 @@ impl Program<'_> {
     /// element of the index's (and the value's) tiles, skipped where an index
     /// leaves the tensor. A store converts the value to the tensor's dtype;
     /// an atomic combines it with the element as the GPU's atomics do.
+    /// Returns what each place held before an atomic (0 where skipped, and
+    /// for a store).
     fn store(
         &mut self,
         tensor: TensorId,
         index: &[Expr],
         value: &Expr,
         op: Option<AtomicOp>,
-    ) -> Result<(), InterpretError> {
+    ) -> Result<Tile, InterpretError> {
         let v = self.eval(value)?;
         let comps = index
             .iter()
@@ -633,8 +643,10 @@ impl Program<'_> {
         }
         let t = &self.tensors[tensor];
         let dtype = t.dtype();
+        let zero = cast::cpu(Num::I(0), dtype);
+        let mut before = vec![zero; lens.iter().product()];
         let mut idx = vec![0i64; comps.len()];
-        walk(&lens, &strides, |_, _, offs| {
+        walk(&lens, &strides, |i, _, offs| {
             for (a, c) in comps.iter().enumerate() {
                 if let Some(at) = c.bad(offs[a + 1]) {
                     return Err(self.divide_by_zero(at));
@@ -650,9 +662,16 @@ impl Program<'_> {
             let x = v.data[offs[0]];
             match op {
                 None => t.store(off, cast::cpu(x, dtype)),
-                Some(op) => atomic(t, op, off, x),
+                Some(op) => before[i] = atomic(t, op, off, x),
             }
             Ok(())
+        })?;
+        Ok(Tile {
+            dims,
+            lens,
+            dtype,
+            data: before,
+            poison: None,
         })
     }
 
@@ -698,11 +717,12 @@ pub(crate) fn computed(t: DType) -> DType {
     }
 }
 
-/// One element of an atomic: `op(old, x)` stored at `off` of `t` atomically.
-/// As on the GPU, `x` is first converted to the type the tensor's elements
-/// are computed in; floats combine in f32 (bf16/f16 elements widened, the
-/// result rounded back to them), integers wrap to the tensor's width.
-fn atomic(t: &HostTensor, op: AtomicOp, off: usize, x: Num) {
+/// One element of an atomic: `op(old, x)` stored at `off` of `t` atomically;
+/// returns `old`. As on the GPU, `x` is first converted to the type the
+/// tensor's elements are computed in; floats combine in f32 (bf16/f16
+/// elements widened, the result rounded back to them), integers wrap to the
+/// tensor's width.
+fn atomic(t: &HostTensor, op: AtomicOp, off: usize, x: Num) -> Num {
     let dtype = t.dtype();
     match cast::cpu(x, computed(dtype)) {
         Num::F(v) => t.update(off, |old| {

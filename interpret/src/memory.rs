@@ -231,8 +231,9 @@ impl HostMemory {
     /// compare-and-swap loop on the element's own atomic cell, as the GPU's
     /// atomics and its CAS loops for 16-bit floats and float max/min do):
     /// concurrent updates from other threads are never lost. `f` returns a
-    /// value of `dtype` and may run more than once.
-    pub(crate) fn update(&self, dtype: DType, elem: usize, f: impl Fn(Num) -> Num) {
+    /// value of `dtype` and may run more than once. Returns the value the
+    /// element held just before (what `let old = atomic_add(…)` keeps).
+    pub(crate) fn update(&self, dtype: DType, elem: usize, f: impl Fn(Num) -> Num) -> Num {
         let (r, w) = (Ordering::Relaxed, Ordering::Relaxed);
         macro_rules! cas_loop {
             ($atomic:ty, $t:ty) => {{
@@ -240,12 +241,13 @@ impl HostMemory {
                 let cell = unsafe { <$atomic>::from_ptr(self.cell(elem)) };
                 let mut old = cell.load(r);
                 loop {
-                    let new = encode(dtype, f(decode(dtype, u64::from(old)))) as $t;
+                    let before = decode(dtype, u64::from(old));
+                    let new = encode(dtype, f(before)) as $t;
                     if new == old {
-                        break;
+                        break before;
                     }
                     match cell.compare_exchange_weak(old, new, w, r) {
-                        Ok(_) => break,
+                        Ok(_) => break before,
                         Err(seen) => old = seen,
                     }
                 }

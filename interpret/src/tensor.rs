@@ -287,8 +287,9 @@ impl HostTensor {
 
     /// Replaces the element at `offset` by `f(old)` atomically (see
     /// [`HostMemory`]'s CAS loops).
-    pub(crate) fn update(&self, offset: usize, f: impl Fn(Num) -> Num) {
-        self.mem.update(self.dtype, offset, f);
+    /// Returns the element's value before.
+    pub(crate) fn update(&self, offset: usize, f: impl Fn(Num) -> Num) -> Num {
+        self.mem.update(self.dtype, offset, f)
     }
 }
 

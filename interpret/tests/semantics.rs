@@ -408,6 +408,7 @@ fn atomics_from_many_programs_on_many_threads_lose_nothing() {
         tensor,
         index: vec![load(0, vec![ti(t_)])],
         value,
+        old: None,
         at: "atomic".into(),
     };
     let k = K {
@@ -478,6 +479,63 @@ fn atomics_from_many_programs_on_many_threads_lose_nothing() {
     let whole: Vec<f64> = counts.iter().map(|&c| c as f64).collect();
     assert_eq!(t[3].values(), whole);
     assert_eq!(t[4].values_i64(), most);
+}
+
+/// `let slot = atomic_add(counts[bin], 1)` from 250 programs on 8 threads:
+/// each element of a bin gets a slot of its own, together exactly
+/// `0..count`; an element outside the bins (skipped) gets 0.
+#[test]
+fn an_atomics_old_values_are_distinct_slots() {
+    let t_ = 0;
+    let k = K {
+        tensors: vec![tensor("bins", 1), tensor("counts", 1), tensor("slots", 1)],
+        scalars: vec!["n"],
+        dims: vec![dim("t", Some(0))],
+        grid: vec![t_],
+        vars: vec![("slot", false)],
+    }
+    .build(vec![
+        Stmt::Atomic {
+            op: AtomicOp::Add,
+            tensor: 1,
+            index: vec![load(0, vec![ti(t_)])],
+            value: Expr::Int(1),
+            old: Some(0),
+            at: "let slot = atomic_add(counts[bins[t]], 1)".into(),
+        },
+        store(2, vec![ti(t_)], Expr::Var(0)),
+    ]);
+    let n = 1000usize;
+    let bins: Vec<i64> = (0..n as i64)
+        .map(|i| if i % 97 == 5 { 9 } else { (i * 7) % 5 })
+        .collect();
+    let t = [
+        ints(DType::I32, &[n], &bins),
+        ints(DType::I32, &[5], &[0; 5]),
+        ints(DType::I32, &[n], &vec![-1; n]),
+    ];
+    let options = Options {
+        threads: 8,
+        ..Options::default()
+    };
+    run_with(
+        &k,
+        &Config::new(&[4]),
+        &[],
+        &t,
+        &[Scalar::Int(n as i64)],
+        &options,
+    )
+    .unwrap();
+    let slots = t[2].values_i64();
+    for b in 0..5 {
+        let mut got: Vec<i64> = (0..n).filter(|&i| bins[i] == b).map(|i| slots[i]).collect();
+        got.sort_unstable();
+        let count = got.len() as i64;
+        assert_eq!(got, (0..count).collect::<Vec<_>>(), "bin {b}");
+        assert_eq!(t[1].values_i64()[b as usize], count);
+    }
+    assert!((0..n).filter(|&i| bins[i] == 9).all(|i| slots[i] == 0));
 }
 
 // ---- integers ------------------------------------------------------------------

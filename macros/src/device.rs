@@ -22,7 +22,7 @@ use tilefuse_codegen::spec::ScalarKind;
 
 const STATEMENTS: &str = "device code supports `let`, assignment (`=`, `+=`, `-=`, `*=`, `/=`, `%=`, `&=`, `|=`, `^=`, \
      `<<=`, `>>=`), tensor stores `t[(tm, tn)] = …`, `atomic_add(t[index], value);` (and `atomic_max`, \
-     `atomic_min`), `wait(flags, index, value);`, `signal(counters, index, value);`, loops \
+     `atomic_min`; `let old = atomic_add(…);` keeps the old values), `wait(flags, index, value);`, `signal(counters, index, value);`, loops \
      `for t in tile(extent) { … }`, `for t in tile(a..b) { … }` and `for i in a..b { … }`, and `if`";
 
 const LOOPS: &str = "device loops iterate over tiles, `for t in tile(extent)` (or `tile([e0, e1])`, \
@@ -525,14 +525,30 @@ impl Builder {
                 if let Some((_, e)) = &init.diverge {
                     return Err(err(e, "`let … else` is not supported in device code"));
                 }
-                let value = self.expr(&init.expr)?;
+                // `let old = atomic_add(…);`: the old values (the place and
+                // the value read before the name is bound).
+                let mut s = match bare(&init.expr) {
+                    SynExpr::Call(c) if atomic_of(&c.func).is_some() => self.atomic(c)?,
+                    e => Stmt::Let {
+                        var: 0,
+                        value: self.expr(e)?,
+                        at: self.at(local),
+                    },
+                };
                 let var = self.kernel.vars.len();
                 self.kernel.vars.push(Var {
                     name: ident.to_string(),
                     mutable,
                 });
-                let at = self.at(local);
-                out.push(Stmt::Let { var, value, at });
+                match &mut s {
+                    Stmt::Atomic { old, at, .. } => {
+                        *old = Some(var);
+                        *at = self.at(local);
+                    }
+                    Stmt::Let { var: v, .. } => *v = var,
+                    _ => {}
+                }
+                out.push(s);
                 if let Some(sc) = self.scopes.last_mut() {
                     sc.insert(ident.to_string(), Binding::Var(var));
                 }
@@ -548,6 +564,42 @@ impl Builder {
                 format!("macros cannot be used in device code; {STATEMENTS}"),
             )),
         }
+    }
+
+    /// `atomic_add(t[index], value)` (and max, min), without the variable
+    /// its old values may go to (see [`Stmt::Atomic`]).
+    fn atomic(&mut self, c: &syn::ExprCall) -> syn::Result<Stmt> {
+        let op = atomic_of(&c.func).unwrap_or(AtomicOp::Add);
+        let name = op.name();
+        if c.args.len() != 2 {
+            return Err(err(
+                c,
+                format!("`{name}` takes two arguments: `{name}(t[index], value)`"),
+            ));
+        }
+        let place = match bare(&c.args[0]) {
+            SynExpr::Reference(r) => bare(&r.expr),
+            other => other,
+        };
+        let SynExpr::Index(ix) = place else {
+            return Err(err(
+                &c.args[0],
+                format!(
+                    "the first argument of `{name}` is the place to update, a tensor index such as \
+                     `out[(tm, tn)]` or `hist[ids[ti]]`"
+                ),
+            ));
+        };
+        let (tensor, index) = self.index(ix)?;
+        let value = self.expr(&c.args[1])?;
+        Ok(Stmt::Atomic {
+            op,
+            tensor,
+            index,
+            value,
+            old: None,
+            at: self.at(c),
+        })
     }
 
     /// `let (a, mut b) = (x, y);`: every value first (so `(b, a)` swaps), then
@@ -683,37 +735,8 @@ impl Builder {
                 Ok(())
             }
             SynExpr::Call(c) if atomic_of(&c.func).is_some() => {
-                let op = atomic_of(&c.func).unwrap_or(AtomicOp::Add);
-                let name = op.name();
-                if c.args.len() != 2 {
-                    return Err(err(
-                        c,
-                        format!("`{name}` takes two arguments: `{name}(t[index], value)`"),
-                    ));
-                }
-                let place = match bare(&c.args[0]) {
-                    SynExpr::Reference(r) => bare(&r.expr),
-                    other => other,
-                };
-                let SynExpr::Index(ix) = place else {
-                    return Err(err(
-                        &c.args[0],
-                        format!(
-                            "the first argument of `{name}` is the place to update, a tensor index such as \
-                             `out[(tm, tn)]` or `hist[ids[ti]]`"
-                        ),
-                    ));
-                };
-                let (tensor, index) = self.index(ix)?;
-                let value = self.expr(&c.args[1])?;
-                let at = self.at(c);
-                out.push(Stmt::Atomic {
-                    op,
-                    tensor,
-                    index,
-                    value,
-                    at,
-                });
+                let s = self.atomic(c)?;
+                out.push(s);
                 Ok(())
             }
             SynExpr::ForLoop(fl) => {
@@ -1234,7 +1257,8 @@ impl Builder {
                 return Err(err(
                     c,
                     format!(
-                        "`{name}(t[index], value)` is a statement and returns nothing: write it on its own, ending with `;`"
+                        "`{name}(t[index], value)` is a statement: write it on its own, ending with `;`, \
+                         or keep the places' old values with `let old = {name}(t[index], value);`"
                     ),
                 ))
             }

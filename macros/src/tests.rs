@@ -787,16 +787,50 @@ fn atomics_need_a_place_and_are_not_values() {
         }"#,
     );
     assert!(e.contains("the place to update, a tensor index"), "{e}");
+    // The old values go to a `let` only: not inside an expression.
     let e = error(
         r#"
-        fn f(x: &Tensor<f32>, total: &Tensor<f32>) {
+        fn f(x: &Tensor<f32>, total: &Tensor<f32>, out: &Tensor<f32>) {
             let [n] = x.shape();
             for tn in tile(n) {
-                let old = atomic_add(total[0], x[tn].sum(tn));
+                out[0] = 1.0 + atomic_add(total[0], x[tn].sum(tn));
             }
         }"#,
     );
-    assert!(e.contains("is a statement and returns nothing"), "{e}");
+    assert!(
+        e.contains("is a statement") && e.contains("let old = atomic_add(t[index], value);"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_let_keeps_an_atomics_old_values() {
+    let k = kernel(
+        r#"
+        fn slots(ids: &Tensor<i64>, counts: &Tensor<i32>, slot: &Tensor<i32>) {
+            let [n] = ids.shape();
+            for tn in tile(n) {
+                let mut s = atomic_add(counts[ids[tn]], 1);
+                slot[tn] = s;
+            }
+        }"#,
+    );
+    let Stmt::Atomic {
+        op: AtomicOp::Add,
+        tensor: t,
+        old: Some(v),
+        ..
+    } = &k.body[0]
+    else {
+        panic!("an atomic keeping its old values: {:?}", k.body[0])
+    };
+    assert_eq!(*t, tensor(&k, "counts"));
+    assert_eq!(k.vars[*v].name, "s");
+    assert!(k.vars[*v].mutable);
+    let Stmt::Store { value, .. } = &k.body[1] else {
+        panic!("a store: {:?}", k.body[1])
+    };
+    assert_eq!(*value, Expr::Var(*v));
 }
 
 #[test]

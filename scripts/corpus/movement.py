@@ -19,6 +19,25 @@ def embedding_bwd():
     return f"{T}x{D}/V{V}", lambda: torch.ops.aten.embedding_dense_backward(dout, ids, V, -1, False)
 
 
+def moe_dispatch():
+    t, d, e, cap = 16384, 4096, 64, 320
+    x = torch.randn(t, d, **BF16)
+    expert = torch.randint(0, e, (t,), device="cuda")
+    # Capacity-based dispatch as Switch/GShard implementations write it: each
+    # token's slot from a cumulative sum of the one-hot routing, the kept rows
+    # copied to their place, a dropped token sent to one spare row (no host
+    # sync, no masking by a data-dependent shape).
+    out = torch.empty(e * cap + 1, d, **BF16)
+
+    def run():
+        onehot = F.one_hot(expert, e)
+        slot = ((onehot.cumsum(0) - 1) * onehot).sum(1)
+        row = torch.where(slot < cap, expert * cap + slot, e * cap)
+        return out.index_copy_(0, row, x)
+
+    return f"{t}x{d}/E{e}", run
+
+
 def index_select():
     x = torch.randn(16384, 8192, **BF16)
     idx = torch.randint(0, 8192, (4096,), device="cuda", dtype=torch.int32)
@@ -55,6 +74,7 @@ def dropout_bwd():
 CASES = {
     "embedding": embedding,
     "embedding_bwd": embedding_bwd,
+    "moe_dispatch": moe_dispatch,
     "index_select": index_select,
     "rope": rope,
     "dropout": dropout,

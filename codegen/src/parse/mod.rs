@@ -597,8 +597,17 @@ impl<'a> Parser<'a> {
             }
             let (name, _) = self.ident("a name after `let`")?;
             self.expect("=", &format!("after `let {name}`"))?;
-            let value = self.expr_node()?;
-            let value = self.expr(&value, false)?;
+            let node = self.expr_node()?;
+            // `let old = atomic_add(…);` keeps the old values (see `Stmt::Atomic`).
+            let fetch = matches!(&strip(&node).kind, N::Call { name, .. } if AtomicOp::from_name(name).is_some());
+            let mut s = match fetch {
+                true => self.call_stmt(strip(&node))?,
+                false => Stmt::Let {
+                    var: 0,
+                    value: self.expr(&node, false)?,
+                    at: String::new(),
+                },
+            };
             let at = self.slice(start, self.last_end());
             self.expect(";", "after the `let` statement")?;
             self.k.vars.push(Var {
@@ -607,7 +616,12 @@ impl<'a> Parser<'a> {
             });
             let var = self.k.vars.len() - 1;
             self.bind(name, Binding::Var(var));
-            out.push(Stmt::Let { var, value, at });
+            match &mut s {
+                Stmt::Atomic { old, at: a, .. } => (*old, *a) = (Some(var), at),
+                Stmt::Let { var: v, at: a, .. } => (*v, *a) = (var, at),
+                _ => {}
+            }
+            out.push(s);
             return Ok(());
         }
         if self.is_ident("for") {
@@ -743,6 +757,7 @@ impl<'a> Parser<'a> {
                 tensor,
                 index,
                 value,
+                old: None,
                 at,
             });
         }
@@ -1705,7 +1720,7 @@ impl<'a> Parser<'a> {
             _ if AtomicOp::from_name(name).is_some() => {
                 return Err(self.err_at(
                     n.start,
-                    format!("`{name}(t[index], value)` is a statement and returns nothing: write it on its own, ending with `;`"),
+                    format!("`{name}(t[index], value)` is a statement: write it on its own, ending with `;`, or keep the places' old values with `let old = {name}(t[index], value);`"),
                 ))
             }
             _ => {

@@ -39,7 +39,8 @@ pub(crate) fn fast_statements_but(k: &Kernel, atomics: bool) -> bool {
         // unspecialized kernel is planned by both branches); one on
         // runtime values is a branch of the program.
         Stmt::If { cond, .. } => ok &= cond.is_compile_time(),
-        Stmt::Atomic { .. } => ok &= atomics,
+        // A fetch (`let old = atomic_add(…)`) is the general lowering's alone.
+        Stmt::Atomic { old, .. } => ok &= atomics && old.is_none(),
         _ => {}
     });
     ok

@@ -2,7 +2,10 @@
 //! (and `atomic_max`, `atomic_min`). Each element of `v` is combined into
 //! its place of `t`; places outside `t` or past a tile's extent are skipped.
 //! Float additions from different programs land in any order, so sums are
-//! not bit-reproducible (as with any atomics).
+//! not bit-reproducible (as with any atomics). `let old = atomic_add(…);`
+//! keeps what each place held just before its update (every helper below
+//! returns it; where the result goes unused the compiler emits a reduction,
+//! as before).
 
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
@@ -15,10 +18,10 @@ pub enum AtomicOp {
     Min,
 }
 
-/// Device functions the atomics call: overloads per element type. bf16 and
-/// f16 go through a compare-and-swap of the aligned 32-bit word (any arch);
-/// f32 max and min too.
-pub const HELPERS: &str = r#"__device__ __forceinline__ void tf_atomic_add(float* p, float v) { atomicAdd(p, v); }
+/// Device functions the atomics call: overloads per element type, each
+/// returning the element's old value. bf16 and f16 go through a
+/// compare-and-swap of the aligned 32-bit word (any arch); f32 max and min too.
+pub const HELPERS: &str = r#"__device__ __forceinline__ float tf_atomic_add(float* p, float v) { return atomicAdd(p, v); }
 // Four adds to 16 aligned bytes: one vector reduction on sm_90 and later.
 __device__ __forceinline__ void tf_red_add_v4(float* p, float a, float b, float c, float d) {
 #if __CUDA_ARCH__ >= 900
@@ -27,35 +30,37 @@ __device__ __forceinline__ void tf_red_add_v4(float* p, float a, float b, float 
   atomicAdd(p, a); atomicAdd(p + 1, b); atomicAdd(p + 2, c); atomicAdd(p + 3, d);
 #endif
 }
-__device__ __forceinline__ void tf_atomic_add(int* p, int v) { atomicAdd(p, v); }
-__device__ __forceinline__ void tf_atomic_add(unsigned int* p, unsigned int v) { atomicAdd(p, v); }
-__device__ __forceinline__ void tf_atomic_add(long long* p, long long v) { atomicAdd((unsigned long long*)p, (unsigned long long)v); }
-__device__ __forceinline__ void tf_atomic_max(int* p, int v) { atomicMax(p, v); }
-__device__ __forceinline__ void tf_atomic_max(unsigned int* p, unsigned int v) { atomicMax(p, v); }
-__device__ __forceinline__ void tf_atomic_max(long long* p, long long v) { atomicMax(p, v); }
-__device__ __forceinline__ void tf_atomic_min(int* p, int v) { atomicMin(p, v); }
-__device__ __forceinline__ void tf_atomic_min(unsigned int* p, unsigned int v) { atomicMin(p, v); }
-__device__ __forceinline__ void tf_atomic_min(long long* p, long long v) { atomicMin(p, v); }
+__device__ __forceinline__ int tf_atomic_add(int* p, int v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned int tf_atomic_add(unsigned int* p, unsigned int v) { return atomicAdd(p, v); }
+__device__ __forceinline__ long long tf_atomic_add(long long* p, long long v) { return (long long)atomicAdd((unsigned long long*)p, (unsigned long long)v); }
+__device__ __forceinline__ int tf_atomic_max(int* p, int v) { return atomicMax(p, v); }
+__device__ __forceinline__ unsigned int tf_atomic_max(unsigned int* p, unsigned int v) { return atomicMax(p, v); }
+__device__ __forceinline__ long long tf_atomic_max(long long* p, long long v) { return atomicMax(p, v); }
+__device__ __forceinline__ int tf_atomic_min(int* p, int v) { return atomicMin(p, v); }
+__device__ __forceinline__ unsigned int tf_atomic_min(unsigned int* p, unsigned int v) { return atomicMin(p, v); }
+__device__ __forceinline__ long long tf_atomic_min(long long* p, long long v) { return atomicMin(p, v); }
 // f32 max/min: compare-and-swap until the stored value is no smaller (larger).
-__device__ __forceinline__ void tf_atomic_max(float* p, float v) {
+__device__ __forceinline__ float tf_atomic_max(float* p, float v) {
   unsigned int* a = (unsigned int*)p; unsigned int old = *a;
   while (fmaxf(__uint_as_float(old), v) != __uint_as_float(old)) {
     const unsigned int seen = atomicCAS(a, old, __float_as_uint(fmaxf(__uint_as_float(old), v)));
     if (seen == old) break;
     old = seen;
   }
+  return __uint_as_float(old);
 }
-__device__ __forceinline__ void tf_atomic_min(float* p, float v) {
+__device__ __forceinline__ float tf_atomic_min(float* p, float v) {
   unsigned int* a = (unsigned int*)p; unsigned int old = *a;
   while (fminf(__uint_as_float(old), v) != __uint_as_float(old)) {
     const unsigned int seen = atomicCAS(a, old, __float_as_uint(fminf(__uint_as_float(old), v)));
     if (seen == old) break;
     old = seen;
   }
+  return __uint_as_float(old);
 }
 // 16-bit floats: the half of the aligned word `p` is in, updated by CAS.
 template <typename F>
-__device__ __forceinline__ void tf_atomic16(unsigned short* p, float v, bool bf16, F f) {
+__device__ __forceinline__ float tf_atomic16(unsigned short* p, float v, bool bf16, F f) {
   unsigned int* a = (unsigned int*)((unsigned long long)p & ~3ull);
   const unsigned int shift = ((unsigned long long)p & 2ull) ? 16u : 0u;
   unsigned int old = *a;
@@ -64,9 +69,9 @@ __device__ __forceinline__ void tf_atomic16(unsigned short* p, float v, bool bf1
     const float cur = bf16 ? tf_bf16_to_f32(h) : tf_f16_to_f32(h);
     const unsigned short n = bf16 ? tf_f32_to_bf16(f(cur, v)) : tf_f32_to_f16(f(cur, v));
     const unsigned int next = (old & ~(0xffffu << shift)) | ((unsigned int)n << shift);
-    if (next == old) break;
+    if (next == old) return cur;
     const unsigned int seen = atomicCAS(a, old, next);
-    if (seen == old) break;
+    if (seen == old) return cur;
     old = seen;
   }
 }
@@ -104,7 +109,8 @@ impl AtomicOp {
     }
 
     /// C performing the operation on the element at `ptr` (a pointer to the
-    /// tensor's storage type) with `v` (computed in `t.cty()`).
+    /// tensor's storage type) with `v` (computed in `t.cty()`): an expression
+    /// whose value is the element's old value (in `t.cty()`).
     pub fn cuda(self, t: DType, ptr: &str, v: &str) -> String {
         let f = match self {
             AtomicOp::Add => "add",

@@ -65,6 +65,22 @@ pub fn histogram() -> Kernel {
     )
 }
 
+/// Slots by a fetch-and-add: `let slot = atomic_add(counts[bins[ti]], 1)`,
+/// each token's slot stored, then used by every column of a row copy.
+pub fn slots() -> Kernel {
+    parse(
+        "kernel slots(bins: Tensor<i32, 1>, counts: Tensor<i32, 1>, slot: Tensor<i32, 1>, x: Tensor<f32, 2>, out: Tensor<f32, 2>; n, d) {
+           for ti in tile(n) {
+             let s = atomic_add(counts[bins[ti]], 1);
+             slot[ti] = s;
+             for td in tile(d) {
+               out[(s, td)] = x[(ti, td)];
+             }
+           }
+         }",
+    )
+}
+
 /// Integer bits: `out = (x << 3) ^ (x >> 1) & 0xff` on u32, and a runtime if.
 pub fn bits() -> Kernel {
     parse(

@@ -216,6 +216,7 @@ pub fn atomic(op: AtomicOp, tensor: TensorId, index: Vec<Expr>, value: Expr, at:
         tensor,
         index,
         value,
+        old: None,
         at: at.into(),
     }
 }

@@ -19,13 +19,148 @@ pub fn embedding(weight: &Tensor<bf16>, ids: &Tensor<i64>, out: &Tensor<bf16>) {
     }
 }
 
-/// Embedding's backward: each token's gradient row added into its id's row
-/// of `dweight` (ids repeat, so the adds are atomic).
+/// Embedding's backward sorted by id, as PyTorch's `embedding_dense_backward`
+/// sorts: each id's tokens listed ([`id_slots`], [`list_starts`],
+/// [`place_by_id`]), then one program per (id, column block) sums its
+/// tokens' rows and writes the gradient row once ([`embedding_bwd`]): no zero
+/// fill of the table and no atomics on it (the scatter by atomics is
+/// `segment_sum`'s form). Runs the four kernels; `counts` is zeroed first.
+pub fn embedding_backward(
+    dout: &Tensor<bf16>,
+    ids: &Tensor<i64>,
+    dweight: &Tensor<f32>,
+    lists: &IdLists,
+) -> Result<()> {
+    lists.counts.zero()?;
+    id_slots(ids, &lists.counts, &lists.slots)?;
+    let [v] = lists.counts.shape();
+    list_starts(
+        &lists.counts.reshape([1, v])?,
+        &lists.starts.reshape([1, v])?,
+    )?;
+    place_by_id(ids, &lists.starts, &lists.slots, &lists.order)?;
+    embedding_bwd(dout, &lists.order, &lists.starts, &lists.counts, dweight)?;
+    Ok(())
+}
+
+/// The scratch of [`embedding_backward`]: per id its token count and where
+/// its list starts, per token its slot in its id's list and the tokens in
+/// id order.
+pub struct IdLists {
+    counts: Tensor<i32>,
+    starts: Tensor<i32>,
+    slots: Tensor<i32>,
+    order: Tensor<i32>,
+}
+
+impl IdLists {
+    pub fn new(dev: &Arc<Device>, vocab: usize, tokens: usize) -> Result<IdLists> {
+        Ok(IdLists {
+            counts: Tensor::empty_on(dev, [vocab])?,
+            starts: Tensor::empty_on(dev, [vocab])?,
+            slots: Tensor::empty_on(dev, [tokens])?,
+            order: Tensor::empty_on(dev, [tokens])?,
+        })
+    }
+}
+
+/// Each token's slot in its id's list: how many tokens of its id the
+/// atomics counted before it (`counts` from zero ends as each id's count).
 #[fused_kernel]
-pub fn embedding_bwd(dout: &Tensor<bf16>, ids: &Tensor<i64>, dweight: &Tensor<f32>) {
-    let [t, d] = dout.shape();
-    for (tt, td) in tile([t, d]) {
-        atomic_add(dweight[(ids[tt], td)], dout[(tt, td)].cast::<f32>());
+pub fn id_slots(ids: &Tensor<i64>, counts: &Tensor<i32>, slots: &Tensor<i32>) {
+    let [t] = ids.shape();
+    for tt in tile(t) {
+        let slot = atomic_add(counts[ids[tt]], 1);
+        slots[tt] = slot;
+    }
+}
+
+/// Where each list starts: the exclusive prefix sum of each row of
+/// `counts`, one program walking a row.
+#[fused_kernel]
+pub fn list_starts(counts: &Tensor<i32>, starts: &Tensor<i32>) {
+    let [r, v] = counts.shape();
+    for tr in tile(each(r)) {
+        let mut seen = zeros::<i32>([]);
+        for tv in tile(v) {
+            let c = counts[(tr, tv)];
+            starts[(tr, tv)] = seen + c.cumsum(tv) - c;
+            seen = seen + c.sum(tv);
+        }
+    }
+}
+
+/// The tokens in id order: each at its id's start plus its slot.
+#[fused_kernel]
+pub fn place_by_id(
+    ids: &Tensor<i64>,
+    starts: &Tensor<i32>,
+    slots: &Tensor<i32>,
+    order: &Tensor<i32>,
+) {
+    let [t] = ids.shape();
+    for tt in tile(t) {
+        order[starts[ids[tt]] + slots[tt]] = tt.index().cast::<i32>();
+    }
+}
+
+/// Each id's gradient row: the sum of its tokens' rows, gathered through
+/// its list, zero for an id no token has. A tile of ids walks as many list
+/// places as its longest list has (one or two for most tiles of uniform
+/// ids); past a row's own count its index leaves `dout`, so the load reads
+/// zero.
+#[fused_kernel]
+pub fn embedding_bwd(
+    dout: &Tensor<bf16>,
+    order: &Tensor<i32>,
+    starts: &Tensor<i32>,
+    counts: &Tensor<i32>,
+    dweight: &Tensor<f32>,
+) {
+    let [v, d] = dweight.shape();
+    let [t, _] = dout.shape();
+    for (tv, td) in tile([v, d]) {
+        let begin = starts[tv];
+        let count = counts[tv];
+        let longest = count.max(tv);
+        let mut acc = zeros::<f32>([tv, td]);
+        for j in 0..longest {
+            let row = select(j < count, order[begin + j], t as i32);
+            acc = acc + dout[(row, td)].cast::<f32>();
+        }
+        dweight[(tv, td)] = acc;
+    }
+}
+
+/// Mixture-of-experts dispatch with a capacity: each token takes the next
+/// slot of its expert (`let slot = atomic_add(counts[e], 1)`, the old
+/// count) and its row goes to that slot of the expert's `cap` rows of
+/// `out`; a token past its expert's capacity is dropped (its row index
+/// leaves `out`, so the store skips it). The slot, one per token, is used
+/// by every column of the row copy.
+#[fused_kernel]
+pub fn moe_dispatch(
+    x: &Tensor<bf16>,
+    expert: &Tensor<i64>,
+    counts: &Tensor<i32>,
+    slots: &Tensor<i32>,
+    out: &Tensor<bf16>,
+    cap: usize,
+) {
+    let [t, d] = x.shape();
+    let [rows, _] = out.shape();
+    for tt in tile(t) {
+        let e = expert[tt];
+        let slot = atomic_add(counts[e], 1);
+        slots[tt] = slot;
+        let row = select(
+            slot < cap as i32,
+            e * cap as i64 + slot.cast::<i64>(),
+            rows as i64,
+        );
+        for td in tile(d) {
+            out[(row, td)] = x[(tt, td)];
+        }
     }
 }
 
@@ -131,18 +266,33 @@ fn embedding_bench(dev: &Arc<Device>) -> Result<Bench> {
 fn embedding_bwd_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
     let mut rng = Rng::new(seed);
     let (v, d, t) = (97, 130, 1001);
-    // Ids from the first 60 only: every used id repeats, some rows stay zero.
+    // Ids from the first 60 only: every used id repeats, some rows get none
+    // (written zero: the gradient starts poisoned).
     let (ids, idh) = token_ids(dev, &mut rng, t, 60)?;
     let (dout, df) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
-    let dw = zeros::<f32>(dev, &[v, d])?;
-    embedding_bwd(&dout, &ids, &dw)?;
+    let dw = poisoned::<f32>(dev, &[v, d])?;
+    let lists = IdLists::new(dev, v, t)?;
+    embedding_backward(&dout, &ids, &dw, &lists)?;
     let mut want = vec![0.0; v * d];
     for (k, &i) in idh.iter().enumerate() {
         for j in 0..d {
             want[i * d + j] += df[k * d + j];
         }
     }
-    Ok(vec![Output::new("dweight", host(&dw)?, want, F32_TOL)])
+    // The lists themselves: a count per id, each id's tokens once in its range.
+    let mut count = vec![0.0; v];
+    idh.iter().for_each(|&i| count[i] += 1.0);
+    let (starts, order) = (lists.starts.to_vec()?, lists.order.to_vec()?);
+    let mut listed = vec![0.0; t];
+    for (k, &i) in idh.iter().enumerate() {
+        let at = (starts[i]..starts[i] + count[i] as i32).find(|&j| order[j as usize] == k as i32);
+        listed[k] = f64::from(u8::from(at.is_some()));
+    }
+    Ok(vec![
+        Output::new("dweight", host(&dw)?, want, F32_TOL),
+        Output::new("counts", host(&lists.counts)?, count, 0.0),
+        Output::new("each token in its id's list", listed, vec![1.0; t], 0.0),
+    ])
 }
 
 fn embedding_bwd_bench(dev: &Arc<Device>) -> Result<Bench> {
@@ -150,16 +300,101 @@ fn embedding_bwd_bench(dev: &Arc<Device>) -> Result<Bench> {
     let mut rng = Rng::new(1);
     let (ids, _) = token_ids(dev, &mut rng, t, v)?;
     let (dout, _) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
-    let dw = zeros::<f32>(dev, &[v, d])?;
+    let dw = Tensor::<f32>::empty_on(dev, [v, d])?;
+    let lists = IdLists::new(dev, v, t)?;
     Ok(Bench {
         shape: format!("{t}x{d}/V{v}"),
         // dout and the ids read, the dense gradient written once (f32 here;
         // PyTorch's `embedding_dense_backward` writes it in bf16).
         bytes: t * (d * 2 + 8) + v * d * 4,
-        // The gradient starts from zero at every call, as PyTorch's does.
+        // The four kernels and the counts' zeroing, every call.
+        run: Box::new(move || embedding_backward(&dout, &ids, &dw, &lists)),
+    })
+}
+
+fn moe_dispatch_check(dev: &Arc<Device>, seed: u64) -> Result<Vec<Output>> {
+    let mut rng = Rng::new(seed);
+    // About 143 tokens an expert for 120 places: some are dropped.
+    let (t, d, experts, cap) = (1001, 130, 7, 120);
+    let (x, xf) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
+    let (expert, eh) = token_ids(dev, &mut rng, t, experts)?;
+    let counts = zeros::<i32>(dev, &[experts])?;
+    let slots = poisoned::<i32>(dev, &[t])?;
+    let out = poisoned::<bf16>(dev, &[experts * cap, d])?;
+    moe_dispatch(&x, &expert, &counts, &slots, &out, cap)?;
+    let (sh, oh) = (slots.to_vec()?, host(&out)?);
+    let mut count = vec![0.0; experts];
+    eh.iter().for_each(|&e| count[e] += 1.0);
+    // Each expert's slots are 0..count, once each.
+    let mut seen = vec![vec![false; t]; experts];
+    let mut distinct = vec![0.0; t];
+    for (k, &e) in eh.iter().enumerate() {
+        let s = sh[k];
+        if s >= 0 && (s as f64) < count[e] && !seen[e][s as usize] {
+            seen[e][s as usize] = true;
+            distinct[k] = 1.0;
+        }
+    }
+    // A kept token's row at its place (a dropped token's own row stands in
+    // for it: which tokens an expert keeps depends on the atomics' order,
+    // so the outputs compare alike with interpret mode's); the places past
+    // each expert's count stay as they were (poisoned).
+    let mut got = xf.clone();
+    for (k, &e) in eh.iter().enumerate() {
+        let s = sh[k] as usize;
+        if s < cap && distinct[k] == 1.0 {
+            got[k * d..(k + 1) * d].copy_from_slice(&oh[(e * cap + s) * d..(e * cap + s + 1) * d]);
+        } else if distinct[k] == 0.0 {
+            got[k * d..(k + 1) * d]
+                .iter_mut()
+                .for_each(|v| *v = f64::NAN);
+        }
+    }
+    let want = xf;
+    let untouched = (0..experts)
+        .flat_map(|e| (count[e] as usize).min(cap)..cap)
+        .count();
+    let left: Vec<f64> = (0..experts)
+        .flat_map(|e| ((count[e] as usize).min(cap)..cap).map(move |j| e * cap + j))
+        .map(|r| f64::from(u8::from(oh[r * d..(r + 1) * d].iter().all(|v| v.is_nan()))))
+        .collect();
+    Ok(vec![
+        Output::new("counts", host(&counts)?, count, 0.0),
+        Output::new("each slot once", distinct, vec![1.0; t], 0.0),
+        Output::new("out (kept rows)", got, want, 0.0),
+        Output::new(
+            "out (places past the count untouched)",
+            left,
+            vec![1.0; untouched],
+            0.0,
+        ),
+    ])
+}
+
+/// MoE dispatch's benchmark: 16384 tokens of 4096 to 64 experts, capacity
+/// 1.25× the even share.
+const MOE: (usize, usize, usize, usize) = (16384, 4096, 64, 320);
+
+fn moe_dispatch_bench(dev: &Arc<Device>) -> Result<Bench> {
+    let (t, d, experts, cap) = MOE;
+    let mut rng = Rng::new(1);
+    let (x, _) = input::<bf16>(dev, &mut rng, &[t, d], 1.0)?;
+    let (expert, eh) = token_ids(dev, &mut rng, t, experts)?;
+    let counts = zeros::<i32>(dev, &[experts])?;
+    let slots = Tensor::<i32>::empty_on(dev, [t])?;
+    let out = Tensor::<bf16>::empty_on(dev, [experts * cap, d])?;
+    let mut per = vec![0usize; experts];
+    eh.iter().for_each(|&e| per[e] += 1);
+    let kept: usize = per.iter().map(|&c| c.min(cap)).sum();
+    Ok(Bench {
+        shape: format!("{t}x{d}/E{experts}"),
+        // x read (a dropped token's row too: its load is not masked), the
+        // kept rows written, the ids read and the slots written.
+        bytes: t * d * 2 + kept * d * 2 + t * (8 + 4),
+        // The counts start from zero at every call.
         run: Box::new(move || {
-            dw.zero()?;
-            embedding_bwd(&dout, &ids, &dw)
+            counts.zero()?;
+            moe_dispatch(&x, &expert, &counts, &slots, &out, cap)
         }),
     })
 }
@@ -369,10 +604,25 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "embedding_bwd",
-            covers: "scatter-add by repeated ids (atomic_add into f32 at a gathered index)",
-            kernels: || vec![embedding_bwd::kernel()],
+            covers: "lists by id: slots from atomic_add's old values, a scan, a scatter, a jagged sum of gathered rows",
+            kernels: || {
+                // The gradient's kernel first: the one `--config` sets.
+                vec![
+                    embedding_bwd::kernel(),
+                    id_slots::kernel(),
+                    list_starts::kernel(),
+                    place_by_id::kernel(),
+                ]
+            },
             check: embedding_bwd_check,
             bench: embedding_bwd_bench,
+        },
+        Case {
+            name: "moe_dispatch",
+            covers: "atomic_add's old values as slots, used by a nested loop's row copy; stores dropped by their index",
+            kernels: || vec![moe_dispatch::kernel()],
+            check: moe_dispatch_check,
+            bench: moe_dispatch_bench,
         },
         Case {
             name: "index_select",

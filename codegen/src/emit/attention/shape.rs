@@ -604,6 +604,7 @@ fn attention(k: &Kernel, stmts: &[Stmt]) -> Option<AttentionShape> {
                 tensor,
                 index,
                 value,
+                old: None,
                 ..
             } => {
                 let rows = atomic_product(value, &qraw)?;

@@ -39,6 +39,10 @@ pub struct GatherStage {
 /// fewer sectors than the whole row holds.
 const SPARSE: usize = 16;
 
+/// Elements a program reads from each row, at least, for a gather to be
+/// staged at all (one warp's worth).
+const MIN_PER_ROW: usize = 32;
+
 impl GatherStage {
     /// Shared memory the staged rows take, for rows of `row_len` elements.
     pub fn bytes(&self, row_len: usize) -> usize {
@@ -93,7 +97,12 @@ impl Gen<'_, '_> {
             .filter(|d| !row_dims.contains(d))
             .map(|&d| self.block(d))
             .product();
-        if per_row < 2 {
+        // A program reading a few elements of a row stages rows of at most
+        // `SPARSE` times as many, too short to pay for the launch bounds a
+        // staging kernel asks (its registers cut for occupancy): an
+        // embedding gradient's 4 list places a tile, from a 16384-long
+        // list, spilled 328 bytes at 40 registers and never staged.
+        if per_row < MIN_PER_ROW {
             return Ok(false);
         }
         let axis = comps.len() - 1;

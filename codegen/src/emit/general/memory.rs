@@ -190,7 +190,7 @@ impl Gen<'_, '_> {
     }
 
     /// The components of `index`, with the gathered ones computed into registers.
-    fn comps(
+    pub(super) fn comps(
         &mut self,
         index: &[Expr],
         at: &str,
@@ -266,7 +266,7 @@ impl Gen<'_, '_> {
     }
 
     /// The element offset of the current element in `tensor`.
-    fn offset_of(&self, t: TensorId, comps: &[Comp], l: usize) -> String {
+    pub(super) fn offset_of(&self, t: TensorId, comps: &[Comp], l: usize) -> String {
         let ts = &self.e.spec.tensors[t];
         let last = comps.len().saturating_sub(1);
         let terms: Vec<String> = comps
@@ -683,14 +683,16 @@ impl Gen<'_, '_> {
     }
 
     /// `tensor[index] = value` (or an atomic `op`), element by element of the
-    /// index's tiles, by one thread per element.
+    /// index's tiles, by one thread per element. With `old`, the atomic's
+    /// old values go to its registers (0 where skipped), one atomic an
+    /// element (no vector reduction: it returns nothing).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn store(
         &mut self,
         t: TensorId,
         index: &[Expr],
         value: &Expr,
-        op: Option<AtomicOp>,
+        (op, old): (Option<AtomicOp>, Option<&Val>),
         at: &str,
         l: usize,
         depth: usize,
@@ -706,7 +708,8 @@ impl Gen<'_, '_> {
         // The elements written: the index's tiles (the value broadcast over them).
         let dims = self.access_dims(index, value);
         let owner = self.owner_c(l, &dims);
-        match (op, self.vector_run(t, &comps, l)) {
+        let run = self.vector_run(t, &comps, l).filter(|_| old.is_none());
+        match (op, run) {
             (None, Some((d, p, chunk))) if dims.contains(&d) => {
                 let value = (value, pre.as_slice(), at);
                 self.store_runs(t, &comps, &dims, (d, p, chunk), &owner, value, l, d1)?;
@@ -732,13 +735,28 @@ impl Gen<'_, '_> {
                         let cv = convert("tf_v", ty, dtype.cty());
                         let cs: Vec<String> = comps.iter().map(|c| self.comp_c(c, l)).collect();
                         let local = self.private_offset(t, &cs);
-                        self.atomic_stmt(t, op, local.as_deref(), &offset, &cv)
+                        let code = self.atomic_stmt(t, op, local.as_deref(), &offset, &cv);
+                        match old {
+                            // A fetch is never privatized: the call is the value.
+                            Some(o) => {
+                                format!("{} = {}", self.access(o), code.trim_end_matches(';'))
+                            }
+                            None => code,
+                        }
                     }
+                };
+                let otherwise = match old {
+                    Some(o) => format!(" else {} = 0;", self.access(o)),
+                    None => String::new(),
+                };
+                let code = match old {
+                    Some(_) => format!("{code};"),
+                    None => code,
                 };
                 self.w(
                     d1 + n,
                     format!(
-                        "if ({}) {{ const {} tf_v = {v}; {code} }}",
+                        "if ({}) {{ const {} tf_v = {v}; {code} }}{otherwise}",
                         mask.join(" && "),
                         ty.c()
                     ),

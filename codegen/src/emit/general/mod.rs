@@ -26,6 +26,7 @@ mod atomic;
 mod config;
 mod defer;
 mod dot;
+mod fetch;
 mod gather;
 mod layout;
 pub(crate) mod lowering;
@@ -1188,7 +1189,7 @@ impl Gen<'_, '_> {
                 at,
             } => {
                 self.w(depth, format!("// {}", one_line(at)));
-                self.store(*tensor, index, value, None, at, l, depth)?;
+                self.store(*tensor, index, value, (None, None), at, l, depth)?;
                 self.loaded.retain(|(x, _)| !reads_tensor(x, *tensor));
             }
             Stmt::Atomic {
@@ -1196,10 +1197,14 @@ impl Gen<'_, '_> {
                 tensor,
                 index,
                 value,
+                old,
                 at,
             } => {
                 self.w(depth, format!("// {}", one_line(at)));
-                self.store(*tensor, index, value, Some(*op), at, l, depth)?;
+                match old {
+                    Some(var) => self.fetch(*tensor, index, value, (*op, *var), at, l, depth)?,
+                    None => self.store(*tensor, index, value, (Some(*op), None), at, l, depth)?,
+                }
                 self.loaded.retain(|(x, _)| !reads_tensor(x, *tensor));
             }
             Stmt::Wait { .. } | Stmt::Signal { .. } => {

@@ -90,7 +90,8 @@ pub(super) enum Axis {
 }
 
 /// The tensors whose atomics a program keeps in shared memory, with their
-/// axes: i32 or u32, written only by `atomic_add`, at least one
+/// axes: i32 or u32, written only by `atomic_add` (none keeping its old
+/// values), at least one
 /// axis not indexed by a grid tile as itself, never loaded or stored; none in
 /// a kernel that waits or signals (a flag could publish sums still in shared
 /// memory).
@@ -102,9 +103,14 @@ pub(super) fn private_tensors(k: &Kernel, spec: &Spec) -> Vec<(TensorId, Vec<Axi
         Stmt::Wait { .. } | Stmt::Signal { .. } => sync = true,
         Stmt::Store { tensor, .. } => plain.push(*tensor),
         Stmt::Atomic {
-            op, tensor, index, ..
+            op,
+            tensor,
+            index,
+            old,
+            ..
         } => {
-            if *op != AtomicOp::Add {
+            // A fetch's old values are the tensor's, not a copy's.
+            if *op != AtomicOp::Add || old.is_some() {
                 plain.push(*tensor);
                 return;
             }
