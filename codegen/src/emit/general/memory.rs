@@ -190,7 +190,7 @@ impl Gen<'_, '_> {
     }
 
     /// The components of `index`, with the gathered ones computed into registers.
-    pub(super) fn comps(
+    fn comps(
         &mut self,
         index: &[Expr],
         at: &str,
@@ -266,7 +266,7 @@ impl Gen<'_, '_> {
     }
 
     /// The element offset of the current element in `tensor`.
-    pub(super) fn offset_of(&self, t: TensorId, comps: &[Comp], l: usize) -> String {
+    fn offset_of(&self, t: TensorId, comps: &[Comp], l: usize) -> String {
         let ts = &self.e.spec.tensors[t];
         let last = comps.len().saturating_sub(1);
         let terms: Vec<String> = comps
@@ -739,7 +739,7 @@ impl Gen<'_, '_> {
                         match old {
                             // A fetch is never privatized: the call is the value.
                             Some(o) => {
-                                format!("{} = {}", self.access(o), code.trim_end_matches(';'))
+                                format!("{} = {};", self.access(o), code.trim_end_matches(';'))
                             }
                             None => code,
                         }
@@ -748,10 +748,6 @@ impl Gen<'_, '_> {
                 let otherwise = match old {
                     Some(o) => format!(" else {} = 0;", self.access(o)),
                     None => String::new(),
-                };
-                let code = match old {
-                    Some(_) => format!("{code};"),
-                    None => code,
                 };
                 self.w(
                     d1 + n,
